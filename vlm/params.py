@@ -1,0 +1,127 @@
+"""Reading ``params.yaml`` and validating its sections before any expensive work starts."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ParamError(ValueError):
+    """An impossible or malformed parameter; the message names the key and the rule."""
+
+
+def load_params(path: str | os.PathLike = "params.yaml") -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"params file not found: {path}")
+    with open(path, encoding="utf-8") as f:
+        try:
+            params = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ParamError(f"{path}: invalid YAML: {e}") from e
+    if not isinstance(params, dict):
+        raise ParamError(f"{path}: top level must be a mapping of sections")
+    return params
+
+
+def section(params: dict[str, Any], name: str) -> dict[str, Any]:
+    """Return ``params[name]``, raising a clear error when it is missing or not a mapping."""
+    if name not in params:
+        raise ParamError(f"params.yaml: missing section '{name}'")
+    value = params[name]
+    if not isinstance(value, dict):
+        raise ParamError(f"params.yaml: section '{name}' must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def check(condition: bool, key: str, rule: str) -> None:
+    """Raise ``ParamError('<key>: <rule>')`` unless ``condition`` holds."""
+    if not condition:
+        raise ParamError(f"{key}: {rule}")
+
+
+def build_config(cls: type, values: dict[str, Any] | None, prefix: str):
+    """Build the dataclass ``cls`` from a params mapping, rejecting unknown keys and wrong types.
+
+    ``prefix`` is the dotted params path (``"model.vision"``) used in error messages. Fields
+    whose type is itself a dataclass are built recursively from nested mappings. After
+    construction, the dataclass's own ``validate()`` (if any) runs.
+    """
+    import dataclasses
+    import typing
+
+    values = dict(values or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ParamError(f"{prefix}.{unknown[0]}: unknown key (known: {', '.join(sorted(fields))})")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in values.items():
+        key = f"{prefix}.{name}"
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ParamError(f"{key}: must be a mapping")
+            kwargs[name] = build_config(hint, value, key)
+            continue
+        kwargs[name] = _coerce(value, hint, key)
+    config = cls(**kwargs)
+    if hasattr(config, "validate"):
+        config.validate(prefix)
+    return config
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    import typing
+
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ParamError as e:
+                errors.append(str(e))
+        raise ParamError(errors[0] if errors else f"{key}: invalid value {value!r}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ParamError(f"{key}: must be one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ParamError(f"{key}: must be a list, got {value!r}")
+        inner = args[0] if args else Any
+        items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ParamError(f"{key}: must be a mapping, got {value!r}")
+        return dict(value)
+    if hint is Any:
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ParamError(f"{key}: must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ParamError(f"{key}: must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ParamError(f"{key}: must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ParamError(f"{key}: must be a string, got {value!r}")
+        return value
+    return value

@@ -65,3 +65,10 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
             return json.load(f)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+
+
+def write_json_list(path: str | os.PathLike, items: list) -> None:
+    """Write a JSON list atomically with one compact item per line: one document, yet diffable."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("[\n" + ",\n".join(json.dumps(x, ensure_ascii=False) for x in items) + "\n]\n")

@@ -1,0 +1,39 @@
+"""Stage generate_commands: balanced questions with label-derived answers, split by image."""
+
+import argparse
+from pathlib import Path
+
+from vlm.cli import run
+from vlm.commands.generate import CommandsConfig, command_stats, generate_commands
+from vlm.commands.sheet import commands_sheet
+from vlm.io import atomic_path, write_json, write_json_list
+from vlm.params import build_config, load_params, section
+from vlm.scenes.generate import load_raw
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--raw", default="data/raw")
+    parser.add_argument("--out", default="data/processed/commands")
+    parser.add_argument("--metrics", default="metrics/commands.json")
+    parser.add_argument("--sheet", default="metrics/plots/commands_sheet.png")
+    args = parser.parse_args()
+    config = build_config(CommandsConfig, section(load_params(args.params), "commands"), "commands")
+    raw = load_raw(args.raw)
+    splits = generate_commands(raw.scenes, raw.width, raw.height, config)
+    with atomic_path(args.out) as tmp:
+        tmp.mkdir(parents=True)
+        for split, records in splits.items():
+            write_json_list(tmp / f"{split}.json", records)
+    stats = command_stats(splits)
+    write_json(args.metrics, stats)
+    paths = {s.image_id: raw.image_dir / s.name for s in raw.scenes}
+    sheet = commands_sheet(splits["test"], paths, seed=config.seed)
+    with atomic_path(args.sheet) as tmp:
+        sheet.save(tmp, format="PNG", optimize=True)
+    print(", ".join(f"{split}: {s['questions']} questions on {s['images']} images" for split, s in stats.items()))
+
+
+if __name__ == "__main__":
+    run(main)

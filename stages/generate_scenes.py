@@ -1,0 +1,24 @@
+"""Stage generate_scenes: render synthetic traffic scenes, or read BDD100K, into data/raw."""
+
+import argparse
+
+from vlm.cli import run
+from vlm.io import write_json
+from vlm.params import build_config, load_params, section
+from vlm.scenes.generate import ScenesConfig, generate_scenes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--out", default="data/raw")
+    parser.add_argument("--metrics", default="metrics/scenes.json")
+    args = parser.parse_args()
+    config = build_config(ScenesConfig, section(load_params(args.params), "scenes"), "scenes")
+    stats = generate_scenes(config, args.out)
+    write_json(args.metrics, stats)
+    print(", ".join(f"{k}: {v}" for k, v in stats.items()))
+
+
+if __name__ == "__main__":
+    run(main)

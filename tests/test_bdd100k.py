@@ -1,0 +1,117 @@
+import json
+
+import pytest
+
+from vlm.scenes.bdd100k import MissingImagesError, match_images, read_labels
+from vlm.scenes.schema import LabelError, scene_from_frame, scene_to_frame
+
+from conftest import write_json
+
+
+def test_det20_fixture_ignored_category_null_labels_capitalised_keys(bdd_fixture_dir):
+    scenes = read_labels(bdd_fixture_dir / "det20_ignored_and_null_labels.json")
+    assert [s.name for s in scenes] == ["00091078-875c1f73-0000166.jpg", "00091078-875c1f73-0000167.jpg"]
+    first, second = scenes
+    # "other person" is ignored; "person" (2018 name) becomes pedestrian; "Occluded" is read.
+    assert [o.category for o in first.objects] == ["pedestrian"]
+    assert first.objects[0].occluded is True and first.objects[0].truncated is False
+    assert first.weather == first.scene == first.timeofday == "undefined"
+    assert second.objects == ()  # labels: null
+
+
+def test_det20_fixture_real_frame(bdd_fixture_dir):
+    (scene,) = read_labels(bdd_fixture_dir / "det20_one_frame_trimmed.json")
+    assert (scene.weather, scene.scene, scene.timeofday) == ("overcast", "city street", "daytime")
+    assert [o.category for o in scene.objects] == ["traffic sign"] * 4
+    assert all(o.light_color is None for o in scene.objects)
+    assert scene.objects[0].box == pytest.approx((1000.698742, 281.992415, 1040.626872, 326.91156))
+
+
+def test_2018_dialect_names_and_colours():
+    frame = {"name": "a.jpg", "attributes": {"weather": "rainy", "scene": "highway", "timeofday": "night"},
+             "labels": [
+                 {"category": "person", "box2d": {"x1": 0, "y1": 0, "x2": 1, "y2": 2}},
+                 {"category": "bike", "box2d": {"x1": 0, "y1": 0, "x2": 1, "y2": 2}},
+                 {"category": "motor", "box2d": {"x1": 0, "y1": 0, "x2": 1, "y2": 2}},
+                 {"category": "traffic light", "attributes": {"trafficLightColor": "red"},
+                  "box2d": {"x1": 0, "y1": 0, "x2": 1, "y2": 2}},
+                 {"category": "traffic light", "attributes": {"trafficLightColor": "none"},
+                  "box2d": {"x1": 0, "y1": 0, "x2": 1, "y2": 2}},
+                 {"category": "drivable area", "poly2d": [[0, 0]]},
+                 {"category": "lane", "poly2d": [[0, 0]]},
+             ]}
+    scene = scene_from_frame(frame)
+    assert [o.category for o in scene.objects] == ["pedestrian", "bicycle", "motorcycle", "traffic light", "traffic light"]
+    assert [o.light_color for o in scene.objects[3:]] == ["red", None]
+
+
+@pytest.mark.parametrize("code, colour", [("G", "green"), ("R", "red"), ("Y", "yellow"), ("NA", None)])
+def test_det20_colour_codes(code, colour):
+    frame = {"name": "a.jpg", "labels": [{"category": "traffic light", "attributes": {"trafficLightColor": code},
+                                          "box2d": {"x1": 0, "y1": 0, "x2": 1, "y2": 2}}]}
+    assert scene_from_frame(frame).objects[0].light_color == colour
+
+
+def test_round_trip_through_det20():
+    frame = {"name": "a.jpg", "attributes": {"weather": "clear", "scene": "highway", "timeofday": "daytime"},
+             "labels": [{"id": "7", "category": "traffic light", "attributes": {"occluded": True, "truncated": False,
+                                                                               "trafficLightColor": "Y"},
+                         "box2d": {"x1": 1.5, "y1": 2.0, "x2": 3.25, "y2": 4.0}}]}
+    scene = scene_from_frame(frame)
+    assert scene_to_frame(scene) == frame
+    assert scene_from_frame(scene_to_frame(scene)) == scene
+
+
+@pytest.mark.parametrize("label, message", [
+    ({"category": "car"}, "labels[0].box2d: missing"),
+    ({"category": "car", "box2d": {"x1": 0, "y1": 0, "x2": "wide", "y2": 1}}, "box2d.x2: expected a finite number"),
+    ({"category": "car", "box2d": {"x1": 5, "y1": 0, "x2": 1, "y2": 1}}, "x2 < x1"),
+    ({"category": "spaceship", "box2d": {"x1": 0, "y1": 0, "x2": 1, "y2": 1}}, "unknown category 'spaceship'"),
+    ({"category": "traffic light", "attributes": {"trafficLightColor": "blue"},
+      "box2d": {"x1": 0, "y1": 0, "x2": 1, "y2": 1}}, "trafficLightColor: unknown colour 'blue'"),
+    ({"category": "car", "attributes": {"occluded": "sometimes"}, "box2d": {"x1": 0, "y1": 0, "x2": 1, "y2": 1}},
+     "attributes.occluded: expected true/false"),
+])
+def test_malformed_label_names_file_frame_and_field(tmp_path, label, message):
+    path = write_json(tmp_path / "labels.json", [{"name": "ok.jpg", "labels": []}, {"name": "bad.jpg", "labels": [label]}])
+    with pytest.raises(LabelError) as err:
+        read_labels(path)
+    text = str(err.value)
+    assert str(path) in text and "frame[1] (bad.jpg)" in text and message in text
+
+
+def test_malformed_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="labels file not found"):
+        read_labels(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"name": "a.jpg",]')
+    with pytest.raises(ValueError, match=r"bad.json: invalid JSON at line 1, column \d+"):
+        read_labels(bad)
+    with pytest.raises(LabelError, match="expected a JSON list of frames"):
+        read_labels(write_json(tmp_path / "obj.json", {"name": "a.jpg"}))
+    with pytest.raises(LabelError, match="frame\\[0\\].name: missing"):
+        read_labels(write_json(tmp_path / "noname.json", [{"labels": []}]))
+    with pytest.raises(LabelError, match="duplicate image name 'a.jpg'"):
+        read_labels(write_json(tmp_path / "dup.json", [{"name": "a.jpg"}, {"name": "a.jpg"}]))
+
+
+def test_missing_images_error_or_skip(tmp_path):
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "f0.jpg").write_bytes(b"x")
+    frames = [{"name": f"f{i}.jpg", "labels": None} for i in range(8)]
+    scenes = read_labels(write_json(tmp_path / "labels.json", frames))
+    with pytest.raises(MissingImagesError) as err:
+        match_images(scenes, tmp_path / "img")
+    assert "7 of 8 labelled images are missing" in str(err.value)
+    assert "f1.jpg, f2.jpg, f3.jpg, f4.jpg, f5.jpg, ..." in str(err.value)
+    kept, report = match_images(scenes, tmp_path / "img", on_missing="skip")
+    assert [s.name for s in kept] == ["f0.jpg"]
+    assert report.missing_images == 7 and report.missing_examples[0] == "f1.jpg"
+    with pytest.raises(FileNotFoundError, match="images folder not found"):
+        match_images(scenes, tmp_path / "nothing")
+
+
+def test_scalabel_wrapper_is_accepted(tmp_path):
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps({"frames": [{"name": "a.jpg", "labels": []}]}))
+    assert [s.name for s in read_labels(path)] == ["a.jpg"]

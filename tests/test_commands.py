@@ -1,0 +1,162 @@
+import re
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+
+from vlm.commands.generate import CommandsConfig, command_stats, generate_commands, split_images
+from vlm.commands.templates import ACTIONS, COMMAND_TYPES, PLURALS, TEMPLATES
+from vlm.params import ParamError, build_config
+from vlm.scenes.schema import CATEGORIES, Scene, SceneObject
+
+W, H = 1280, 720
+SINGULAR = {plural: category for category, plural in PLURALS.items()}
+VALUES = {"category": CATEGORIES, "plural": tuple(PLURALS.values()), "k": tuple("0123456789"),
+          "color": ("red", "yellow", "green"), "side": ("left", "right"), "action": tuple(ACTIONS.values())}
+FIELDS = {"question_id", "image_id", "command", "answer", "command_type", "template", "metadata"}
+
+
+def random_scenes(n: int, seed: int = 0) -> list[Scene]:
+    """Label-only scenes with every category, colour and attribute, drawn at random."""
+    rng = np.random.default_rng(seed)
+    scenes = []
+    for i in range(n):
+        objects = []
+        for k in range(int(rng.integers(0, 14))):
+            category = str(rng.choice([c for c in CATEGORIES if c != "train"]))
+            cx, bottom = rng.uniform(0, W), rng.uniform(H * 0.4, H)
+            w, h = rng.uniform(10, 200), rng.uniform(10, 200)
+            color = str(rng.choice(["red", "yellow", "green", "none"])) if category == "traffic light" else "none"
+            objects.append(SceneObject(str(k), category, (max(0, cx - w / 2), max(0, bottom - h), min(W, cx + w / 2), bottom),
+                                       occluded=bool(rng.random() < 0.2), light_color=None if color == "none" else color))
+        scenes.append(Scene(f"img{i:04d}.jpg", weather=str(rng.choice(["clear", "rainy", "foggy"])),
+                            scene=str(rng.choice(["city street", "highway"])),
+                            timeofday=str(rng.choice(["daytime", "night", "dawn/dusk"])), objects=tuple(objects)))
+    return scenes
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return generate_commands(random_scenes(600), W, H, CommandsConfig())
+
+
+def test_records_follow_the_contract(splits):
+    for split, records in splits.items():
+        assert records, split
+        for r in records:
+            assert set(r) == FIELDS
+            assert r["command_type"] in COMMAND_TYPES and r["template"] in TEMPLATES
+            assert set(r["metadata"]) == {"scene_type", "weather", "timeofday", "num_objects"}
+            assert r["command"][0].isupper() and r["command"].endswith(("?", "."))
+            assert "{" not in r["command"]
+        ids = [r["question_id"] for r in records]
+        assert len(ids) == len(set(ids))
+
+
+def test_splits_are_disjoint_by_image(splits):
+    images = {split: {r["image_id"] for r in records} for split, records in splits.items()}
+    assert not images["train"] & images["val"]
+    assert not images["train"] & images["test"]
+    assert not images["val"] & images["test"]
+    assert len(images["train"]) > 4 * len(images["test"])
+
+
+def test_split_images_partition():
+    ids = [f"i{k}" for k in range(101)]
+    parts = split_images(ids, {"train": 0.8, "val": 0.1, "test": 0.1}, seed=3)
+    assert sorted(parts["train"] + parts["val"] + parts["test"]) == sorted(ids)
+    assert (len(parts["train"]), len(parts["val"])) == (81, 10)
+    assert parts == split_images(list(reversed(ids)), {"train": 0.8, "val": 0.1, "test": 0.1}, seed=3)
+
+
+def _top_two(counter: Counter) -> tuple[int, int]:
+    ranked = sorted(counter.values(), reverse=True) + [0]
+    return ranked[0], ranked[1]
+
+
+def test_answers_balanced_per_type(splits):
+    for split, records in splits.items():
+        per_type = defaultdict(Counter)
+        for r in records:
+            per_type[r["command_type"]][r["answer"]] += 1
+        assert set(per_type) == set(COMMAND_TYPES), split
+        for t, answers in per_type.items():
+            top, second = _top_two(answers)
+            assert top <= 1.1 * second, (split, t, answers)
+
+
+def _key(record: dict) -> tuple:
+    """Recover the question key (template + parameters) from the phrased command."""
+    for phrasing in TEMPLATES[record["template"]].phrasings:
+        pattern = re.escape(phrasing)
+        for name, options in VALUES.items():
+            pattern = pattern.replace(re.escape("{" + name + "}"), f"(?P<{name}>{'|'.join(options)})")
+        match = re.fullmatch(pattern, record["command"])
+        if match:
+            values = match.groupdict()
+            if "plural" in values:
+                values["category"] = SINGULAR[values.pop("plural")]
+            return (record["template"], *sorted(values.items()))
+    raise AssertionError(f"no phrasing of {record['template']} produces {record['command']!r}")
+
+
+def test_answers_balanced_per_question_key(splits):
+    """Within a template and its parameters the answer is never predictable from the question alone."""
+    for split, records in splits.items():
+        per_key = defaultdict(Counter)
+        for r in records:
+            per_key[_key(r)][r["answer"]] += 1
+        assert len(per_key) > 30
+        for key, answers in per_key.items():
+            top, second = _top_two(answers)
+            assert second > 0 and top <= 1.1 * second, (split, key, answers)
+
+
+def test_several_questions_per_image_and_phrasings(splits):
+    per_image = Counter(r["image_id"] for r in splits["train"])
+    assert np.mean(list(per_image.values())) >= 5
+    phrasings = defaultdict(set)
+    for r in splits["train"]:
+        phrasings[r["template"]].add(r["command"].split()[0])
+    assert sum(len(v) > 1 for v in phrasings.values()) >= 8
+
+
+def test_deterministic():
+    scenes = random_scenes(120, seed=4)
+    assert generate_commands(scenes, W, H, CommandsConfig()) == generate_commands(scenes, W, H, CommandsConfig())
+    other = generate_commands(scenes, W, H, CommandsConfig(seed=1))
+    assert other != generate_commands(scenes, W, H, CommandsConfig())
+
+
+def test_stats_count_every_question(splits):
+    stats = command_stats(splits)
+    for split, records in splits.items():
+        assert stats[split]["questions"] == len(records)
+        assert sum(t["questions"] for t in stats[split]["types"].values()) == len(records)
+        assert sum(sum(t["answers"].values()) for t in stats[split]["types"].values()) == len(records)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"splits": {"train": 0.8, "val": 0.1}}, "commands.splits: must name exactly train, val, test"),
+    ({"splits": {"train": 0.8, "val": 0.3, "test": 0.1}}, "fractions must sum to 1"),
+    ({"questions_per_image": 0}, "commands.questions_per_image: must be at least 1"),
+    ({"balance_tolerance": 0.5}, "commands.balance_tolerance: must be >= 1.0"),
+    ({"command_types": ["detection", "poetry"]}, "unknown type 'poetry'"),
+    ({"counting_categories": ["unicorn"]}, "commands.counting_categories: unknown category 'unicorn'"),
+    ({"max_count": 12}, "commands.max_count: must be in 0..9"),
+    ({"questions_per_image": "many"}, "commands.questions_per_image: must be an integer"),
+    ({"colour": 1}, "commands.colour: unknown key"),
+])
+def test_impossible_params_are_named(values, message):
+    with pytest.raises(ParamError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_config(CommandsConfig, values, "commands")
+
+
+def test_empty_scenes_and_a_single_type():
+    config = CommandsConfig(command_types=["scene"])
+    splits = generate_commands(random_scenes(50, seed=2), W, H, config)
+    assert {r["command_type"] for rs in splits.values() for r in rs} == {"scene"}
+    empty = [Scene(f"e{i}.jpg") for i in range(30)]  # no objects, undefined attributes
+    out = generate_commands(empty, W, H, CommandsConfig())
+    # Nothing about an empty, attribute-less scene has a varying answer: nothing survives balancing.
+    assert all(not records for records in out.values())

@@ -1,0 +1,118 @@
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vlm.scenes import render
+from vlm.scenes.generate import ScenesConfig, generate_synthetic, load_raw
+from vlm.scenes.render import RenderConfig, render_scene, sample_layout, settle_occlusion
+from vlm.scenes.schema import CATEGORIES, scene_from_frame, scene_to_frame
+
+W, H = 1280, 720
+
+
+@pytest.fixture(scope="module")
+def scenes():
+    return [render_scene(np.random.SeedSequence([7, i]), f"{i:06d}.jpg") for i in range(160)]
+
+
+def test_same_seed_same_pixels_and_labels():
+    a_img, a = render_scene(np.random.SeedSequence([3, 5]), "a.jpg")
+    b_img, b = render_scene(np.random.SeedSequence([3, 5]), "a.jpg")
+    assert a_img.tobytes() == b_img.tobytes() and a == b
+    c_img, _ = render_scene(np.random.SeedSequence([3, 6]), "a.jpg")
+    assert c_img.tobytes() != a_img.tobytes()
+
+
+def _tree_digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_stage_output_is_byte_identical_whatever_the_worker_count(tmp_path):
+    one = generate_synthetic(ScenesConfig(num_images=12, seed=1, workers=1), tmp_path / "one", progress=False)
+    two = generate_synthetic(ScenesConfig(num_images=12, seed=1, workers=2), tmp_path / "two", progress=False)
+    assert one["images"] == two["images"] == 12
+    digest_one = _tree_digest(tmp_path / "one")
+    digest_two = _tree_digest(tmp_path / "two")
+    # source.json names its own folder; everything else must match byte for byte.
+    digest_one.pop("source.json"), digest_two.pop("source.json")
+    assert digest_one == digest_two and len(digest_one) == 13
+    raw = load_raw(tmp_path / "one")
+    assert (raw.width, raw.height, raw.source) == (W, H, "synthetic")
+    assert raw.image_dir == tmp_path / "one" / "images"
+    assert [s.name for s in raw.scenes] == [f"{i:06d}.jpg" for i in range(12)]
+
+
+def test_failed_render_leaves_no_output(tmp_path, monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("renderer crashed")
+
+    monkeypatch.setattr(render, "render_scene", boom)
+    monkeypatch.setattr("vlm.scenes.generate.render_scene", boom)
+    with pytest.raises(RuntimeError):
+        generate_synthetic(ScenesConfig(num_images=3, workers=1), tmp_path / "raw", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_labels_are_valid_det20(scenes):
+    for image, scene in scenes:
+        assert image.size == (W, H) and image.mode == "RGB"
+        frame = json.loads(json.dumps(scene_to_frame(scene)))
+        assert scene_from_frame(frame) == scene
+        assert scene.weather in {"clear", "rainy", "foggy"}
+        assert scene.scene in {"city street", "highway"}
+        assert scene.timeofday in {"daytime", "dawn/dusk", "night"}
+        for o in scene.objects:
+            x1, y1, x2, y2 = o.box
+            assert o.category in CATEGORIES
+            assert 0 <= x1 < x2 <= W and 0 <= y1 < y2 <= H
+            assert o.light_color is None or o.category == "traffic light"
+        ids = [o.id for o in scene.objects]
+        assert len(set(ids)) == len(ids)
+
+
+def test_variety(scenes):
+    counts = {c: Counter(sum(o.category == c for o in s.objects) for _, s in scenes) for c in ("car", "pedestrian")}
+    for category, histogram in counts.items():
+        assert min(histogram) == 0, category
+        assert max(histogram) >= 6, f"scenes need up to at least 6 {category}s, got {sorted(histogram)}"
+    present = Counter(o.category for _, s in scenes for o in s.objects)
+    for category in CATEGORIES:
+        if category != "train":
+            assert present[category] > 0, category
+    assert {s.timeofday for _, s in scenes} == {"daytime", "dawn/dusk", "night"}
+    assert {s.weather for _, s in scenes} == {"clear", "rainy", "foggy"}
+    lights = Counter(o.light_color for _, s in scenes for o in s.objects if o.category == "traffic light")
+    assert set(lights) == {"red", "yellow", "green", None}
+    assert any(o.occluded for _, s in scenes for o in s.objects)
+    assert any(o.truncated for _, s in scenes for o in s.objects)
+
+
+def test_occlusion_flags_are_unambiguous():
+    for i in range(40):
+        layout = sample_layout(np.random.default_rng([9, i]), RenderConfig())
+        for thing, hidden in settle_occlusion(layout.things, W, H):
+            assert not (render.AMBIGUOUS[0] < hidden < render.AMBIGUOUS[1])
+            assert hidden <= render.HIDDEN_MAX
+
+
+def test_lit_traffic_lights_show_their_colour(scenes):
+    """The label matches the pixels: a lit lamp's colour is inside the light's box."""
+    checked = 0
+    for image, scene in scenes:
+        if scene.weather != "clear":
+            continue
+        pixels = np.asarray(image, dtype=np.int16)
+        for o in scene.objects:
+            if o.category != "traffic light" or o.light_color is None or o.occluded:
+                continue
+            x1, y1, x2, y2 = (int(v) for v in o.box)
+            crop = pixels[y1:y2 + 1, x1:x2 + 1].reshape(-1, 3)
+            target = np.array(render.LAMP_COLORS[o.light_color])
+            assert (np.abs(crop - target).max(axis=1) < 40).sum() >= 3, (scene.name, o)
+            checked += 1
+    assert checked >= 5

@@ -1,0 +1,1 @@
+"""Questions about traffic scenes with answers derived from the labels alone."""

@@ -1,0 +1,91 @@
+"""Every answer rule in one place, computed from a normalised :class:`~vlm.scenes.Scene` only.
+
+The same rules answer questions about synthetic scenes and real BDD100K frames, so nothing here may
+look at pixels. Geometry is expressed as fractions of the image size.
+"""
+
+from __future__ import annotations
+
+from vlm.scenes.schema import UNDEFINED, Scene, SceneObject
+
+ROAD_USERS = frozenset({"pedestrian", "rider", "car", "truck", "bus", "train", "motorcycle", "bicycle"})
+VULNERABLE = frozenset({"pedestrian", "rider"})
+
+# A road user is in a manoeuvre's path when its box's bottom-centre (where it touches the road) lies in
+# the manoeuvre's band of columns and below PATH_MIN_Y (near enough to matter).
+PATHS = {"left": (0.0, 0.5), "straight": (1 / 3, 2 / 3), "right": (0.5, 1.0)}
+PATH_MIN_Y = 0.6
+# "On the left/right side": the box centre lies in the left/right third of the image.
+SIDES = {"left": (0.0, 1 / 3), "right": (2 / 3, 1.0)}
+
+YES, NO, MAYBE = "yes", "no", "maybe"
+
+
+def count(scene: Scene, category: str) -> int:
+    return sum(1 for o in scene.objects if o.category == category)
+
+
+def is_present(scene: Scene, category: str) -> str:
+    return YES if count(scene, category) else NO
+
+
+def on_side(scene: Scene, category: str, side: str, width: float) -> str:
+    lo, hi = SIDES[side]
+    hit = any(o.category == category and lo * width <= o.center_x <= hi * width for o in scene.objects)
+    return YES if hit else NO
+
+
+def governing_light(scene: Scene) -> SceneObject | None:
+    """The light that governs the car: the largest (nearest) light whose colour can be seen.
+
+    Lights that are unlit, of unknown colour or occluded cannot be read and are ignored. With several
+    readable lights, the largest wins (ties: the leftmost, for determinism).
+    """
+    readable = [o for o in scene.objects if o.category == "traffic light" and o.light_color and not o.occluded]
+    if not readable:
+        return None
+    return max(readable, key=lambda o: (o.area, -o.box[0]))
+
+
+def light_color(scene: Scene) -> str:
+    """'red' | 'yellow' | 'green', or 'maybe' when no light's colour can be determined."""
+    light = governing_light(scene)
+    return light.light_color if light else MAYBE
+
+
+def light_is(scene: Scene, color: str) -> str:
+    actual = light_color(scene)
+    if actual == MAYBE:
+        return MAYBE
+    return YES if actual == color else NO
+
+
+def in_path(obj: SceneObject, manoeuvre: str, width: float, height: float) -> bool:
+    lo, hi = PATHS[manoeuvre]
+    return obj.category in ROAD_USERS and obj.bottom >= PATH_MIN_Y * height and lo * width <= obj.center_x <= hi * width
+
+
+def safety(scene: Scene, manoeuvre: str, width: float, height: float) -> str:
+    """Can the car safely make ``manoeuvre`` ('left' | 'straight' | 'right')?
+
+    NO: the governing light is red, or a pedestrian or rider is in the path.
+    MAYBE: otherwise, the governing light is yellow, or an occluded road user is in the path.
+    YES: otherwise.
+    """
+    light = light_color(scene)
+    blocking = [o for o in scene.objects if in_path(o, manoeuvre, width, height)]
+    if light == "red" or any(o.category in VULNERABLE for o in blocking):
+        return NO
+    if light == "yellow" or any(o.occluded for o in blocking):
+        return MAYBE
+    return YES
+
+
+def scene_attribute(scene: Scene, attribute: str) -> str | None:
+    """Answers for frame-attribute questions; None when the attribute is undefined (no question)."""
+    field, value = {"night": ("timeofday", "night"), "rain": ("weather", "rainy"),
+                    "fog": ("weather", "foggy"), "highway": ("scene", "highway")}[attribute]
+    actual = getattr(scene, field)
+    if actual == UNDEFINED:
+        return None
+    return YES if actual == value else NO

@@ -1,0 +1,129 @@
+"""Question templates: what can be asked about a scene, in several phrasings, with the answer.
+
+A template instantiated with its parameters is a *question key* (``counting/more_than|car|3``); the
+key, not the phrasing, is what answer balancing works on, so that the question text alone never
+predicts the answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlm.commands import rules
+from vlm.scenes.schema import LIGHT_COLORS, Scene
+
+COMMAND_TYPES = ("detection", "counting", "traffic_light", "spatial", "safety", "scene")
+
+PLURALS = {"pedestrian": "pedestrians", "rider": "riders", "car": "cars", "truck": "trucks", "bus": "buses",
+           "train": "trains", "motorcycle": "motorcycles", "bicycle": "bicycles",
+           "traffic light": "traffic lights", "traffic sign": "traffic signs"}
+
+
+@dataclass(frozen=True)
+class Template:
+    id: str
+    command_type: str
+    phrasings: tuple[str, ...]
+
+
+TEMPLATES = {t.id: t for t in (
+    Template("detection/present", "detection", (
+        "Is there a {category}?", "Is there a {category} in the image?", "Can you see a {category}?",
+        "Are there any {plural}?", "Is a {category} visible?")),
+    Template("counting/how_many", "counting", (
+        "How many {plural} are there?", "How many {plural} can you see?", "What is the number of {plural}?",
+        "How many {plural} are in the scene?")),
+    Template("counting/more_than", "counting", (
+        "Are there more than {k} {plural}?", "Can you see more than {k} {plural}?",
+        "Is the number of {plural} greater than {k}?")),
+    Template("traffic_light/color", "traffic_light", (
+        "What color is the traffic light?", "What colour is the traffic light?", "What color is the light?",
+        "Which color is the signal showing?")),
+    Template("traffic_light/is_color", "traffic_light", (
+        "Is the traffic light {color}?", "Is the light {color}?", "Does the traffic light show {color}?",
+        "Is the signal {color}?")),
+    Template("spatial/on_side", "spatial", (
+        "Is there a {category} on the {side} side?", "Is there a {category} on the {side}?",
+        "Can you see a {category} on the {side} side of the image?", "Is a {category} visible on the {side}?")),
+    Template("safety/manoeuvre", "safety", (
+        "Can the car safely {action}?", "Is it safe to {action}?", "Can we {action} now?",
+        "Is it safe for the car to {action}?")),
+    Template("scene/night", "scene", ("Is it night?", "Is it nighttime?", "Was this taken at night?")),
+    Template("scene/rain", "scene", ("Is it raining?", "Is it rainy?", "Is the weather rainy?")),
+    Template("scene/fog", "scene", ("Is it foggy?", "Is there fog?", "Is the weather foggy?")),
+    Template("scene/highway", "scene", ("Is this a highway?", "Is the car on a highway?", "Is this scene on a highway?")),
+)}
+
+ACTIONS = {"left": "turn left", "straight": "go straight", "right": "turn right"}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One askable question about one scene: template, parameters and the label-derived answer."""
+
+    template: str
+    params: tuple[tuple[str, str], ...]
+    answer: str
+
+    @property
+    def command_type(self) -> str:
+        return TEMPLATES[self.template].command_type
+
+    @property
+    def key(self) -> str:
+        return "|".join([self.template, *(v for _, v in self.params)])
+
+    def text(self, phrasing: int) -> str:
+        template = TEMPLATES[self.template]
+        values = dict(self.params)
+        if "category" in values:
+            values["plural"] = PLURALS[values["category"]]
+        if "manoeuvre" in values:
+            values["action"] = ACTIONS[values["manoeuvre"]]
+        return template.phrasings[phrasing % len(template.phrasings)].format(**values)
+
+
+@dataclass(frozen=True)
+class TemplateOptions:
+    detection_categories: tuple[str, ...]
+    counting_categories: tuple[str, ...]
+    spatial_categories: tuple[str, ...]
+    more_than: tuple[int, ...]
+    max_count: int
+
+
+def candidates(scene: Scene, width: float, height: float, options: TemplateOptions,
+               command_types: tuple[str, ...] = COMMAND_TYPES) -> list[Candidate]:
+    """Every question the templates can ask about ``scene``, with answers from its labels."""
+    out: list[Candidate] = []
+    types = set(command_types)
+    if "detection" in types:
+        for c in options.detection_categories:
+            out.append(Candidate("detection/present", (("category", c),), rules.is_present(scene, c)))
+    if "counting" in types:
+        for c in options.counting_categories:
+            n = rules.count(scene, c)
+            if n <= options.max_count:
+                out.append(Candidate("counting/how_many", (("category", c),), str(n)))
+            for k in options.more_than:
+                out.append(Candidate("counting/more_than", (("category", c), ("k", str(k))),
+                                     rules.YES if n > k else rules.NO))
+    if "traffic_light" in types and rules.count(scene, "traffic light"):
+        out.append(Candidate("traffic_light/color", (), rules.light_color(scene)))
+        for color in LIGHT_COLORS:
+            out.append(Candidate("traffic_light/is_color", (("color", color),), rules.light_is(scene, color)))
+    if "spatial" in types:
+        for c in options.spatial_categories:
+            for side in rules.SIDES:
+                out.append(Candidate("spatial/on_side", (("category", c), ("side", side)),
+                                     rules.on_side(scene, c, side, width)))
+    if "safety" in types:
+        for manoeuvre in rules.PATHS:
+            out.append(Candidate("safety/manoeuvre", (("manoeuvre", manoeuvre),),
+                                 rules.safety(scene, manoeuvre, width, height)))
+    if "scene" in types:
+        for attribute in ("night", "rain", "fog", "highway"):
+            answer = rules.scene_attribute(scene, attribute)
+            if answer is not None:
+                out.append(Candidate(f"scene/{attribute}", (), answer))
+    return out

@@ -1,0 +1,862 @@
+"""Procedural traffic scenes: a road in perspective seen from a car, with labelled road users.
+
+One scene is drawn in three steps:
+
+1. :func:`sample_layout` draws everything random from a ``numpy`` generator: time of day, weather,
+   city street or highway, the road geometry and the objects (cars, trucks, buses, motorcycles and
+   bicycles with riders, pedestrians, traffic lights, traffic signs) with their size, colour and
+   position. Nothing after this step uses randomness, so a seed fixes the image.
+2. Silhouettes of all objects are drawn into an id map, far to near, to measure how much of each one
+   nearer objects hide. Objects hidden in the ambiguous band (a few to a fifth of their pixels) or
+   almost entirely are removed and the pass repeats, so the ``occluded`` flag is crisp: an object is
+   either clearly visible or clearly partly hidden.
+3. The colour image is painted: sky, ground, buildings or highway verges, road markings, objects far
+   to near, lights, then fog and rain.
+
+Geometry is a pinhole camera over a flat road: a point at ground depth ``z`` metres projects to the
+row ``y = horizon + s * (H - horizon)`` with ``s = Z_BOTTOM / z``, and a width of ``w`` metres at that
+depth spans ``w * PX_PER_M * s`` pixels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from vlm.scenes.schema import Scene, SceneObject
+
+Z_BOTTOM = 5.0  # metres from the camera to the ground seen at the bottom row
+PX_PER_M = 150.0  # pixels per metre at s = 1 (the bottom row)
+LANE_M = 3.5
+OCCLUDED_MIN = 0.2  # hidden fraction from which an object is labelled occluded
+AMBIGUOUS = (0.04, 0.2)  # hidden fractions removed so the occluded flag is unambiguous
+HIDDEN_MAX = 0.7  # objects hidden more than this are removed
+TRUNCATED_MIN_VISIBLE = 0.4  # objects with less of their silhouette inside the image are removed
+
+RGB = tuple[int, int, int]
+
+CAR_COLORS: tuple[RGB, ...] = ((235, 235, 235), (30, 30, 32), (150, 155, 160), (170, 25, 30), (30, 60, 150),
+                               (90, 95, 100), (40, 90, 60), (200, 170, 40), (110, 60, 30), (240, 120, 20))
+TRUCK_COLORS: tuple[RGB, ...] = ((240, 240, 240), (200, 60, 40), (60, 90, 160), (230, 200, 60), (90, 90, 90))
+BUS_COLORS: tuple[RGB, ...] = ((250, 190, 20), (200, 40, 40), (30, 90, 170), (40, 140, 80))
+CLOTHES: tuple[RGB, ...] = ((200, 40, 40), (40, 70, 160), (30, 30, 30), (230, 230, 230), (60, 140, 70),
+                            (240, 180, 40), (130, 60, 140), (240, 110, 30), (90, 60, 40), (30, 150, 170))
+SKIN: tuple[RGB, ...] = ((240, 200, 170), (200, 150, 110), (140, 95, 60), (90, 60, 40))
+BUILDING_COLORS: tuple[RGB, ...] = ((160, 80, 60), (200, 185, 160), (120, 120, 125), (90, 110, 130),
+                                    (180, 160, 120), (140, 100, 80), (210, 210, 200))
+LAMP_COLORS: dict[str, RGB] = {"red": (255, 40, 30), "yellow": (255, 200, 0), "green": (40, 255, 110)}
+
+SKY = {  # (top, horizon) colours
+    ("daytime", "clear"): ((70, 130, 205), (175, 205, 235)),
+    ("daytime", "rainy"): ((95, 100, 110), (150, 155, 160)),
+    ("daytime", "foggy"): ((175, 180, 185), (205, 208, 210)),
+    ("dawn/dusk", "clear"): ((55, 60, 115), (250, 150, 85)),
+    ("dawn/dusk", "rainy"): ((60, 60, 75), (150, 120, 110)),
+    ("dawn/dusk", "foggy"): ((130, 120, 125), (200, 170, 150)),
+    ("night", "clear"): ((4, 6, 18), (28, 32, 55)),
+    ("night", "rainy"): ((10, 10, 14), (35, 36, 42)),
+    ("night", "foggy"): ((30, 30, 34), (60, 60, 66)),
+}
+
+
+@dataclass(frozen=True)
+class RenderConfig:
+    width: int = 1280
+    height: int = 720
+    max_count: int = 8  # most cars / pedestrians in one scene (counting questions go up to this)
+
+
+@dataclass
+class Thing:
+    """One labelled object as laid out: its full (unclipped) box and how to draw it."""
+
+    category: str
+    kind: str  # drawing routine, e.g. "car_rear", "pedestrian", "bicycle"
+    box: tuple[float, float, float, float]  # x1, y1, x2, y2 before clipping to the image
+    depth: float  # s: 1 at the bottom row, smaller is farther; draw order far to near
+    style: dict = field(default_factory=dict)
+    group: int = -1  # rider and its bike share a group: they do not occlude each other
+    light_color: str | None = None
+
+
+@dataclass
+class Layout:
+    timeofday: str
+    weather: str
+    scene: str
+    horizon: float
+    vanish_x: float
+    lanes_left: int  # lanes left of the ego lane's left edge (oncoming on a two-way street)
+    lanes_right: int
+    crosswalk_z: float | None  # depth of the crosswalk's near edge, metres
+    cross_street_z: tuple[float, float] | None  # near and far depth of the cross street
+    things: list[Thing]
+    decor: dict
+
+
+# ----------------------------------------------------------------------------------------------------
+# Camera
+
+
+class Camera:
+    def __init__(self, width: int, height: int, horizon: float, vanish_x: float):
+        self.w, self.h, self.horizon, self.vx = width, height, horizon, vanish_x
+
+    def s_of_z(self, z: float) -> float:
+        return Z_BOTTOM / z
+
+    def y(self, s: float) -> float:
+        return self.horizon + s * (self.h - self.horizon)
+
+    def x(self, lateral_m: float, s: float) -> float:
+        """Image column of a point ``lateral_m`` metres right of the camera axis at scale ``s``."""
+        return self.vx + lateral_m * PX_PER_M * s
+
+    def px(self, metres: float, s: float) -> float:
+        return metres * PX_PER_M * s
+
+    def ground_quad(self, lat0: float, lat1: float, z0: float, z1: float) -> list[tuple[float, float]]:
+        s0, s1 = self.s_of_z(z0), self.s_of_z(z1)
+        return [(self.x(lat0, s0), self.y(s0)), (self.x(lat1, s0), self.y(s0)),
+                (self.x(lat1, s1), self.y(s1)), (self.x(lat0, s1), self.y(s1))]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Layout sampling (all randomness lives here)
+
+
+def _choice(rng: np.random.Generator, options, p=None):
+    return options[int(rng.choice(len(options), p=p))]
+
+
+def sample_layout(rng: np.random.Generator, config: RenderConfig) -> Layout:
+    timeofday = _choice(rng, ("daytime", "dawn/dusk", "night"), p=(0.4, 0.2, 0.4))
+    weather = _choice(rng, ("clear", "rainy", "foggy"), p=(0.4, 0.3, 0.3))
+    scene = _choice(rng, ("city street", "highway"), p=(0.6, 0.4))
+    w, h = config.width, config.height
+    horizon = float(rng.uniform(0.40, 0.46) * h)
+    vanish_x = float(w / 2 + rng.uniform(-50, 50))
+    cam = Camera(w, h, horizon, vanish_x)
+    city = scene == "city street"
+    lanes_left = int(rng.integers(1, 3))
+    lanes_right = int(rng.integers(0, 2)) if city else int(rng.integers(1, 3))
+    crosswalk_z = float(rng.uniform(8.0, 11.0)) if city and rng.random() < 0.85 else None
+    cross_street_z = (crosswalk_z + 3.5, crosswalk_z + 3.5 + 2 * LANE_M) if crosswalk_z else None
+    decor = {"buildings": _sample_buildings(rng, cross_street_z) if city else [],
+             "trees": _sample_trees(rng) if not city else [],
+             "lamps": [(side, float(z)) for side in (-1, 1) for z in rng.uniform(14, 60, size=int(rng.integers(1, 4)))],
+             "clouds": [(float(rng.uniform(0, w)), float(rng.uniform(0.05, 0.8) * horizon), float(rng.uniform(60, 200)))
+                        for _ in range(int(rng.integers(0, 5)))],
+             "rain_seed": int(rng.integers(2**31)),
+             "hills": [float(v) for v in rng.uniform(0.0, 1.0, size=8)]}
+    layout = Layout(timeofday, weather, scene, horizon, vanish_x, lanes_left, lanes_right, crosswalk_z,
+                    cross_street_z, [], decor)
+    _sample_objects(rng, layout, cam, config)
+    return layout
+
+
+def road_extent(layout: Layout) -> tuple[float, float]:
+    """Lateral metres of the road's left and right edges (ego lane is [-LANE_M/2, LANE_M/2])."""
+    return (-LANE_M / 2 - layout.lanes_left * LANE_M - 0.5, LANE_M / 2 + layout.lanes_right * LANE_M + 0.5)
+
+
+def _sample_buildings(rng, cross_street_z):
+    buildings = []
+    for side in (-1, 1):
+        z = 3.0
+        while z < 90:
+            length = float(rng.uniform(8, 22))
+            if cross_street_z and z < cross_street_z[1] and z + length > cross_street_z[0]:
+                if z < cross_street_z[0]:
+                    length = cross_street_z[0] - z
+                else:
+                    z = cross_street_z[1]
+                    continue
+            buildings.append({"side": side, "z0": z, "z1": z + length, "height": float(rng.uniform(7, 30)),
+                              "color": _choice(rng, BUILDING_COLORS), "floors": int(rng.integers(2, 8)),
+                              "cols": int(rng.integers(2, 6)), "lit": rng.random(64).tolist()})
+            z += length + float(rng.uniform(0, 2))
+    return buildings
+
+
+def _sample_trees(rng):
+    return [{"side": int(side), "z": float(z), "offset": float(rng.uniform(2, 9)), "height": float(rng.uniform(5, 11)),
+             "shade": float(rng.uniform(0.7, 1.1))}
+            for side in (-1, 1) for z in rng.uniform(6, 80, size=int(rng.integers(3, 9)))]
+
+
+def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, config: RenderConfig) -> None:
+    city = layout.scene == "city street"
+    left, right = road_extent(layout)
+    things = layout.things
+    group = [0]
+
+    def add(thing: Thing) -> None:
+        things.append(thing)
+
+    def lane_center(lane: int) -> float:  # lane 0 is the ego lane, negative to the left
+        return lane * LANE_M
+
+    # Vehicles in lanes. On a two-way city street the lanes left of the ego lane are oncoming.
+    lanes = list(range(-layout.lanes_left, layout.lanes_right + 1))
+    n_cars = int(rng.integers(0, config.max_count + 1))
+    n_trucks = int(rng.choice(3, p=(0.5, 0.35, 0.15)))
+    n_buses = int(rng.choice(3, p=(0.55, 0.35, 0.1)))
+    cars_crossing = int(rng.integers(0, min(n_cars, 2) + 1)) if layout.cross_street_z else 0
+    vehicles = ["car"] * (n_cars - cars_crossing) + ["truck"] * n_trucks + ["bus"] * n_buses
+    for category in vehicles:
+        lane = int(rng.choice(lanes))
+        oncoming = city and lane < 0
+        z = float(rng.uniform(6.0, 32.0))
+        s = cam.s_of_z(z)
+        width_m, height_m = {"car": (1.8, 1.5), "truck": (2.5, 3.4), "bus": (2.55, 3.2)}[category]
+        width_m *= float(rng.uniform(0.95, 1.08))
+        height_m *= float(rng.uniform(0.95, 1.08))
+        lateral = lane_center(lane) + float(rng.uniform(-0.5, 0.5))
+        x = cam.x(lateral, s)
+        y2 = cam.y(s)
+        wpx, hpx = cam.px(width_m, s), cam.px(height_m, s)
+        palette = {"car": CAR_COLORS, "truck": TRUCK_COLORS, "bus": BUS_COLORS}[category]
+        add(Thing(category, f"{category}_{'front' if oncoming else 'rear'}", (x - wpx / 2, y2 - hpx, x + wpx / 2, y2), s,
+                  {"color": _choice(rng, palette), "lights_on": layout.timeofday != "daytime" or rng.random() < 0.3}))
+
+    # Vehicles crossing at the intersection, seen from the side.
+    if layout.cross_street_z:
+        z_near, z_far = layout.cross_street_z
+        crossing = ["car"] * cars_crossing + (["bus"] if rng.random() < 0.15 else []) + (["truck"] if rng.random() < 0.15 else [])
+        for category in crossing:
+            z = float(rng.uniform(z_near + 1.0, z_far - 1.0))
+            s = cam.s_of_z(z)
+            length_m, height_m = {"car": (4.4, 1.5), "truck": (8.0, 3.4), "bus": (11.0, 3.2)}[category]
+            length = cam.px(length_m, s)
+            x1 = float(rng.uniform(-0.2 * cam.w, 1.0 * cam.w))
+            y2 = cam.y(s)
+            palette = {"car": CAR_COLORS, "truck": TRUCK_COLORS, "bus": BUS_COLORS}[category]
+            add(Thing(category, f"{category}_side", (x1, y2 - cam.px(height_m, s), x1 + length, y2), s,
+                      {"color": _choice(rng, palette), "facing": int(rng.choice((-1, 1))),
+                       "lights_on": layout.timeofday != "daytime"}))
+
+    # Two-wheelers with riders, side view, along the road edges or crossing.
+    n_motor = int(rng.choice(3, p=(0.55, 0.3, 0.15)))
+    n_bike = int(rng.choice(3, p=(0.55, 0.3, 0.15))) if city else 0
+    for category in ["motorcycle"] * n_motor + ["bicycle"] * n_bike:
+        z = float(rng.uniform(6.0, 30.0))
+        s = cam.s_of_z(z)
+        lateral = float(rng.uniform(left + 0.6, right - 0.6))
+        length_m = 2.1 if category == "motorcycle" else 1.75
+        wheel_m = 0.65 if category == "motorcycle" else 0.7
+        length = cam.px(length_m, s)
+        x = cam.x(lateral, s)
+        y2 = cam.y(s)
+        bike_h = cam.px(1.05 if category == "motorcycle" else 1.0, s)
+        facing = int(rng.choice((-1, 1)))
+        g = group[0] = group[0] + 1
+        bike = Thing(category, category, (x - length / 2, y2 - bike_h, x + length / 2, y2), s,
+                     {"color": _choice(rng, CAR_COLORS if category == "motorcycle" else CLOTHES), "facing": facing,
+                      "wheel": cam.px(wheel_m, s), "lights_on": layout.timeofday != "daytime"}, group=g)
+        rider_h = cam.px(1.05, s)
+        rider_w = cam.px(0.55, s)
+        rx = x + facing * length * 0.05
+        rider = Thing("rider", "rider", (rx - rider_w / 2, y2 - bike_h - rider_h * 0.55, rx + rider_w / 2, y2 - bike_h * 0.45), s + 1e-4,
+                      {"shirt": _choice(rng, CLOTHES), "skin": _choice(rng, SKIN), "facing": facing,
+                       "helmet": category == "motorcycle" or rng.random() < 0.5, "helmet_color": _choice(rng, CLOTHES)},
+                      group=g)
+        add(bike)
+        add(rider)
+
+    # Pedestrians: on the sidewalks, and on the crosswalk.
+    if city:
+        n_ped = int(rng.integers(0, config.max_count + 1))
+    else:
+        n_ped = int(rng.choice(3, p=(0.8, 0.15, 0.05)))
+    for _ in range(n_ped):
+        on_crosswalk = layout.crosswalk_z is not None and rng.random() < 0.45
+        if on_crosswalk:
+            z = layout.crosswalk_z + float(rng.uniform(0.3, 2.7))
+            lateral = float(rng.uniform(left - 1.5, right + 1.5))
+        elif city:
+            z = float(rng.uniform(6.5, 24.0))
+            side = int(rng.choice((-1, 1)))
+            lateral = (left - float(rng.uniform(0.5, 2.8))) if side < 0 else (right + float(rng.uniform(0.5, 2.8)))
+        else:
+            z = float(rng.uniform(8.0, 30.0))
+            lateral = float(rng.choice((left - 1.2, right + 1.2)))
+        s = cam.s_of_z(z)
+        height_m = float(rng.uniform(1.55, 1.95))
+        width_m = height_m * 0.32
+        x, y2 = cam.x(lateral, s), cam.y(s)
+        add(Thing("pedestrian", "pedestrian", (x - cam.px(width_m, s) / 2, y2 - cam.px(height_m, s),
+                                               x + cam.px(width_m, s) / 2, y2), s,
+                  {"shirt": _choice(rng, CLOTHES), "trousers": _choice(rng, CLOTHES[2:5] + CLOTHES[8:9]),
+                   "skin": _choice(rng, SKIN), "stride": float(rng.uniform(0.0, 0.35)),
+                   "bag": rng.random() < 0.3, "hair": _choice(rng, ((30, 20, 10), (90, 60, 30), (200, 170, 90), (20, 20, 20)))}))
+
+    # Traffic lights at the intersection, all showing the same phase (or all dark).
+    if city and rng.random() < 0.9:
+        phase = _choice(rng, ("red", "yellow", "green", None), p=(0.22, 0.34, 0.24, 0.2))
+        z = (layout.crosswalk_z + 1.0) if layout.crosswalk_z else float(rng.uniform(10, 20))
+        for _ in range(int(rng.integers(1, 4))):
+            zz = z + float(rng.uniform(-0.5, 2.5))
+            s = cam.s_of_z(zz)
+            lateral = float(rng.uniform(left - 2.5, right + 2.5))
+            x = cam.x(lateral, s)
+            head_w, head_h = cam.px(0.55, s), cam.px(1.45, s)
+            y1 = cam.y(s) - cam.px(float(rng.uniform(4.6, 5.6)), s)
+            overhead = left < lateral < right
+            add(Thing("traffic light", "traffic_light", (x - head_w / 2, y1, x + head_w / 2, y1 + head_h), s,
+                      {"overhead": overhead, "pole_x": x if not overhead else cam.x(right + 1.0 if lateral > 0 else left - 1.0, s),
+                       "ground_y": cam.y(s), "lamp_d": cam.px(0.38, s)}, light_color=phase))
+
+    # Traffic signs on poles beside the road.
+    for _ in range(int(rng.choice(4, p=(0.3, 0.35, 0.25, 0.1)))):
+        z = float(rng.uniform(7, 35))
+        s = cam.s_of_z(z)
+        side = int(rng.choice((-1, 1)))
+        lateral = (left - float(rng.uniform(0.6, 2.0))) if side < 0 else (right + float(rng.uniform(0.6, 2.0)))
+        x = cam.x(lateral, s)
+        shape = _choice(rng, ("circle", "triangle", "octagon", "rect_blue", "diamond", "rect_green"))
+        size = cam.px(0.8 if shape != "rect_green" else 1.6, s)
+        aspect = 0.6 if shape == "rect_green" else 1.0
+        y1 = cam.y(s) - cam.px(float(rng.uniform(2.2, 3.0)), s)
+        add(Thing("traffic sign", "traffic_sign", (x - size / 2, y1, x + size / 2, y1 + size * aspect), s,
+                  {"shape": shape, "ground_y": cam.y(s), "pole_x": x}))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Drawing primitives: one pen paints colours, silhouettes, or both
+
+
+class Pen:
+    """Draws an object's primitives on the colour canvas and/or its silhouette in an id map."""
+
+    def __init__(self, canvas: ImageDraw.ImageDraw | None, shade, ids: ImageDraw.ImageDraw | None = None,
+                 obj_id: int = 0, offset: tuple[int, int] = (0, 0)):
+        self.canvas, self.shade, self.ids, self.obj_id, self.offset = canvas, shade, ids, obj_id, offset
+
+    def _both(self, method: str, geometry, color: RGB, solid: bool, emissive: bool, **kw) -> None:
+        if self.canvas is not None:
+            getattr(self.canvas, method)(geometry, fill=color if emissive else self.shade(color), **kw)
+        if self.ids is not None and solid:
+            dx, dy = self.offset
+            if method in ("rectangle", "ellipse"):
+                geometry = (geometry[0] - dx, geometry[1] - dy, geometry[2] - dx, geometry[3] - dy)
+            else:
+                geometry = [(x - dx, y - dy) for x, y in geometry]
+            getattr(self.ids, method)(geometry, fill=self.obj_id, **kw)
+
+    def polygon(self, points, color: RGB, solid: bool = True, emissive: bool = False) -> None:
+        self._both("polygon", [(float(x), float(y)) for x, y in points], color, solid, emissive)
+
+    def rect(self, box, color: RGB, solid: bool = True, emissive: bool = False) -> None:
+        x1, y1, x2, y2 = box
+        if x2 - x1 >= 0.5 and y2 - y1 >= 0.5:
+            self._both("rectangle", (x1, y1, x2, y2), color, solid, emissive)
+
+    def ellipse(self, box, color: RGB, solid: bool = True, emissive: bool = False) -> None:
+        x1, y1, x2, y2 = box
+        if x2 - x1 >= 0.5 and y2 - y1 >= 0.5:
+            self._both("ellipse", (x1, y1, x2, y2), color, solid, emissive)
+
+    def line(self, points, color: RGB, width: float, solid: bool = True, emissive: bool = False) -> None:
+        self._both("line", [(float(x), float(y)) for x, y in points], color, solid, emissive, width=max(1, round(width)))
+
+    def glow(self, cx: float, cy: float, r: float, color: RGB, strength: float = 1.0) -> None:
+        """A halo around a light source (colour only, not part of any silhouette)."""
+        if self.canvas is None:
+            return
+        for k, f in ((2.6, 0.25), (1.8, 0.5)):
+            c = tuple(int(v * f * strength + 30 * (1 - f)) for v in color)
+            self.canvas.ellipse((cx - r * k, cy - r * k, cx + r * k, cy + r * k), fill=c)
+
+
+def make_shade(timeofday: str, weather: str):
+    """The colour transform of the ambient light for non-emissive surfaces."""
+    if timeofday == "night":
+        gain, bias = (0.45, 0.47, 0.58), (6, 6, 12)
+    elif timeofday == "dawn/dusk":
+        gain, bias = (0.78, 0.62, 0.58), (18, 6, 8)
+    else:
+        gain, bias = (1.0, 1.0, 1.0), (0, 0, 0)
+    if weather == "rainy":
+        gain = tuple(g * 0.8 for g in gain)
+
+    def shade(color: RGB) -> RGB:
+        return (int(color[0] * gain[0] + bias[0]), int(color[1] * gain[1] + bias[1]), int(color[2] * gain[2] + bias[2]))
+
+    return shade
+
+
+def _mix(a: RGB, b: RGB, t: float) -> RGB:
+    return tuple(int(x + (y - x) * t) for x, y in zip(a, b))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Objects
+
+
+def draw_vehicle_end(pen: Pen, t: Thing) -> None:
+    """A car, truck or bus seen from behind (``*_rear``) or from the front (``*_front``)."""
+    x1, y1, x2, y2 = t.box
+    w, h = x2 - x1, y2 - y1
+    color = t.style["color"]
+    front = t.kind.endswith("front")
+    dark = (25, 25, 28)
+    wheel_h = h * 0.12
+    pen.rect((x1 + w * 0.06, y2 - wheel_h, x1 + w * 0.24, y2), dark)
+    pen.rect((x2 - w * 0.24, y2 - wheel_h, x2 - w * 0.06, y2), dark)
+    lamp_y = None
+    if t.category == "car":
+        body_top = y1 + h * 0.45
+        pen.polygon([(x1 + w * 0.14, body_top), (x1 + w * 0.24, y1), (x2 - w * 0.24, y1), (x2 - w * 0.14, body_top)], color)
+        pen.polygon([(x1 + w * 0.2, body_top - h * 0.02), (x1 + w * 0.27, y1 + h * 0.07), (x2 - w * 0.27, y1 + h * 0.07),
+                     (x2 - w * 0.2, body_top - h * 0.02)], (60, 75, 90) if front else (45, 55, 65))
+        pen.rect((x1, body_top, x2, y2 - wheel_h * 0.6), color)
+        pen.rect((x1 + w * 0.38, y2 - h * 0.33, x2 - w * 0.38, y2 - h * 0.22), (225, 225, 215))
+        lamp_y = body_top + h * 0.08
+    elif t.category == "truck":
+        pen.rect((x1, y1, x2, y2 - wheel_h * 0.6), color)
+        if front:
+            pen.rect((x1 + w * 0.1, y1 + h * 0.15, x2 - w * 0.1, y1 + h * 0.42), (60, 75, 90))
+            pen.rect((x1 + w * 0.2, y1 + h * 0.55, x2 - w * 0.2, y1 + h * 0.7), (60, 60, 60))
+        else:
+            pen.line([((x1 + x2) / 2, y1 + h * 0.04), ((x1 + x2) / 2, y2 - wheel_h * 1.3)], (70, 70, 70), w * 0.02)
+            pen.rect((x1, y2 - wheel_h * 1.6, x2, y2 - wheel_h * 1.2), (50, 50, 50))
+        lamp_y = y2 - wheel_h * 2.0
+    else:  # bus
+        pen.rect((x1, y1, x2, y2 - wheel_h * 0.6), color)
+        pen.rect((x1 + w * 0.06, y1 + h * 0.1, x2 - w * 0.06, y1 + h * (0.5 if front else 0.38)), (50, 65, 80))
+        pen.rect((x1 + w * 0.25, y1 + h * 0.02, x2 - w * 0.25, y1 + h * 0.08), (255, 170, 40), emissive=True)
+        lamp_y = y2 - wheel_h * 2.2
+    lit = t.style["lights_on"]
+    r = max(1.0, w * 0.06)
+    lamp = (255, 250, 220) if front else (255, 30, 30)
+    for cx in (x1 + w * 0.12, x2 - w * 0.12):
+        if lit:
+            pen.glow(cx, lamp_y, r, lamp, 0.8)
+            pen.ellipse((cx - r, lamp_y - r * 0.7, cx + r, lamp_y + r * 0.7), lamp, emissive=True)
+        else:
+            pen.ellipse((cx - r, lamp_y - r * 0.7, cx + r, lamp_y + r * 0.7), (200, 200, 190) if front else (150, 20, 20))
+
+
+def draw_vehicle_side(pen: Pen, t: Thing) -> None:
+    """A car, truck or bus crossing at the intersection, seen from the side."""
+    x1, y1, x2, y2 = t.box
+    w, h = x2 - x1, y2 - y1
+    color = t.style["color"]
+    facing = t.style["facing"]
+    r = h * (0.22 if t.category == "car" else 0.17)
+    glass = (50, 65, 80)
+    if t.category == "car":
+        roof0, roof1 = (0.25, 0.78) if facing > 0 else (0.22, 0.75)
+        pen.rect((x1, y1 + h * 0.42, x2, y2 - r * 0.6), color)
+        pen.polygon([(x1 + w * (roof0 - 0.08), y1 + h * 0.45), (x1 + w * roof0, y1), (x1 + w * roof1, y1),
+                     (x1 + w * (roof1 + 0.08), y1 + h * 0.45)], color)
+        pen.polygon([(x1 + w * (roof0 - 0.04), y1 + h * 0.42), (x1 + w * (roof0 + 0.02), y1 + h * 0.08),
+                     (x1 + w * (roof1 - 0.02), y1 + h * 0.08), (x1 + w * (roof1 + 0.04), y1 + h * 0.42)], glass)
+    elif t.category == "truck":
+        cab = w * 0.24
+        cab_x0 = x2 - cab if facing > 0 else x1
+        box_x0, box_x1 = (x1, x2 - cab - w * 0.01) if facing > 0 else (x1 + cab + w * 0.01, x2)
+        pen.rect((box_x0, y1, box_x1, y2 - r * 0.8), color)
+        pen.rect((cab_x0, y1 + h * 0.3, cab_x0 + cab, y2 - r * 0.6), _mix(color, (40, 40, 40), 0.4))
+        win_x = cab_x0 + cab * (0.45 if facing > 0 else 0.1)
+        pen.rect((win_x, y1 + h * 0.36, win_x + cab * 0.45, y1 + h * 0.58), glass)
+    else:  # bus
+        pen.rect((x1, y1, x2, y2 - r * 0.6), color)
+        n = 6
+        for i in range(n):
+            wx = x1 + w * (0.05 + i * 0.9 / n)
+            pen.rect((wx, y1 + h * 0.15, wx + w * 0.9 / n * 0.8, y1 + h * 0.5), glass)
+        pen.rect((x1, y1 + h * 0.62, x2, y1 + h * 0.68), (240, 240, 240))
+    for cx in (x1 + w * 0.18, x2 - w * 0.18):
+        pen.ellipse((cx - r, y2 - 2 * r, cx + r, y2), (20, 20, 22))
+        pen.ellipse((cx - r * 0.45, y2 - r * 1.45, cx + r * 0.45, y2 - r * 0.55), (150, 150, 155))
+    if t.style["lights_on"]:
+        hx = x2 - w * 0.02 if facing > 0 else x1 + w * 0.02
+        hy = y2 - h * 0.45
+        pen.glow(hx, hy, h * 0.08, (255, 250, 220), 0.8)
+        pen.ellipse((hx - h * 0.06, hy - h * 0.04, hx + h * 0.06, hy + h * 0.04), (255, 250, 220), emissive=True)
+
+
+def draw_two_wheeler(pen: Pen, t: Thing) -> None:
+    x1, y1, x2, y2 = t.box
+    w = x2 - x1
+    r = t.style["wheel"] / 2
+    facing = t.style["facing"]
+    back, front = (x1 + r, x2 - r) if facing > 0 else (x2 - r, x1 + r)
+    cy = y2 - r
+    tire = max(1.0, r * (0.35 if t.category == "motorcycle" else 0.18))
+    for cx in (back, front):
+        pen.ellipse((cx - r, cy - r, cx + r, cy + r), (15, 15, 15))
+        pen.ellipse((cx - r + tire, cy - r + tire, cx + r - tire, cy + r - tire), (120, 120, 120) if t.category == "bicycle" else (60, 60, 60), solid=False)
+    color = t.style["color"]
+    seat = (back + (front - back) * 0.35, y1 + (y2 - y1) * 0.1)
+    bar = (back + (front - back) * 0.85, y1)
+    crank = (back + (front - back) * 0.45, cy)
+    if t.category == "motorcycle":
+        pen.polygon([(back + (front - back) * 0.15, cy - r * 0.9), seat, (back + (front - back) * 0.75, y1 + (y2 - y1) * 0.15),
+                     (front, cy - r * 0.3), crank], color)
+        if t.style["lights_on"]:
+            pen.glow(bar[0] + facing * w * 0.05, bar[1] + r * 0.4, r * 0.25, (255, 250, 220), 0.8)
+    else:
+        lw = max(1.0, w * 0.03)
+        for a, b in ((back, cy), (crank[0], crank[1])), ((crank[0], crank[1]), seat), (seat, (back, cy)), (seat, bar), \
+                    (bar, (front, cy)), ((crank[0], crank[1]), (bar[0] - (front - back) * 0.05, bar[1] + (y2 - y1) * 0.2)):
+            pen.line([a, b], color, lw)
+
+
+def draw_person(pen: Pen, t: Thing, riding: bool = False) -> None:
+    x1, y1, x2, y2 = t.box
+    w, h = x2 - x1, y2 - y1
+    cx = (x1 + x2) / 2
+    st = t.style
+    if riding:
+        head = h * 0.28
+        pen.rect((x1 + w * 0.15, y1 + head, x2 - w * 0.15, y2), st["shirt"])
+        pen.line([(cx, y1 + head * 1.3), (cx + st["facing"] * w * 0.9, y1 + head * 2.0)], st["shirt"], w * 0.22)
+    else:
+        head = h * 0.14
+        legs_top = y1 + h * 0.5
+        stride = st["stride"] * w
+        pen.polygon([(cx - w * 0.2, legs_top), (cx - w * 0.02, legs_top), (cx - w * 0.1 - stride, y2), (cx - w * 0.35 - stride, y2)], st["trousers"])
+        pen.polygon([(cx + w * 0.02, legs_top), (cx + w * 0.2, legs_top), (cx + w * 0.35 + stride, y2), (cx + w * 0.1 + stride, y2)], st["trousers"])
+        pen.rect((x1 + w * 0.12, y1 + head * 1.05, x2 - w * 0.12, legs_top + h * 0.03), st["shirt"])
+        pen.line([(x1 + w * 0.14, y1 + head * 1.3), (x1, y1 + h * 0.5)], st["shirt"], w * 0.16)
+        pen.line([(x2 - w * 0.14, y1 + head * 1.3), (x2, y1 + h * 0.5)], st["shirt"], w * 0.16)
+        if st["bag"]:
+            pen.rect((x2 - w * 0.1, y1 + h * 0.4, x2 + w * 0.05, y1 + h * 0.55), (80, 50, 30))
+    hr = head * 0.55
+    hy = y1 + head * 0.55
+    pen.ellipse((cx - hr, hy - hr, cx + hr, hy + hr), st["skin"])
+    if riding and st["helmet"]:
+        pen.ellipse((cx - hr * 1.1, hy - hr * 1.15, cx + hr * 1.1, hy + hr * 0.2), st["helmet_color"])
+    elif not riding:
+        pen.ellipse((cx - hr, hy - hr * 1.05, cx + hr, hy - hr * 0.1), st["hair"])
+
+
+def draw_traffic_light(pen: Pen, t: Thing) -> None:
+    x1, y1, x2, y2 = t.box
+    w, h = x2 - x1, y2 - y1
+    st = t.style
+    pole = (70, 72, 75)
+    pw = max(1.5, w * 0.18)
+    if st["overhead"]:
+        # The arm and pole are not part of the light's silhouette (BDD boxes the head only).
+        pen.line([(st["pole_x"], y1 + h * 0.1), ((x1 + x2) / 2, y1 + h * 0.1)], pole, pw * 0.8, solid=False)
+        pen.line([(st["pole_x"], y1 + h * 0.1), (st["pole_x"], st["ground_y"])], pole, pw, solid=False)
+    else:
+        pen.line([((x1 + x2) / 2, y2), ((x1 + x2) / 2, st["ground_y"])], pole, pw, solid=False)
+    pen.rect((x1, y1, x2, y2), (35, 35, 30))
+    d = min(st["lamp_d"], w * 0.8)
+    cx = (x1 + x2) / 2
+    for i, color in enumerate(("red", "yellow", "green")):
+        cy = y1 + h * (0.2 + 0.3 * i)
+        box = (cx - d / 2, cy - d / 2, cx + d / 2, cy + d / 2)
+        if t.light_color == color:
+            pen.glow(cx, cy, d / 2, LAMP_COLORS[color], 0.9)
+            pen.rect((x1, cy - h * 0.14, x2, cy + h * 0.14), (35, 35, 30))
+            pen.ellipse(box, LAMP_COLORS[color], emissive=True)
+        else:
+            pen.ellipse(box, (60, 60, 55))
+
+
+def draw_traffic_sign(pen: Pen, t: Thing) -> None:
+    x1, y1, x2, y2 = t.box
+    w, h = x2 - x1, y2 - y1
+    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+    st = t.style
+    pen.line([(cx, y2), (cx, st["ground_y"])], (130, 130, 135), max(1.0, w * 0.06), solid=False)
+    shape = st["shape"]
+    if shape == "circle":
+        pen.ellipse((x1, y1, x2, y2), (200, 20, 20))
+        pen.ellipse((x1 + w * 0.14, y1 + h * 0.14, x2 - w * 0.14, y2 - h * 0.14), (245, 245, 245))
+        pen.rect((cx - w * 0.2, cy - h * 0.12, cx + w * 0.2, cy + h * 0.12), (20, 20, 20))
+    elif shape == "triangle":
+        pen.polygon([(cx, y1), (x2, y2), (x1, y2)], (200, 20, 20))
+        pen.polygon([(cx, y1 + h * 0.25), (x2 - w * 0.15, y2 - h * 0.08), (x1 + w * 0.15, y2 - h * 0.08)], (245, 245, 245))
+    elif shape == "octagon":
+        k = 0.29
+        pen.polygon([(x1 + w * k, y1), (x2 - w * k, y1), (x2, y1 + h * k), (x2, y2 - h * k), (x2 - w * k, y2),
+                     (x1 + w * k, y2), (x1, y2 - h * k), (x1, y1 + h * k)], (200, 20, 20))
+        pen.rect((x1 + w * 0.2, cy - h * 0.08, x2 - w * 0.2, cy + h * 0.08), (245, 245, 245))
+    elif shape == "rect_blue":
+        pen.rect((x1, y1, x2, y2), (20, 70, 170))
+        pen.rect((cx - w * 0.15, y1 + h * 0.2, cx + w * 0.15, y2 - h * 0.2), (245, 245, 245))
+    elif shape == "diamond":
+        pen.polygon([(cx, y1), (x2, cy), (cx, y2), (x1, cy)], (240, 200, 20))
+        pen.polygon([(cx, y1 + h * 0.1), (x2 - w * 0.1, cy), (cx, y2 - h * 0.1), (x1 + w * 0.1, cy)], (20, 20, 20), solid=False)
+        pen.polygon([(cx, y1 + h * 0.16), (x2 - w * 0.16, cy), (cx, y2 - h * 0.16), (x1 + w * 0.16, cy)], (240, 200, 20))
+    else:  # rect_green: a guide sign
+        pen.rect((x1, y1, x2, y2), (20, 110, 60))
+        for i in range(2):
+            yy = y1 + h * (0.3 + 0.35 * i)
+            pen.line([(x1 + w * 0.15, yy), (x2 - w * 0.15, yy)], (240, 240, 240), max(1.0, h * 0.1))
+
+
+DRAW = {
+    "car_rear": draw_vehicle_end, "car_front": draw_vehicle_end, "truck_rear": draw_vehicle_end,
+    "truck_front": draw_vehicle_end, "bus_rear": draw_vehicle_end, "bus_front": draw_vehicle_end,
+    "car_side": draw_vehicle_side, "truck_side": draw_vehicle_side, "bus_side": draw_vehicle_side,
+    "motorcycle": draw_two_wheeler, "bicycle": draw_two_wheeler,
+    "pedestrian": draw_person, "rider": lambda pen, t: draw_person(pen, t, riding=True),
+    "traffic_light": draw_traffic_light, "traffic_sign": draw_traffic_sign,
+}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Occlusion
+
+
+def _silhouette(t: Thing, origin: tuple[int, int], size: tuple[int, int], mask: Image.Image | None = None
+                ) -> Image.Image:
+    """Draw ``t``'s silhouette into a mask whose top-left pixel is image pixel ``origin``."""
+    if mask is None:
+        mask = Image.new("L", size, 0)
+    DRAW[t.kind](Pen(None, None, ImageDraw.Draw(mask), 255, offset=origin), t)
+    return mask
+
+
+def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
+    """Fraction of each thing's silhouette hidden by nearer things of other groups.
+
+    ``things`` are sorted far to near. Only things whose box meets a nearer thing's box, or leaves the
+    image, need their silhouettes drawn; the rest are fully visible.
+    """
+    boxes = np.array([t.box for t in things], dtype=np.float64).reshape(-1, 4)
+    hidden = []
+    for k, t in enumerate(things):
+        x1, y1, x2, y2 = boxes[k]
+        nearer = boxes[k + 1:]
+        overlap = (nearer[:, 0] < x2) & (nearer[:, 2] > x1) & (nearer[:, 1] < y2) & (nearer[:, 3] > y1)
+        occluders = [things[k + 1 + j] for j in np.flatnonzero(overlap)
+                     if t.group < 0 or things[k + 1 + j].group != t.group]
+        inside = x1 >= 0 and y1 >= 0 and x2 <= width and y2 <= height
+        if not occluders and inside:
+            hidden.append(0.0)
+            continue
+        ox, oy = int(math.floor(x1)), int(math.floor(y1))
+        size = (int(math.ceil(x2)) + 1 - ox, int(math.ceil(y2)) + 1 - oy)
+        own = np.asarray(_silhouette(t, (ox, oy), size), dtype=bool)
+        total = int(own.sum())
+        # The part of the silhouette outside the image is truncation, not occlusion.
+        cx1, cy1 = max(0, -ox), max(0, -oy)
+        cx2, cy2 = min(size[0], width - ox), min(size[1], height - oy)
+        own_in = own[cy1:cy2, cx1:cx2] if cx2 > cx1 and cy2 > cy1 else own[:0, :0]
+        visible_total = int(own_in.sum())
+        if total == 0 or visible_total < TRUNCATED_MIN_VISIBLE * total:  # mostly outside the image
+            hidden.append(1.0)
+            continue
+        if not occluders:
+            hidden.append(0.0)
+            continue
+        cover = Image.new("L", size, 0)
+        for o in occluders:
+            _silhouette(o, (ox, oy), size, cover)
+        covered = np.asarray(cover, dtype=bool)[cy1:cy2, cx1:cx2]
+        hidden.append(float((own_in & covered).sum()) / visible_total)
+    return hidden
+
+
+def settle_occlusion(things: list[Thing], width: int, height: int) -> list[tuple[Thing, float]]:
+    """Remove things that are almost hidden or ambiguously occluded; return (thing, hidden fraction)."""
+    things = sorted(things, key=lambda t: t.depth)
+    while True:
+        hidden = _visibility(things, width, height)
+        drop = {id(t) for t, f in zip(things, hidden) if f > HIDDEN_MAX or AMBIGUOUS[0] < f < AMBIGUOUS[1]}
+        # A rider never survives without its bike and vice versa.
+        dropped_groups = {t.group for t in things if id(t) in drop and t.group >= 0}
+        drop |= {id(t) for t in things if t.group in dropped_groups and t.group >= 0}
+        if not drop:
+            return list(zip(things, hidden))
+        things = [t for t in things if id(t) not in drop]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Background
+
+
+@lru_cache(maxsize=32)
+def _sky(width: int, height: int, timeofday: str, weather: str) -> Image.Image:
+    top, bottom = SKY[(timeofday, weather)]
+    t = np.linspace(0.0, 1.0, height)[:, None]
+    column = (np.array(top)[None, :] * (1 - t) + np.array(bottom)[None, :] * t).astype(np.uint8)
+    return Image.fromarray(column[:, None, :].repeat(1, axis=1)).resize((width, height), Image.NEAREST)
+
+
+def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> None:
+    d = ImageDraw.Draw(img)
+    w, h = cam.w, cam.h
+    night = layout.timeofday == "night"
+    city = layout.scene == "city street"
+    hz = cam.horizon
+    if not night:
+        for cx, cy, r in layout.decor["clouds"]:
+            c = shade((235, 235, 240) if layout.weather == "clear" else (120, 122, 128))
+            d.ellipse((cx - r, cy - r * 0.35, cx + r, cy + r * 0.35), fill=c)
+    # Distant hills or skyline on the horizon.
+    hills = layout.decor["hills"]
+    if city:
+        for i, v in enumerate(hills):
+            bx = w * i / len(hills)
+            d.rectangle((bx, hz - 20 - v * 70, bx + w / len(hills) * 0.8, hz), fill=shade((120, 125, 135)))
+    else:
+        pts = [(0, hz)] + [(w * i / (len(hills) - 1), hz - 10 - v * 45) for i, v in enumerate(hills)] + [(w, hz)]
+        d.polygon(pts, fill=shade((80, 110, 80)))
+    ground = (95, 130, 70) if not city else (150, 150, 145)
+    d.rectangle((0, hz, w, h), fill=shade(ground))
+    left, right = road_extent(layout)
+    far = 400.0
+    d.polygon(cam.ground_quad(left, right, Z_BOTTOM * 0.5, far), fill=shade((78, 78, 82)))
+    if layout.cross_street_z:
+        z0, z1 = layout.cross_street_z
+        d.polygon(cam.ground_quad(-200, 200, z0, z1), fill=shade((78, 78, 82)))
+    if city:  # curbs
+        for lat in (left, right):
+            d.polygon(cam.ground_quad(lat - 0.15, lat + 0.15, Z_BOTTOM * 0.5, far), fill=shade((185, 185, 180)))
+    else:  # guard rails and verges
+        for lat in (left - 0.6, right + 0.6):
+            s0, s1 = cam.s_of_z(Z_BOTTOM * 0.5), cam.s_of_z(far)
+            pts = [(cam.x(lat, s0), cam.y(s0) - cam.px(0.8, s0)), (cam.x(lat, s1), cam.y(s1) - cam.px(0.8, s1))]
+            d.line(pts, fill=shade((170, 170, 175)), width=6)
+    _draw_markings(d, layout, cam, shade)
+    if city:
+        _draw_buildings(d, layout, cam, shade, night)
+    else:
+        for tree in sorted(layout.decor["trees"], key=lambda t: -t["z"]):
+            lat = (left - tree["offset"]) if tree["side"] < 0 else (right + tree["offset"])
+            s = cam.s_of_z(tree["z"])
+            x, y = cam.x(lat, s), cam.y(s)
+            th, cr = cam.px(tree["height"], s), cam.px(tree["height"] * 0.3, s)
+            d.rectangle((x - cr * 0.12, y - th * 0.6, x + cr * 0.12, y), fill=shade((90, 65, 40)))
+            g = tuple(int(c * tree["shade"]) for c in (50, 110, 50))
+            d.ellipse((x - cr, y - th, x + cr, y - th + 2 * cr), fill=shade(g))
+    for side, z in layout.decor["lamps"]:
+        lat = (left - 0.4) if side < 0 else (right + 0.4)
+        s = cam.s_of_z(z)
+        x, y = cam.x(lat, s), cam.y(s)
+        top = y - cam.px(7, s)
+        d.line([(x, y), (x, top)], fill=shade((90, 90, 95)), width=max(1, round(cam.px(0.15, s))))
+        hx = x - side * cam.px(1.2, s)
+        d.line([(x, top), (hx, top)], fill=shade((90, 90, 95)), width=max(1, round(cam.px(0.12, s))))
+        r = cam.px(0.25, s)
+        if night:
+            Pen(d, shade).glow(hx, top + r, r, (255, 220, 150), 0.9)
+        d.ellipse((hx - r, top, hx + r, top + r * 1.2), fill=(255, 230, 170) if night else shade((200, 200, 190)))
+
+
+def _draw_markings(d: ImageDraw.ImageDraw, layout: Layout, cam: Camera, shade) -> None:
+    white = shade((230, 230, 225))
+    yellow = shade((230, 190, 40))
+    left, right = road_extent(layout)
+    city = layout.scene == "city street"
+    boundaries = [(-LANE_M / 2 - i * LANE_M) for i in range(layout.lanes_left)] + \
+                 [(LANE_M / 2 + i * LANE_M) for i in range(layout.lanes_right)]
+    center = -LANE_M / 2 if city else None  # two-way city street: double yellow left of the ego lane
+    for lat in boundaries:
+        z = Z_BOTTOM * 0.6
+        while z < 120:
+            if layout.cross_street_z and layout.cross_street_z[0] - 4 < z < layout.cross_street_z[1]:
+                z += 3
+                continue
+            if lat == center:
+                d.polygon(cam.ground_quad(lat - 0.22, lat - 0.08, z, z + 3), fill=yellow)
+                d.polygon(cam.ground_quad(lat + 0.08, lat + 0.22, z, z + 3), fill=yellow)
+                z += 3
+            else:
+                d.polygon(cam.ground_quad(lat - 0.08, lat + 0.08, z, z + 3), fill=white)
+                z += 12
+    for lat in (left + 0.3, right - 0.3):
+        d.polygon(cam.ground_quad(lat - 0.08, lat + 0.08, Z_BOTTOM * 0.6, 150), fill=white)
+    if layout.crosswalk_z:
+        z = layout.crosswalk_z
+        lat = left
+        while lat < right:
+            d.polygon(cam.ground_quad(lat, min(lat + 0.5, right), z, z + 3.0), fill=white)
+            lat += 1.0
+        d.polygon(cam.ground_quad(-LANE_M / 2, right, z - 0.8, z - 0.4), fill=white)  # stop line
+
+
+def _draw_buildings(d: ImageDraw.ImageDraw, layout: Layout, cam: Camera, shade, night: bool) -> None:
+    left, right = road_extent(layout)
+    for b in sorted(layout.decor["buildings"], key=lambda b: -b["z0"]):
+        lat = (left - 3.5) if b["side"] < 0 else (right + 3.5)
+        s0, s1 = cam.s_of_z(b["z0"]), cam.s_of_z(b["z1"])
+        xa, xb = cam.x(lat, s0), cam.x(lat, s1)
+        ya, yb = cam.y(s0), cam.y(s1)
+        ha, hb = cam.px(b["height"], s0), cam.px(b["height"], s1)
+        d.polygon([(xa, ya), (xb, yb), (xb, yb - hb), (xa, ya - ha)], fill=shade(b["color"]))
+        # Sidewalk in front of the facade.
+        curb = left if b["side"] < 0 else right
+        d.polygon([(cam.x(curb, s0), ya), (cam.x(curb, s1), yb), (xb, yb), (xa, ya)], fill=shade((160, 160, 155)))
+        floors, cols = b["floors"], b["cols"]
+        for i in range(floors):
+            for j in range(cols):
+                u0, u1 = (j + 0.2) / cols, (j + 0.8) / cols
+                v0, v1 = (i + 0.25) / floors, (i + 0.7) / floors
+                quad = []
+                for u, v in ((u0, v0), (u1, v0), (u1, v1), (u0, v1)):
+                    x = xa + (xb - xa) * u
+                    ybase = ya + (yb - ya) * u
+                    hh = ha + (hb - ha) * u
+                    quad.append((x, ybase - hh * (1 - v)))
+                lit = night and b["lit"][(i * cols + j) % 64] < 0.45
+                d.polygon(quad, fill=(255, 210, 120) if lit else shade((40, 50, 60)))
+
+
+def _apply_weather(img: Image.Image, layout: Layout, cam: Camera) -> Image.Image:
+    w, h = cam.w, cam.h
+    if layout.weather == "foggy":
+        fog_rgb = {"daytime": (205, 208, 210), "dawn/dusk": (195, 175, 160), "night": (70, 70, 76)}[layout.timeofday]
+        rows = np.arange(h, dtype=np.float64)
+        depth = np.clip((rows - cam.horizon) / (h - cam.horizon), 0.0, 1.0)
+        alpha = np.where(rows < cam.horizon, 0.7, 0.5 * np.exp(-3.5 * depth) + 0.1)
+        mask = Image.fromarray((np.clip(alpha, 0, 1) * 255).astype(np.uint8)[:, None]).resize((w, h), Image.NEAREST)
+        img = Image.composite(Image.new("RGB", (w, h), fog_rgb), img, mask)
+    elif layout.weather == "rainy":
+        rng = np.random.default_rng(layout.decor["rain_seed"])
+        d = ImageDraw.Draw(img)
+        n = 700
+        xs = rng.uniform(-100, w, n)
+        ys = rng.uniform(-50, h, n)
+        lengths = rng.uniform(15, 45, n)
+        c = (150, 155, 165) if layout.timeofday != "night" else (80, 85, 95)
+        for x, y, ln in zip(xs, ys, lengths):
+            d.line([(x, y), (x + ln * 0.25, y + ln)], fill=c, width=1)
+    return img
+
+
+# ----------------------------------------------------------------------------------------------------
+# Public entry point
+
+
+def render_scene(seed: int | np.random.SeedSequence, name: str, config: RenderConfig = RenderConfig()
+                 ) -> tuple[Image.Image, Scene]:
+    """Render one scene from ``seed``; return the RGB image and its normalised labels."""
+    rng = np.random.default_rng(seed)
+    layout = sample_layout(rng, config)
+    w, h = config.width, config.height
+    cam = Camera(w, h, layout.horizon, layout.vanish_x)
+    settled = settle_occlusion(layout.things, w, h)
+    shade = make_shade(layout.timeofday, layout.weather)
+    img = _sky(w, h, layout.timeofday, layout.weather).copy()
+    _draw_background(img, layout, cam, shade)
+    canvas = ImageDraw.Draw(img)
+    for thing, _ in settled:
+        DRAW[thing.kind](Pen(canvas, shade), thing)
+    img = _apply_weather(img, layout, cam)
+
+    objects = []
+    for k, (t, hidden) in enumerate(sorted(settled, key=lambda th: (th[0].box[0], th[0].box[1]))):
+        x1, y1, x2, y2 = t.box
+        clipped = tuple(round(v, 3) for v in (max(0.0, x1), max(0.0, y1), min(float(w), x2), min(float(h), y2)))
+        objects.append(SceneObject(
+            id=str(k), category=t.category, box=clipped, occluded=hidden >= OCCLUDED_MIN,
+            truncated=x1 < 0 or y1 < 0 or x2 > w or y2 > h,
+            light_color=t.light_color if t.category == "traffic light" else None))
+    scene = Scene(name=name, weather=layout.weather, scene=layout.scene, timeofday=layout.timeofday,
+                  objects=tuple(objects))
+    return img, scene

@@ -1,0 +1,193 @@
+"""The normalised scene record every downstream stage sees, and its BDD100K det_20 serialisation.
+
+BDD100K ships labels in two dialects. The 2018 release says ``person``/``bike``/``motor`` and colours
+``red``/``green``/``yellow``/``none``; det_20 says ``pedestrian``/``bicycle``/``motorcycle`` and
+``R``/``G``/``Y``/``NA``, allows ``labels: null`` and sometimes capitalises attribute keys
+(``Occluded``). :func:`scene_from_frame` accepts both and produces one :class:`Scene`;
+:func:`scene_to_frame` always writes det_20.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# det_20 detection categories, in the order of the BDD100K documentation.
+CATEGORIES = (
+    "pedestrian",
+    "rider",
+    "car",
+    "truck",
+    "bus",
+    "train",
+    "motorcycle",
+    "bicycle",
+    "traffic light",
+    "traffic sign",
+)
+# 2018 names -> det_20 names.
+CATEGORY_ALIASES = {"person": "pedestrian", "bike": "bicycle", "motor": "motorcycle"}
+# Labelled in BDD100K but not part of the det_20 benchmark: skipped, as the official evaluation does.
+IGNORED_CATEGORIES = frozenset({"other person", "other vehicle", "trailer"})
+# 2018 segmentation-style labels (poly2d only, no box): skipped.
+AREA_CATEGORIES = frozenset({"drivable area", "lane", "area/drivable", "area/alternative", "area/unknown"})
+
+LIGHT_COLORS = ("red", "yellow", "green")
+_LIGHT_COLOR_IN = {"r": "red", "red": "red", "y": "yellow", "yellow": "yellow", "g": "green", "green": "green",
+                   "na": None, "none": None, "": None}
+_LIGHT_COLOR_OUT = {"red": "R", "yellow": "Y", "green": "G", None: "NA"}
+
+UNDEFINED = "undefined"
+
+
+class LabelError(ValueError):
+    """Malformed labels; the message names the file, the frame and the field."""
+
+
+@dataclass(frozen=True)
+class SceneObject:
+    id: str
+    category: str  # one of CATEGORIES
+    box: tuple[float, float, float, float]  # x1, y1, x2, y2 in pixels
+    occluded: bool = False
+    truncated: bool = False
+    light_color: str | None = None  # "red" | "yellow" | "green" for a lit traffic light, else None
+
+    @property
+    def center_x(self) -> float:
+        return (self.box[0] + self.box[2]) / 2
+
+    @property
+    def bottom(self) -> float:
+        return self.box[3]
+
+    @property
+    def area(self) -> float:
+        return (self.box[2] - self.box[0]) * (self.box[3] - self.box[1])
+
+
+@dataclass(frozen=True)
+class Scene:
+    name: str  # image file name, e.g. "000123.jpg"
+    weather: str = UNDEFINED  # clear | rainy | foggy | overcast | snowy | partly cloudy | undefined
+    scene: str = UNDEFINED  # city street | highway | residential | ... | undefined
+    timeofday: str = UNDEFINED  # daytime | dawn/dusk | night | undefined
+    objects: tuple[SceneObject, ...] = ()
+
+    @property
+    def image_id(self) -> str:
+        return self.name.rsplit(".", 1)[0]
+
+    def of(self, category: str) -> list[SceneObject]:
+        return [o for o in self.objects if o.category == category]
+
+
+def _lower_keys(d: dict) -> dict:
+    return {str(k).lower(): v for k, v in d.items()}
+
+
+def _as_bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise LabelError(f"{where}: expected true/false, got {value!r}")
+
+
+def _object_from_label(label: Any, where: str) -> SceneObject | None:
+    if not isinstance(label, dict):
+        raise LabelError(f"{where}: a label must be an object, got {type(label).__name__}")
+    category = label.get("category")
+    if not isinstance(category, str):
+        raise LabelError(f"{where}.category: missing or not a string")
+    category = category.strip().lower()
+    if category in IGNORED_CATEGORIES or category in AREA_CATEGORIES:
+        return None
+    category = CATEGORY_ALIASES.get(category, category)
+    if category not in CATEGORIES:
+        raise LabelError(f"{where}.category: unknown category {label['category']!r} "
+                         f"(expected one of {', '.join(CATEGORIES)})")
+    box = label.get("box2d")
+    if not isinstance(box, dict):
+        raise LabelError(f"{where}.box2d: missing for a {category!r} label")
+    coords = []
+    for key in ("x1", "y1", "x2", "y2"):
+        v = box.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise LabelError(f"{where}.box2d.{key}: expected a finite number, got {v!r}")
+        coords.append(float(v))
+    x1, y1, x2, y2 = coords
+    if x2 < x1 or y2 < y1:
+        raise LabelError(f"{where}.box2d: x2 < x1 or y2 < y1 ({x1}, {y1}, {x2}, {y2})")
+    attributes = label.get("attributes") or {}
+    if not isinstance(attributes, dict):
+        raise LabelError(f"{where}.attributes: must be an object")
+    attributes = _lower_keys(attributes)
+    color_raw = attributes.get("trafficlightcolor", "NA")
+    color_key = str(color_raw).strip().lower() if color_raw is not None else "na"
+    if color_key not in _LIGHT_COLOR_IN:
+        raise LabelError(f"{where}.attributes.trafficLightColor: unknown colour {color_raw!r}")
+    color = _LIGHT_COLOR_IN[color_key] if category == "traffic light" else None
+    return SceneObject(
+        id=str(label.get("id", "")),
+        category=category,
+        box=(x1, y1, x2, y2),
+        occluded=_as_bool(attributes.get("occluded", False), f"{where}.attributes.occluded"),
+        truncated=_as_bool(attributes.get("truncated", False), f"{where}.attributes.truncated"),
+        light_color=color,
+    )
+
+
+def scene_from_frame(frame: Any, where: str = "frame") -> Scene:
+    """Normalise one BDD100K frame (2018 or det_20 dialect) into a :class:`Scene`."""
+    if not isinstance(frame, dict):
+        raise LabelError(f"{where}: a frame must be an object, got {type(frame).__name__}")
+    name = frame.get("name")
+    if not isinstance(name, str) or not name:
+        raise LabelError(f"{where}.name: missing or not a string")
+    where = f"{where} ({name})"
+    attributes = frame.get("attributes") or {}
+    if not isinstance(attributes, dict):
+        raise LabelError(f"{where}.attributes: must be an object")
+    attributes = _lower_keys(attributes)
+    labels = frame.get("labels")
+    if labels is None:
+        labels = []
+    if not isinstance(labels, list):
+        raise LabelError(f"{where}.labels: must be a list or null")
+    objects = []
+    for i, label in enumerate(labels):
+        obj = _object_from_label(label, f"{where}.labels[{i}]")
+        if obj is not None:
+            objects.append(obj)
+    return Scene(
+        name=name,
+        weather=str(attributes.get("weather") or UNDEFINED).lower(),
+        scene=str(attributes.get("scene") or UNDEFINED).lower(),
+        timeofday=str(attributes.get("timeofday") or UNDEFINED).lower(),
+        objects=tuple(objects),
+    )
+
+
+def scene_to_frame(scene: Scene) -> dict:
+    """Serialise a scene as a BDD100K det_20 frame (boxes rounded to 1/1000 px)."""
+    return {
+        "name": scene.name,
+        "attributes": {"weather": scene.weather, "scene": scene.scene, "timeofday": scene.timeofday},
+        "labels": [
+            {
+                "id": obj.id,
+                "category": obj.category,
+                "attributes": {
+                    "occluded": obj.occluded,
+                    "truncated": obj.truncated,
+                    "trafficLightColor": _LIGHT_COLOR_OUT[obj.light_color],
+                },
+                "box2d": dict(zip(("x1", "y1", "x2", "y2"), (round(v, 3) for v in obj.box))),
+            }
+            for obj in scene.objects
+        ],
+    }

@@ -333,7 +333,7 @@ class TrafficCommandTokenizer:
         attention_mask = (positions < lengths[:, None]).astype(np.int64)  # [B, L]
         input_ids = np.full((len(bodies), seq_len), PAD, dtype=np.int64)  # [B, L]
         flat_ids = np.fromiter(itertools.chain.from_iterable(bodies), dtype=np.int64, count=int(body_lengths.sum()))
-        if add_special_tokens:
+        if add_special_tokens and len(bodies):
             input_ids[:, 0] = SOS
             body_mask = (positions >= 1) & (positions <= body_lengths[:, None])  # [B, L]
             input_ids[body_mask] = flat_ids
@@ -467,13 +467,16 @@ class TrafficCommandTokenizer:
     from_file = load_vocab  # the name the VLM pipeline uses
 
 
-def vocab_metrics(tokenizer: TrafficCommandTokenizer, splits: dict[str, Sequence[dict]]) -> dict[str, Any]:
+def coverage_by_split(tokenizer: TrafficCommandTokenizer, splits: dict[str, Sequence[dict]]) -> dict[str, CoverageReport]:
+    """Coverage of the commands and answers of each split."""
+    return {name: tokenizer.coverage(_command_texts(commands)) for name, commands in splits.items()}
+
+
+def vocab_metrics(tokenizer: TrafficCommandTokenizer, reports: dict[str, CoverageReport]) -> dict[str, Any]:
     """``metrics/vocab.json``: vocabulary size and, per split, coverage and OOV counts (numbers only)."""
     metrics: dict[str, Any] = {"vocab_size": tokenizer.vocab_size, "num_words": tokenizer.vocab_size - FIRST_WORD_ID}
-    for name, commands in splits.items():
-        report = tokenizer.coverage(_command_texts(commands)).to_dict()
-        del report["top_oov"]
-        metrics[name] = report
+    for name, report in reports.items():
+        metrics[name] = {key: value for key, value in report.to_dict().items() if key != "top_oov"}
     return metrics
 
 

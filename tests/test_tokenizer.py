@@ -7,7 +7,6 @@ import logging
 import random
 import re
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings

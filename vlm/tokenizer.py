@@ -467,7 +467,8 @@ class TrafficCommandTokenizer:
     from_file = load_vocab  # the name the VLM pipeline uses
 
 
-def coverage_by_split(tokenizer: TrafficCommandTokenizer, splits: dict[str, Sequence[dict]]) -> dict[str, CoverageReport]:
+def coverage_by_split(tokenizer: TrafficCommandTokenizer,
+                      splits: dict[str, Sequence[dict]]) -> dict[str, CoverageReport]:
     """Coverage of the commands and answers of each split."""
     return {name: tokenizer.coverage(_command_texts(commands)) for name, commands in splits.items()}
 
@@ -495,7 +496,8 @@ def _check_commands(commands: Any, source: str) -> None:
             raise ValueError(f"{source}: record {index} must be an object, got {type(record).__name__}")
         for field in ("command", "answer"):
             if not isinstance(record.get(field), str):
-                raise ValueError(f"{source}: record {index} field '{field}' must be a string, got {record.get(field)!r}")
+                raise ValueError(
+                    f"{source}: record {index} field '{field}' must be a string, got {record.get(field)!r}")
 
 
 def _command_texts(commands: Iterable[dict]) -> Iterable[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vlm.cli import run
 from vlm.io import write_json
 from vlm.params import build_config, load_params, section
 from vlm.tokenizer import TrafficCommandTokenizer, VocabConfig, coverage_by_split, read_commands, vocab_metrics
@@ -43,4 +44,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -115,3 +115,30 @@ def test_scalabel_wrapper_is_accepted(tmp_path):
     path = tmp_path / "export.json"
     path.write_text(json.dumps({"frames": [{"name": "a.jpg", "labels": []}]}))
     assert [s.name for s in read_labels(path)] == ["a.jpg"]
+
+
+def test_generate_scenes_from_bdd100k_folder(tmp_path, bdd_fixture_dir):
+    from PIL import Image
+
+    from vlm.scenes.generate import BDD100KConfig, ScenesConfig, generate_scenes, load_raw
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for name in ("00091078-875c1f73-0000166.jpg", "00091078-875c1f73-0000167.jpg"):
+        Image.new("RGB", (1280, 720), (90, 90, 90)).save(images / name)
+    labels = bdd_fixture_dir / "det20_ignored_and_null_labels.json"
+    config = ScenesConfig(source="bdd100k", bdd100k=BDD100KConfig(images=str(images), labels=str(labels)))
+    stats = generate_scenes(config, tmp_path / "raw")
+    assert stats == {"source": "bdd100k", "images": 2, "frames_in_labels": 2, "missing_images": 0}
+    raw = load_raw(tmp_path / "raw")
+    assert raw.source == "bdd100k" and raw.image_dir == images and (raw.width, raw.height) == (1280, 720)
+    assert [o.category for o in raw.scenes[0].objects] == ["pedestrian"]  # normalised, "other person" dropped
+    assert not (tmp_path / "raw" / "images").exists()  # BDD100K images are read in place, not copied
+
+    (images / "00091078-875c1f73-0000167.jpg").unlink()
+    with pytest.raises(MissingImagesError, match="1 of 2 labelled images are missing"):
+        generate_scenes(config, tmp_path / "raw2")
+    assert not (tmp_path / "raw2").exists()
+    config.bdd100k.on_missing = "skip"
+    assert generate_scenes(config, tmp_path / "raw2")["missing_images"] == 1
+    assert [s.name for s in load_raw(tmp_path / "raw2").scenes] == ["00091078-875c1f73-0000166.jpg"]

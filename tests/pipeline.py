@@ -1,0 +1,52 @@
+"""A throw-away copy of the project in a temporary git repository, to run real DVC commands on."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COPIED = ("dvc.yaml", "params.yaml", "stages", "vlm", ".dvcignore")
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merge(base.get(key, {}), value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return out
+
+
+class DvcProject:
+    def __init__(self, path: Path, params: dict):
+        self.path = path
+        for name in COPIED:
+            src = ROOT / name
+            if src.is_dir():
+                shutil.copytree(src, path / name, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy(src, path / name)
+        base = yaml.safe_load((ROOT / "params.yaml").read_text())
+        (path / "params.yaml").write_text(yaml.safe_dump(_merge(base, params), sort_keys=False))
+        bin_dir = str(Path(sys.executable).parent)
+        self.env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+                    "PYTHONPATH": str(path), "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "DVC_NO_ANALYTICS": "1"}
+        self.run("git", "init", "-q")
+        self.run("dvc", "init", "-q")
+        self.run("git", "add", "-A")
+        self.run("git", "commit", "-qm", "init")
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run(args, cwd=self.path, env=self.env, capture_output=True, text=True)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def json(self, relative: str):
+        return json.loads((self.path / relative).read_text())

@@ -1,0 +1,33 @@
+"""Real `dvc repro` of the data stages on tiny params, in a temporary git repository."""
+
+import pytest
+
+from pipeline import DvcProject
+
+pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("pipeline")]
+
+
+def test_data_stages_repro_then_up_to_date(tmp_path):
+    project = DvcProject(tmp_path, {"scenes": {"num_images": 40, "workers": 2}})
+    out = project.run("dvc", "repro", "build_vocab")
+    for stage in ("generate_scenes", "generate_commands", "build_vocab"):
+        assert f"Running stage '{stage}'" in out.stdout
+    assert len(list((tmp_path / "data/raw/images").glob("*.jpg"))) == 40
+    commands = project.json("metrics/commands.json")
+    assert sum(s["images"] for s in commands.values()) == 40
+    assert set(commands["train"]["types"]) == {"detection", "counting", "traffic_light", "spatial", "safety", "scene"}
+    assert project.json("metrics/vocab.json")["val"]["coverage_pct"] > 90
+    assert (tmp_path / "metrics/plots/commands_sheet.png").stat().st_size > 10_000
+    assert (tmp_path / "dvc.lock").exists()
+    again = project.run("dvc", "repro", "build_vocab")
+    assert "Running stage" not in again.stdout
+    status = project.run("dvc", "status")
+    assert "up to date" in status.stdout
+
+
+def test_bad_param_fails_with_one_clear_line(tmp_path):
+    project = DvcProject(tmp_path, {"scenes": {"num_images": 0}})
+    result = project.run("dvc", "repro", "generate_scenes", check=False)
+    assert result.returncode != 0
+    assert "error: scenes.num_images: must be at least 1, got 0" in result.stderr + result.stdout
+    assert not (tmp_path / "data/raw").exists()

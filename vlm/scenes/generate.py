@@ -42,7 +42,7 @@ class ScenesConfig:
     height: int = 720
     jpeg_quality: int = 90
     workers: int = 0  # 0: one per CPU core
-    max_count: int = 8
+    max_count: int = 6
     bdd100k: BDD100KConfig = field(default_factory=BDD100KConfig)
 
     def validate(self, prefix: str = "scenes") -> None:

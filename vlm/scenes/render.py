@@ -67,7 +67,7 @@ SKY = {  # (top, horizon) colours
 class RenderConfig:
     width: int = 1280
     height: int = 720
-    max_count: int = 8  # most cars / pedestrians in one scene (counting questions go up to this)
+    max_count: int = 6  # most cars / pedestrians in one scene (counting questions go up to this)
 
 
 @dataclass
@@ -96,6 +96,7 @@ class Layout:
     cross_street_z: tuple[float, float] | None  # near and far depth of the cross street
     things: list[Thing]
     decor: dict
+    targets: dict[str, int] = field(default_factory=dict)  # most objects kept per counted category
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -154,7 +155,7 @@ def sample_layout(rng: np.random.Generator, config: RenderConfig) -> Layout:
              "rain_seed": int(rng.integers(2**31)),
              "hills": [float(v) for v in rng.uniform(0.0, 1.0, size=8)]}
     layout = Layout(timeofday, weather, scene, horizon, vanish_x, lanes_left, lanes_right, crosswalk_z,
-                    cross_street_z, [], decor)
+                    cross_street_z, [], decor, {})
     _sample_objects(rng, layout, cam, config)
     return layout
 
@@ -203,7 +204,11 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
 
     # Vehicles in lanes. On a two-way city street the lanes left of the ego lane are oncoming.
     lanes = list(range(-layout.lanes_left, layout.lanes_right + 1))
-    n_cars = int(rng.integers(0, config.max_count + 1))
+    # Counted categories get a uniform target count; a few extra objects are placed because some are
+    # removed when occlusion settles, and the surplus is removed afterwards (see settle_occlusion).
+    target_cars = int(rng.integers(0, config.max_count + 1))
+    layout.targets["car"] = target_cars
+    n_cars = target_cars + (target_cars + 1) // 2
     n_trucks = int(rng.choice(3, p=(0.5, 0.35, 0.15)))
     n_buses = int(rng.choice(3, p=(0.55, 0.35, 0.1)))
     cars_crossing = int(rng.integers(0, min(n_cars, 2) + 1)) if layout.cross_street_z else 0
@@ -270,9 +275,11 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
 
     # Pedestrians: on the sidewalks, and on the crosswalk.
     if city:
-        n_ped = int(rng.integers(0, config.max_count + 1))
+        target_peds = int(rng.integers(0, config.max_count + 1))
+        n_ped = target_peds + (target_peds + 1) // 2
     else:
-        n_ped = int(rng.choice(3, p=(0.8, 0.15, 0.05)))
+        target_peds = n_ped = int(rng.choice(3, p=(0.8, 0.15, 0.05)))
+    layout.targets["pedestrian"] = target_peds
     for _ in range(n_ped):
         on_crosswalk = layout.crosswalk_z is not None and rng.random() < 0.45
         if on_crosswalk:
@@ -661,12 +668,19 @@ def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
     return hidden
 
 
-def settle_occlusion(things: list[Thing], width: int, height: int) -> list[tuple[Thing, float]]:
-    """Remove things that are almost hidden or ambiguously occluded; return (thing, hidden fraction)."""
+def settle_occlusion(things: list[Thing], width: int, height: int, targets: dict[str, int] | None = None
+                     ) -> list[tuple[Thing, float]]:
+    """Remove things that are almost hidden or ambiguously occluded; return (thing, hidden fraction).
+
+    ``targets`` caps the number of things kept per category: the farthest surplus goes.
+    """
     things = sorted(things, key=lambda t: t.depth)
     while True:
         hidden = _visibility(things, width, height)
         drop = {id(t) for t, f in zip(things, hidden) if f > HIDDEN_MAX or AMBIGUOUS[0] < f < AMBIGUOUS[1]}
+        for category, cap in (targets or {}).items():
+            kept = [t for t in things if t.category == category and id(t) not in drop]  # far to near
+            drop |= {id(t) for t in kept[:max(0, len(kept) - cap)]}
         # A rider never survives without its bike and vice versa.
         dropped_groups = {t.group for t in things if id(t) in drop and t.group >= 0}
         drop |= {id(t) for t in things if t.group in dropped_groups and t.group >= 0}
@@ -840,7 +854,7 @@ def render_scene(seed: int | np.random.SeedSequence, name: str, config: RenderCo
     layout = sample_layout(rng, config)
     w, h = config.width, config.height
     cam = Camera(w, h, layout.horizon, layout.vanish_x)
-    settled = settle_occlusion(layout.things, w, h)
+    settled = settle_occlusion(layout.things, w, h, layout.targets)
     shade = make_shade(layout.timeofday, layout.weather)
     img = _sky(w, h, layout.timeofday, layout.weather).copy()
     _draw_background(img, layout, cam, shade)

@@ -159,3 +159,15 @@ def test_matches_hf_gemma_for_causal_lm(transformers, num_heads, num_kv_heads):
     for b, n in enumerate(lengths.tolist()):
         torch.testing.assert_close(got.logits[b, :n], expected.logits[b, :n], atol=1e-4, rtol=0)
     torch.testing.assert_close(got.loss, expected.loss, atol=1e-5, rtol=0)
+
+
+def test_output_from_computes_only_the_trailing_positions():
+    model = decoder()
+    ids, mask, _ = padded_prompts()
+    embeds = model.model.embed_tokens(ids)
+    slots = torch.arange(7).expand(3, 7)
+    attention = prefix_lm_mask(mask.bool(), slots, torch.tensor([2, 2, 2]))
+    full, _ = model.model(embeds, slots, attention)
+    tail, _ = model.model(embeds, slots, attention, output_from=4)
+    assert tail.shape == (3, 3, 32)
+    torch.testing.assert_close(tail, full[:, 4:], atol=1e-6, rtol=0)

@@ -105,9 +105,8 @@ class GemmaRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * (1.0 + self.weight.float())).type_as(x)
+        normed = F.rms_norm(x.float(), self.weight.shape, 1.0 + self.weight.float(), self.eps)
+        return normed.type_as(x)
 
 
 class GemmaScaledEmbedding(nn.Embedding):
@@ -156,18 +155,24 @@ class GemmaAttention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
                 attention_mask: torch.Tensor, cache: KVCache | None = None, cache_slots: torch.Tensor | None = None,
-                output_attentions: bool = False):
+                output_attentions: bool = False, query_from: int = 0):
+        """Self-attention of the tokens ``hidden_states[:, query_from:]`` over all of ``hidden_states``
+        (and the cache): earlier tokens then serve only as keys and values."""
         batch, length, _ = hidden_states.shape
-        query = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        queries = hidden_states[:, query_from:]
+        cos, sin = rotary
+        query = self.q_proj(queries).view(batch, -1, self.num_heads, self.head_dim).transpose(1, 2)
         key = self.k_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         value = self.v_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        query, key = apply_rotary(query, *rotary), apply_rotary(key, *rotary)  # [B, H(_kv), S, Dh]
+        query = apply_rotary(query, cos[:, query_from:], sin[:, query_from:])  # [B, H, Q, Dh]
+        key = apply_rotary(key, cos, sin)  # [B, H_kv, S, Dh]
+        attention_mask = attention_mask[:, :, query_from:]
         if cache is not None:
             key, value = cache.update(self.layer_idx, key, value, cache_slots)  # [B, H_kv, K, Dh]
         if output_attentions:
             groups = self.num_heads // self.num_kv_heads
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-            scores = torch.matmul(query, key.transpose(-1, -2)) * self.head_dim**-0.5  # [B, H, S, K]
+            scores = torch.matmul(query, key.transpose(-1, -2)) * self.head_dim**-0.5  # [B, H, Q, K]
             scores = scores.masked_fill(~attention_mask, float("-inf"))
             weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
             attn_output = torch.matmul(weights, value)
@@ -175,7 +180,7 @@ class GemmaAttention(nn.Module):
             weights = None
             attn_output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                          enable_gqa=self.num_kv_heads != self.num_heads)
-        attn_output = attn_output.transpose(1, 2).reshape(batch, length, -1)  # [B, S, H*Dh]
+        attn_output = attn_output.transpose(1, 2).reshape(batch, queries.shape[1], -1)  # [B, Q, H*Dh]
         return self.o_proj(attn_output), weights
 
 
@@ -198,10 +203,12 @@ class GemmaDecoderLayer(nn.Module):
         self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, hidden_states, rotary, attention_mask, cache=None, cache_slots=None, output_attentions=False):
+    def forward(self, hidden_states, rotary, attention_mask, cache=None, cache_slots=None, output_attentions=False,
+                output_from: int = 0):
+        """Pre-norm attention and MLP blocks; only positions >= ``output_from`` are computed and returned."""
         attn_output, weights = self.self_attn(self.input_layernorm(hidden_states), rotary, attention_mask,
-                                              cache, cache_slots, output_attentions)
-        hidden_states = hidden_states + attn_output
+                                              cache, cache_slots, output_attentions, query_from=output_from)
+        hidden_states = hidden_states[:, output_from:] + attn_output
         hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
         return hidden_states, weights
 
@@ -218,16 +225,19 @@ class GemmaModel(nn.Module):
 
     def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 cache: KVCache | None = None, cache_slots: torch.Tensor | None = None,
-                output_attentions: bool = False):
+                output_attentions: bool = False, output_from: int = 0):
         """``inputs_embeds`` ``[B, S, D]`` (already scaled), ``position_ids`` ``[B, S]``, ``attention_mask``
         bool ``[B, 1, S, K]``; with a ``cache``, ``cache_slots`` ``[B, S]`` says where each token goes.
-        Returns the normed hidden states ``[B, S, D]`` and the per-layer attention probabilities."""
+        Returns the normed hidden states ``[B, S - output_from, D]`` of the positions from ``output_from``
+        on (the last layer computes nothing else: earlier positions only feed its keys and values), and
+        the per-layer attention probabilities."""
         rotary = self.rotary_emb(position_ids)
         hidden_states = inputs_embeds
         attentions = []
-        for layer in self.layers:
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
             hidden_states, weights = layer(hidden_states, rotary, attention_mask, cache, cache_slots,
-                                           output_attentions)
+                                           output_attentions, output_from if i == last else 0)
             attentions.append(weights)
         return self.norm(hidden_states), tuple(attentions) if output_attentions else None
 

@@ -191,8 +191,9 @@ class TrafficVLM(nn.Module):
                                                              prefix_lengths, prefix_only=False)
         batch, length, _ = inputs_embeds.shape
         slots = torch.arange(length, device=inputs_embeds.device).expand(batch, length)  # [B, S]
-        hidden, _ = self.language_model.model(inputs_embeds, slots, prefix_lm_mask(key_valid, slots, prefix_total))
-        logits = self.language_model.lm_head(hidden[:, self.num_image_tokens:])  # [B, L, V]
+        hidden, _ = self.language_model.model(inputs_embeds, slots, prefix_lm_mask(key_valid, slots, prefix_total),
+                                              output_from=self.num_image_tokens)  # [B, L, D]: text positions
+        logits = self.language_model.lm_head(hidden)  # [B, L, V]
         loss = None if labels is None else shifted_cross_entropy(logits, labels)
         return VLMOutput(logits=logits, loss=loss)
 

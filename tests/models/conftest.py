@@ -91,3 +91,12 @@ def perturb_(module: torch.nn.Module, std: float = 0.05, seed: int = 0) -> None:
 @pytest.fixture
 def perturb():
     return perturb_
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The models here are tiny: intra-op threads only add synchronisation (and the cores are shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

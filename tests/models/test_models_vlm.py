@@ -29,10 +29,13 @@ def inputs(batch: dict) -> dict:
 
 
 def test_from_params_builds_the_default_model_config():
-    config = VLMConfig.from_params({}, vocab_size=57, image_size=128, image_mean=[0.3, 0.4, 0.5],
+    import numpy as np
+
+    config = VLMConfig.from_params({}, vocab_size=np.int64(57), image_size=128,
+                                   image_mean=np.array([0.3, 0.4, 0.5], dtype=np.float32),
                                    image_std=[0.2, 0.2, 0.2])
     assert config.gemma.vocab_size == 57 and config.siglip.image_size == 128
-    assert config.num_image_tokens == 64 and config.image_mean == [0.3, 0.4, 0.5]
+    assert config.num_image_tokens == 64 and config.image_mean == pytest.approx([0.3, 0.4, 0.5])
     assert VLMConfig.from_dict(config.to_dict()) == config
     qformer = VLMConfig.from_params({"connector": "qformer", "qformer": {"num_query_tokens": 8}}, 57, 128)
     assert qformer.num_image_tokens == 8

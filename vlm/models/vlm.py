@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -80,6 +81,7 @@ class VLMConfig:
                     image_mean: list[float] | None = None, image_std: list[float] | None = None) -> VLMConfig:
         """Build and validate the config from the ``model:`` section of params.yaml plus what the data
         fixes (vocabulary size, image size, train-split mean/std), before any weight exists."""
+        vocab_size, image_size = operator.index(vocab_size), operator.index(image_size)
         values = dict(model_section or {})
         for sub in ("siglip", "gemma", "qformer"):
             if not isinstance(values.get(sub, {}), dict):
@@ -92,6 +94,8 @@ class VLMConfig:
 
         checkpoint = values.get("vision_checkpoint")
         if checkpoint is not None and values.get("vision", "siglip") == "siglip":
+            if not isinstance(checkpoint, str):
+                raise ParamError(f"model.vision_checkpoint: must be a path or null, got {checkpoint!r}")
             if values["siglip"]:
                 raise ParamError("model.siglip: the encoder sizes come from model.vision_checkpoint; remove "
                                  f"{', '.join(sorted(values['siglip']))}")
@@ -108,8 +112,9 @@ class VLMConfig:
                              f"({image_size} % {patch_size} = {image_size % patch_size})")
         values["siglip"]["image_size"] = image_size
         values["gemma"]["vocab_size"] = vocab_size
-        values["image_mean"] = list(image_mean if image_mean is not None else (0.5, 0.5, 0.5))
-        values["image_std"] = list(image_std if image_std is not None else (0.5, 0.5, 0.5))
+        # numpy scalars (HDF5 attributes and metadata) become plain Python numbers
+        values["image_mean"] = [float(v) for v in (image_mean if image_mean is not None else (0.5, 0.5, 0.5))]
+        values["image_std"] = [float(v) for v in (image_std if image_std is not None else (0.5, 0.5, 0.5))]
         return build_config(cls, values, "model")
 
 
@@ -236,16 +241,7 @@ class TrafficVLM(nn.Module):
         prefix_slots = torch.arange(prefix_length, device=device).expand(batch, -1)  # [B, S]
         position_ids = torch.cat([prefix_slots, prefix_total[:, None] + offsets], dim=1)  # [B, S + C*T]
 
-        prefix_rows = prefix_lm_mask(key_valid, prefix_slots, prefix_total)  # [B, 1, S, S]
-        prefix_rows = torch.cat([prefix_rows, prefix_rows.new_zeros(batch, 1, prefix_length,
-                                                                    num_candidates * cand_length)], dim=3)
-        candidate = torch.arange(num_candidates, device=device).repeat_interleave(cand_length)  # [C*T]
-        own_earlier = (candidate[:, None] == candidate[None, :]) & (offsets[None, :] <= offsets[:, None])
-        own_earlier = own_earlier & cand_valid.view(1, -1)  # [C*T, C*T]
-        cand_rows = torch.cat([key_valid[:, None, :].expand(-1, num_candidates * cand_length, -1),
-                               own_earlier.expand(batch, -1, -1)], dim=2)[:, None]  # [B, 1, C*T, S + C*T]
-        mask = torch.cat([prefix_rows, cand_rows], dim=2)
-
+        mask = packed_candidates_mask(key_valid, prefix_total, cand_valid)  # [B, 1, S + C*T, S + C*T]
         hidden, _ = self.language_model.model(inputs_embeds, position_ids, mask)  # [B, S + C*T, D]
         lm_head = self.language_model.lm_head
         rows = torch.arange(batch, device=device)
@@ -276,6 +272,28 @@ class TrafficVLM(nn.Module):
         rows = torch.arange(batch, device=inputs_embeds.device)
         num_image_tokens = self.num_image_tokens
         return torch.stack([layer[rows, :, prefix_total - 1, :num_image_tokens] for layer in attentions], dim=1)
+
+
+def packed_candidates_mask(key_valid: torch.Tensor, prefix_total: torch.Tensor,
+                           cand_valid: torch.Tensor) -> torch.Tensor:
+    """Attention mask ``[B, 1, S + C*T, S + C*T]`` for a prefix (``key_valid`` ``[B, S]``, prefix-LM over
+    its first ``prefix_total`` slots) followed by C candidates of T tokens (``cand_valid`` ``[C, T]``): the
+    prefix never sees the candidates; a candidate token sees the prefix and its own candidate's earlier
+    tokens, as if it were alone after the prefix."""
+    batch, prefix_length = key_valid.shape
+    num_candidates, cand_length = cand_valid.shape
+    packed = num_candidates * cand_length
+    device = key_valid.device
+    prefix_slots = torch.arange(prefix_length, device=device).expand(batch, -1)
+    prefix_rows = prefix_lm_mask(key_valid, prefix_slots, prefix_total)  # [B, 1, S, S]
+    prefix_rows = torch.cat([prefix_rows, prefix_rows.new_zeros(batch, 1, prefix_length, packed)], dim=3)
+    candidate = torch.arange(num_candidates, device=device).repeat_interleave(cand_length)  # [C*T]
+    offset = torch.arange(cand_length, device=device).repeat(num_candidates)  # [C*T]
+    own_earlier = (candidate[:, None] == candidate[None, :]) & (offset[None, :] <= offset[:, None])
+    own_earlier = own_earlier & cand_valid.view(1, -1)  # [C*T, C*T]
+    cand_rows = torch.cat([key_valid[:, None, :].expand(-1, packed, -1), own_earlier.expand(batch, -1, -1)],
+                          dim=2)[:, None]  # [B, 1, C*T, S + C*T]
+    return torch.cat([prefix_rows, cand_rows], dim=2)
 
 
 def build_vlm(config: VLMConfig) -> TrafficVLM:

@@ -72,9 +72,11 @@ def test_pretrained_siglip_checkpoint_starts_the_vision_tower(tmp_path, config):
     source = SiglipVisionModel(SiglipVisionConfig(**vision))
     save_file({f"vision_model.{k}": v for k, v in source.state_dict().items()}, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "siglip", "vision_config": vision}))
-    section = {"vision_checkpoint": str(tmp_path), "gemma": {"hidden_size": 32, "num_attention_heads": 2}}
-    with pytest.raises(ParamError, match="model.siglip: the encoder sizes come from model.vision_checkpoint"):
-        VLMConfig.from_params({**section, "siglip": {"hidden_size": 64}}, VOCAB_SIZE, 32)
+    section = {"vision_checkpoint": str(tmp_path), "gemma": {"hidden_size": 32, "num_attention_heads": 2},
+               "siglip": {"hidden_size": 64}}  # not used: the checkpoint fixes the encoder
+    with pytest.raises(ParamError, match=r"model.vision_checkpoint: its patch size: must divide the image size "
+                                         r"of the data \(36 % 8 = 4\)"):
+        VLMConfig.from_params(section, VOCAB_SIZE, 36)
     cfg = VLMConfig.from_params(section, VOCAB_SIZE, image_size=32, image_mean=[0.1] * 3, image_std=[0.2] * 3)
     assert cfg.siglip == SiglipVisionConfig(**{**vision, "image_size": 32})
     assert cfg.image_mean == [0.5] * 3  # the checkpoint's own normalisation, not the data's

@@ -122,6 +122,11 @@ class QFormerEncoder(nn.Module):
         self.layer = nn.ModuleList(QFormerLayer(config, i, vision_hidden_size)
                                    for i in range(config.num_hidden_layers))
 
+    def forward(self, queries: torch.Tensor, image_features: torch.Tensor) -> torch.Tensor:
+        for layer in self.layer:
+            queries = layer(queries, image_features)
+        return queries
+
 
 class QFormerModel(nn.Module):
     """Input LayerNorm + Q-Former layers over query embeddings ``[N, Q, Dq]`` and image features ``[N, P, Dv]``."""
@@ -132,10 +137,7 @@ class QFormerModel(nn.Module):
         self.encoder = QFormerEncoder(config, vision_hidden_size)
 
     def forward(self, query_embeds: torch.Tensor, image_features: torch.Tensor) -> torch.Tensor:
-        queries = self.layernorm(query_embeds)
-        for layer in self.encoder.layer:
-            queries = layer(queries, image_features)
-        return queries  # [N, Q, Dq]
+        return self.encoder(self.layernorm(query_embeds), image_features)  # [N, Q, Dq]
 
 
 class QFormerConnector(nn.Module):

@@ -153,6 +153,13 @@ class SiglipEncoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(SiglipEncoderLayer(config) for _ in range(config.num_hidden_layers))
 
+    def forward(self, hidden_states: torch.Tensor, output_attentions: bool = False):
+        attentions = []
+        for layer in self.layers:
+            hidden_states, weights = layer(hidden_states, output_attentions)
+            attentions.append(weights)
+        return hidden_states, tuple(attentions) if output_attentions else None
+
 
 class SiglipVisionModel(nn.Module):
     """Patch embedding + learned positions -> pre-norm transformer layers -> post-layernorm; no CLS, no head."""
@@ -171,12 +178,8 @@ class SiglipVisionModel(nn.Module):
         """``pixel_values`` float ``[N, C, S, S]`` already normalised; ``output_attentions`` takes the
         explicit softmax path and returns each layer's attention probabilities."""
         hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding)  # [N, P, D]
-        attentions = []
-        for layer in self.encoder.layers:
-            hidden_states, weights = layer(hidden_states, output_attentions)
-            attentions.append(weights)
-        hidden_states = self.post_layernorm(hidden_states)
-        return SiglipVisionOutput(hidden_states, tuple(attentions) if output_attentions else None)
+        hidden_states, attentions = self.encoder(hidden_states, output_attentions)
+        return SiglipVisionOutput(self.post_layernorm(hidden_states), attentions)
 
 
 def init_vit_weights(module: nn.Module, std: float = 0.02) -> None:

@@ -92,23 +92,23 @@ class VLMConfig:
             if path[-1] in where:
                 raise ParamError(f"model.{'.'.join(path)}: set from {source}, not in params.yaml")
 
+        patch_key = "model.siglip.patch_size"
         checkpoint = values.get("vision_checkpoint")
         if checkpoint is not None and values.get("vision", "siglip") == "siglip":
+            # the encoder's sizes and pixel normalisation are the checkpoint's: model.siglip is not used
             if not isinstance(checkpoint, str):
                 raise ParamError(f"model.vision_checkpoint: must be a path or null, got {checkpoint!r}")
-            if values["siglip"]:
-                raise ParamError("model.siglip: the encoder sizes come from model.vision_checkpoint; remove "
-                                 f"{', '.join(sorted(values['siglip']))}")
             try:
                 pretrained = siglip_config_from_pretrained(checkpoint)
             except (OSError, ValueError) as e:
                 raise ParamError(f"model.vision_checkpoint: {e}") from e
             values["siglip"] = {k: v for k, v in dataclasses.asdict(pretrained).items() if k != "image_size"}
             image_mean, image_std = _pretrained_normalisation(Path(checkpoint))
+            patch_key = "model.vision_checkpoint: its patch size"
 
         patch_size = values["siglip"].get("patch_size", SiglipVisionConfig.patch_size)
         if isinstance(patch_size, int) and patch_size > 0 and image_size % patch_size:
-            raise ParamError(f"model.siglip.patch_size: must divide the image size of the data "
+            raise ParamError(f"{patch_key}: must divide the image size of the data "
                              f"({image_size} % {patch_size} = {image_size % patch_size})")
         values["siglip"]["image_size"] = image_size
         values["gemma"]["vocab_size"] = vocab_size

@@ -105,8 +105,10 @@ class GemmaRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = F.rms_norm(x.float(), self.weight.shape, 1.0 + self.weight.float(), self.eps)
-        return normed.type_as(x)
+        # pointwise ops only, which autocast leaves alone: the statistics stay in float32 under bf16 autocast
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).type_as(x)
 
 
 class GemmaScaledEmbedding(nn.Embedding):

@@ -70,9 +70,12 @@ def make_batch():
 def select_row(batch: dict, b: int) -> dict:
     """Row ``b`` of a batch on its own, without padding and with only its image."""
     length = int(batch["attention_mask"][b].sum())
-    return {"images": batch["images"][batch["image_index"][b]][None], "image_index": torch.zeros(1, dtype=torch.long),
-            "input_ids": batch["input_ids"][b:b + 1, :length], "attention_mask": batch["attention_mask"][b:b + 1, :length],
-            "prefix_lengths": batch["prefix_lengths"][b:b + 1], "labels": batch["labels"][b:b + 1, :length]}
+    return {"images": batch["images"][batch["image_index"][b]][None],
+            "image_index": torch.zeros(1, dtype=torch.long),
+            "input_ids": batch["input_ids"][b:b + 1, :length],
+            "attention_mask": batch["attention_mask"][b:b + 1, :length],
+            "prefix_lengths": batch["prefix_lengths"][b:b + 1],
+            "labels": batch["labels"][b:b + 1, :length]}
 
 
 @pytest.fixture

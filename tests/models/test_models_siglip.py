@@ -80,7 +80,8 @@ def test_other_resolution_needs_interpolation():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"hidden_size": 30, "num_attention_heads": 4}, "vision.hidden_size: must be divisible by vision.num_attention_heads"),
+    ({"hidden_size": 30, "num_attention_heads": 4},
+     "vision.hidden_size: must be divisible by vision.num_attention_heads"),
     ({"image_size": 30}, "vision.image_size: must be divisible by vision.patch_size (30 % 8 = 6)"),
     ({"num_hidden_layers": 0}, "vision.num_hidden_layers: must be positive"),
 ])

@@ -1,0 +1,173 @@
+"""Gemma decoder: RMSNorm, masks, GQA, KV cache, padding, HF parity."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlm.models import GemmaConfig, GemmaForCausalLM, KVCache, prefix_lm_mask
+from vlm.models.gemma import GemmaRMSNorm
+from vlm.params import ParamError
+
+SMALL = dict(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+
+
+def decoder(num_heads=4, num_kv_heads=2, seed=0) -> GemmaForCausalLM:
+    torch.manual_seed(seed)
+    return GemmaForCausalLM(GemmaConfig(**SMALL, num_attention_heads=num_heads,
+                                        num_key_value_heads=num_kv_heads)).eval()
+
+
+def padded_prompts(lengths=(5, 3, 7), seed=0):
+    """Right-padded prompts of different lengths: ids [B, S], mask [B, S], lengths [B]."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        ids[b, :n] = torch.randint(4, 40, (n,), generator=g)
+        mask[b, :n] = 1
+    return ids, mask, torch.tensor(lengths)
+
+
+def test_rmsnorm_uses_one_plus_weight_in_float32():
+    norm = GemmaRMSNorm(8)
+    with torch.no_grad():
+        norm.weight.fill_(0.5)
+    x = torch.randn(2, 3, 8, dtype=torch.bfloat16)
+    out = norm(x)
+    assert out.dtype == torch.bfloat16
+    x32 = x.float()
+    expected = x32 / x32.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * 1.5
+    torch.testing.assert_close(out, expected.to(torch.bfloat16))
+
+
+def test_prefix_lm_mask():
+    key_valid = torch.tensor([[True, True, True, True, False]])
+    slots = torch.arange(5)[None]
+    mask = prefix_lm_mask(key_valid, slots, torch.tensor([2]))[0, 0]
+    expected = torch.tensor([[1, 1, 0, 0, 0],   # prefix sees the whole prefix ...
+                             [1, 1, 0, 0, 0],
+                             [1, 1, 1, 0, 0],   # ... the rest is causal
+                             [1, 1, 1, 1, 0],
+                             [1, 1, 1, 1, 0]], dtype=torch.bool)  # padding is never seen
+    assert torch.equal(mask, expected)
+    assert torch.equal(prefix_lm_mask(key_valid, slots)[0, 0], expected.tril())
+
+
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2), (4, 1), (2, 1)])
+def test_explicit_attention_path_matches_fused(num_heads, num_kv_heads):
+    model = decoder(num_heads, num_kv_heads)
+    ids, mask, _ = padded_prompts()
+    fused = model(ids, mask)
+    explicit = model(ids, mask, output_attentions=True)
+    torch.testing.assert_close(explicit.logits, fused.logits, atol=1e-5, rtol=0)
+    for weights in explicit.attentions:
+        assert weights.shape == (3, num_heads, 7, 7)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(3, num_heads, 7), atol=1e-5, rtol=0)
+        assert (weights.triu(1) == 0).all()  # causal
+
+
+def test_padding_invariance():
+    model = decoder()
+    ids, mask, lengths = padded_prompts()
+    batched = model(ids, mask).logits
+    for b, n in enumerate(lengths.tolist()):
+        alone = model(ids[b:b + 1, :n]).logits[0]
+        torch.testing.assert_close(batched[b, :n], alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("prefix_lm", [False, True])
+def test_cached_generation_equals_uncached_and_unpadded(prefix_lm):
+    model = decoder()
+    ids, mask, lengths = padded_prompts()
+    embeds = model.model.embed_tokens(ids)
+    kwargs = dict(max_new_tokens=6, eos_token_id=-1, prefix_lm=prefix_lm)
+    cached = model.generate(embeds, mask.bool(), lengths, use_cache=True, **kwargs)
+    uncached = model.generate(embeds, mask.bool(), lengths, use_cache=False, **kwargs)
+    assert cached.shape == (3, 6)
+    assert torch.equal(cached, uncached)
+    for b, n in enumerate(lengths.tolist()):
+        alone = model.generate(embeds[b:b + 1, :n], mask[b:b + 1, :n].bool(), lengths[b:b + 1], **kwargs)
+        assert torch.equal(alone[0], cached[b])
+
+
+def test_generation_stops_at_eos_and_pads_after_it():
+    model = decoder()
+    ids, mask, lengths = padded_prompts()
+    embeds = model.model.embed_tokens(ids)
+    free = model.generate(embeds, mask.bool(), lengths, max_new_tokens=6, eos_token_id=-1)
+    eos = int(free[0, 1])  # make row 0's second token the end-of-sequence token
+    stopped = model.generate(embeds, mask.bool(), lengths, max_new_tokens=6, eos_token_id=eos, pad_token_id=0)
+    for b in range(3):
+        hits = (free[b] == eos).nonzero()
+        end = int(hits[0]) + 1 if len(hits) else free.shape[1]
+        assert torch.equal(stopped[b, :end], free[b, :end])
+        assert (stopped[b, end:] == 0).all()
+    assert stopped.shape[1] <= 6
+
+
+def test_kv_cache_writes_each_row_at_its_own_slot():
+    cache = KVCache(num_layers=1, max_length=4)
+    key = torch.arange(2 * 1 * 1 * 2, dtype=torch.float32).view(2, 1, 1, 2) + 1
+    keys, values = cache.update(0, key, -key, torch.tensor([[1], [3]]))
+    assert keys.shape == (2, 1, 4, 2)
+    assert torch.equal(keys[0, 0, 1], key[0, 0, 0]) and torch.equal(keys[1, 0, 3], key[1, 0, 0])
+    assert keys[0, 0, [0, 2, 3]].abs().sum() == 0 and torch.equal(values, -keys)
+
+
+def test_gradient_reaches_every_parameter():
+    model = decoder().train()
+    ids, mask, _ = padded_prompts()
+    labels = ids.masked_fill(mask == 0, -100)
+    model(ids, mask, labels=labels).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"num_attention_heads": 4, "num_key_value_heads": 3},
+     "text.num_attention_heads: must be divisible by text.num_key_value_heads (4 % 3 = 1)"),
+    ({"hidden_size": 30, "num_attention_heads": 4}, "text.hidden_size: must be divisible by text.num_attention_heads"),
+    ({"hidden_size": 30, "num_attention_heads": 10, "num_key_value_heads": 1}, "must be even for rotary"),
+])
+def test_invalid_config_names_the_key(overrides, message):
+    with pytest.raises(ParamError) as e:
+        GemmaConfig(**{**SMALL, **overrides}).validate("text")
+    assert message in str(e.value)
+
+
+# ---------------------------------------------------------------- HuggingFace parity
+
+
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2), (4, 1)])
+def test_matches_hf_gemma_for_causal_lm(transformers, num_heads, num_kv_heads):
+    torch.manual_seed(0)
+    hf_config = transformers.GemmaConfig(**SMALL, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                                         head_dim=32 // num_heads, attn_implementation="eager")
+    hf = transformers.GemmaForCausalLM(hf_config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    ours = decoder(num_heads, num_kv_heads)
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    ids, mask, lengths = padded_prompts()
+    labels = ids.masked_fill(mask == 0, -100)
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask, labels=labels)
+        got = ours(ids, mask, labels=labels)
+    for b, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(got.logits[b, :n], expected.logits[b, :n], atol=1e-4, rtol=0)
+    torch.testing.assert_close(got.loss, expected.loss, atol=1e-5, rtol=0)
+
+
+def test_output_from_computes_only_the_trailing_positions():
+    model = decoder()
+    ids, mask, _ = padded_prompts()
+    embeds = model.model.embed_tokens(ids)
+    slots = torch.arange(7).expand(3, 7)
+    attention = prefix_lm_mask(mask.bool(), slots, torch.tensor([2, 2, 2]))
+    full, _ = model.model(embeds, slots, attention)
+    tail, _ = model.model(embeds, slots, attention, output_from=4)
+    assert tail.shape == (3, 3, 32)
+    torch.testing.assert_close(tail, full[:, 4:], atol=1e-6, rtol=0)

@@ -1,0 +1,176 @@
+"""SigLIP vision encoder: shapes, attention paths, positions, HF parity, pretrained loading."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vlm.models import SiglipVisionConfig, SiglipVisionModel, load_pretrained_siglip
+from vlm.params import ParamError
+
+SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+
+
+def encoder(**overrides) -> SiglipVisionModel:
+    torch.manual_seed(0)
+    return SiglipVisionModel(SiglipVisionConfig(**{**SMALL, "image_size": 32, "patch_size": 8, **overrides})).eval()
+
+
+def pixels(n: int, size: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("patch_size", [8, 16, 32])
+def test_one_token_per_patch(patch_size):
+    model = encoder(image_size=64, patch_size=patch_size)
+    out = model(pixels(2, 64))
+    assert out.last_hidden_state.shape == (2, (64 // patch_size) ** 2, 32)
+
+
+@pytest.mark.parametrize("num_heads", [1, 2, 4])
+def test_explicit_attention_path_returns_probabilities_and_matches_fused(num_heads):
+    model = encoder(num_attention_heads=num_heads)
+    x = pixels(3, 32)
+    explicit = model(x, output_attentions=True)
+    assert len(explicit.attentions) == 2
+    for weights in explicit.attentions:
+        assert weights.shape == (3, num_heads, 16, 16)
+        assert (weights >= 0).all()
+        torch.testing.assert_close(weights.sum(-1), torch.ones(3, num_heads, 16), atol=1e-5, rtol=0)
+    fused = model(x)
+    assert fused.attentions is None
+    torch.testing.assert_close(explicit.last_hidden_state, fused.last_hidden_state, atol=1e-5, rtol=0)
+
+
+def test_batch_items_are_independent():
+    model = encoder()
+    x = pixels(4, 32)
+    together = model(x).last_hidden_state
+    for i in range(4):
+        torch.testing.assert_close(model(x[i:i + 1]).last_hidden_state[0], together[i], atol=1e-5, rtol=0)
+
+
+def test_gradient_reaches_every_parameter():
+    model = encoder().train()
+    model(pixels(2, 32)).last_hidden_state.pow(2).mean().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_truncated_normal_init():
+    model = SiglipVisionModel(SiglipVisionConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                                                 num_attention_heads=4))
+    weight = model.encoder.layers[0].mlp.fc1.weight
+    assert weight.abs().max() <= 0.04 + 1e-6
+    assert 0.014 < weight.std() < 0.02
+    assert model.encoder.layers[0].mlp.fc1.bias.abs().sum() == 0
+    assert (model.post_layernorm.weight == 1).all()
+
+
+def test_other_resolution_needs_interpolation():
+    model = encoder()
+    with pytest.raises(ValueError, match="interpolate_pos_encoding"):
+        model(pixels(1, 48))
+    assert model(pixels(1, 48), interpolate_pos_encoding=True).last_hidden_state.shape == (1, 36, 32)
+    x = pixels(1, 32)
+    torch.testing.assert_close(model(x, interpolate_pos_encoding=True).last_hidden_state,
+                               model(x).last_hidden_state)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"hidden_size": 30, "num_attention_heads": 4},
+     "vision.hidden_size: must be divisible by vision.num_attention_heads"),
+    ({"image_size": 30}, "vision.image_size: must be divisible by vision.patch_size (30 % 8 = 6)"),
+    ({"num_hidden_layers": 0}, "vision.num_hidden_layers: must be positive"),
+])
+def test_invalid_config_names_the_key(overrides, message):
+    config = SiglipVisionConfig(**{**SMALL, "image_size": 32, "patch_size": 8, **overrides})
+    with pytest.raises(ParamError) as e:
+        config.validate("vision")
+    assert message in str(e.value)
+
+
+# ---------------------------------------------------------------- HuggingFace parity and checkpoints
+
+
+def hf_vision_model(transformers, num_heads=2, image_size=32, seed=0):
+    torch.manual_seed(seed)
+    config = transformers.SiglipVisionConfig(**{**SMALL, "num_attention_heads": num_heads}, image_size=image_size,
+                                             patch_size=8, vision_use_head=False, attn_implementation="eager")
+    model = transformers.SiglipVisionModel(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+@pytest.mark.parametrize("num_heads", [1, 2, 4])
+def test_matches_hf_siglip_vision_model(transformers, num_heads):
+    hf = hf_vision_model(transformers, num_heads)
+    ours = encoder(num_attention_heads=num_heads)
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    x = pixels(3, 32)
+    with torch.no_grad():
+        expected = hf(pixel_values=x).last_hidden_state
+        torch.testing.assert_close(ours(x).last_hidden_state, expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours(x, output_attentions=True).last_hidden_state, expected, atol=1e-5, rtol=0)
+        # other resolutions: bicubic interpolation of the position grid, as in transformers
+        x48 = pixels(2, 48)
+        torch.testing.assert_close(ours(x48, interpolate_pos_encoding=True).last_hidden_state,
+                                   hf(pixel_values=x48, interpolate_pos_encoding=True).last_hidden_state,
+                                   atol=1e-5, rtol=0)
+
+
+def test_loads_a_saved_hf_siglip_checkpoint_folder(transformers, tmp_path):
+    """A full SiglipModel folder (text tower, pooling head, keys under ``vision_model.``), like a download of
+    google/siglip-base-patch16-224: the vision part loads strictly and matches HF's vision outputs."""
+    torch.manual_seed(0)
+    text = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    vision = dict(**SMALL, image_size=32, patch_size=8)
+    hf = transformers.SiglipModel(transformers.SiglipConfig(text_config=text, vision_config=vision)).eval()
+    hf.save_pretrained(tmp_path)
+    ours = load_pretrained_siglip(tmp_path).eval()
+    assert ours.config == SiglipVisionConfig(**vision)
+    x = pixels(2, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x).last_hidden_state, hf.vision_model(pixel_values=x).last_hidden_state,
+                                   atol=1e-5, rtol=0)
+
+
+def test_loads_a_bin_file_with_legacy_prefix_and_resizes_positions(transformers, tmp_path):
+    hf = hf_vision_model(transformers)
+    weights = tmp_path / "pytorch_model.bin"
+    torch.save({f"vision_model.{k}": v for k, v in hf.state_dict().items()}, weights)
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        load_pretrained_siglip(weights)
+    ours = load_pretrained_siglip(weights, num_attention_heads=2).eval()
+    assert ours.config == SiglipVisionConfig(**SMALL, image_size=32, patch_size=8)
+    resized = load_pretrained_siglip(weights, num_attention_heads=2, image_size=48).eval()
+    assert resized.config.image_size == 48
+    x = pixels(2, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(resized(x).last_hidden_state,
+                                   hf(pixel_values=x, interpolate_pos_encoding=True).last_hidden_state,
+                                   atol=1e-5, rtol=0)
+
+
+def test_loads_a_safetensors_file_with_config_beside_it(tmp_path):
+    from safetensors.torch import save_file
+
+    source = encoder()
+    save_file({f"vision_tower.{k}": v.contiguous() for k, v in source.state_dict().items()},
+              tmp_path / "weights.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "paligemma", "vision_config": {
+        **SMALL, "image_size": 32, "patch_size": 8, "model_type": "siglip_vision_model"}}))
+    loaded = load_pretrained_siglip(tmp_path / "weights.safetensors")
+    for key, value in source.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_pretrained_siglip(tmp_path / "nope.safetensors")
+    with pytest.raises(FileNotFoundError, match="model.safetensors or pytorch_model.bin"):
+        load_pretrained_siglip(tmp_path)

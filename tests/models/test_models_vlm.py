@@ -1,0 +1,315 @@
+"""TrafficVLM: configs from params, the Batch contract, prefix-LM attention, padding, answer/generate,
+attention maps, autocast, and parity with HuggingFace PaliGemma."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vlm.models import SiglipVisionConfig, SiglipVisionModel, TrafficVLM, VLMConfig, build_vlm
+from vlm.params import ParamError
+
+VOCAB_SIZE, EOS, YES, NO = 40, 3, 4, 5  # as in conftest.tiny_config and the tokenizer contract
+FORWARD_KEYS = ("images", "image_index", "input_ids", "attention_mask", "prefix_lengths")
+CANDIDATES = [[YES, EOS], [NO, EOS], [12, EOS], [13, 14, EOS], [15]]
+
+
+def build(config, seed=0, **overrides) -> TrafficVLM:
+    torch.manual_seed(seed)
+    return TrafficVLM(config(**overrides)).eval()
+
+
+def inputs(batch: dict) -> dict:
+    return {k: batch[k] for k in FORWARD_KEYS}
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_from_params_builds_the_default_model_config():
+    import numpy as np
+
+    config = VLMConfig.from_params({}, vocab_size=np.int64(57), image_size=128,
+                                   image_mean=np.array([0.3, 0.4, 0.5], dtype=np.float32),
+                                   image_std=[0.2, 0.2, 0.2])
+    assert config.gemma.vocab_size == 57 and config.siglip.image_size == 128
+    assert config.num_image_tokens == 64 and config.image_mean == pytest.approx([0.3, 0.4, 0.5])
+    assert VLMConfig.from_dict(config.to_dict()) == config
+    qformer = VLMConfig.from_params({"connector": "qformer", "qformer": {"num_query_tokens": 8}}, 57, 128)
+    assert qformer.num_image_tokens == 8
+    assert VLMConfig.from_params({"vision": "none"}, 57, 128).num_image_tokens == 0
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"siglip": {"hidden_size": 190}},
+     "model.siglip.hidden_size: must be divisible by model.siglip.num_attention_heads (190 % 3 = 1)"),
+    ({"gemma": {"num_key_value_heads": 2}},
+     "model.gemma.num_attention_heads: must be divisible by model.gemma.num_key_value_heads (3 % 2 = 1)"),
+    ({"qformer": {"num_attention_heads": 5}}, "model.qformer.hidden_size: must be divisible by"),
+    ({"siglip": {"patch_size": 24}}, "model.siglip.patch_size: must divide the image size of the data (128 % 24 = 8)"),
+    ({"gemma": {"vocab_size": 10}}, "model.gemma.vocab_size: set from the vocabulary size"),
+    ({"siglip": {"image_size": 64}}, "model.siglip.image_size: set from the packed image size"),
+    ({"gemma": {"layers": 2}}, "model.gemma.layers: unknown key"),
+    ({"gemma": {"num_hidden_layers": "4"}}, "model.gemma.num_hidden_layers: must be an integer"),
+    ({"connector": "mlp"}, "model.connector: must be one of 'linear', 'qformer'"),
+    ({"qformer": 3}, "model.qformer: must be a mapping"),
+    ({"vision_checkpoint": "/no/such/siglip"}, "model.vision_checkpoint: SigLIP checkpoint not found"),
+])
+def test_from_params_rejects_bad_values_naming_the_key(section, message):
+    with pytest.raises(ParamError) as e:
+        VLMConfig.from_params(section, vocab_size=57, image_size=128)
+    assert message in str(e.value)
+
+
+def test_pretrained_siglip_checkpoint_starts_the_vision_tower(tmp_path, config):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(1)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=64,
+                  patch_size=8)
+    source = SiglipVisionModel(SiglipVisionConfig(**vision))
+    save_file({f"vision_model.{k}": v for k, v in source.state_dict().items()}, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "siglip", "vision_config": vision}))
+    section = {"vision_checkpoint": str(tmp_path), "gemma": {"hidden_size": 32, "num_attention_heads": 2},
+               "siglip": {"hidden_size": 64}}  # not used: the checkpoint fixes the encoder
+    with pytest.raises(ParamError, match=r"model.vision_checkpoint: its patch size: must divide the image size "
+                                         r"of the data \(36 % 8 = 4\)"):
+        VLMConfig.from_params(section, VOCAB_SIZE, 36)
+    cfg = VLMConfig.from_params(section, VOCAB_SIZE, image_size=32, image_mean=[0.1] * 3, image_std=[0.2] * 3)
+    assert cfg.siglip == SiglipVisionConfig(**{**vision, "image_size": 32})
+    assert cfg.image_mean == [0.5] * 3  # the checkpoint's own normalisation, not the data's
+    model = build_vlm(cfg)
+    assert model.vision_tower.embeddings.position_embedding.weight.shape == (16, 32)  # 8x8 grid resampled to 4x4
+    for key, value in source.state_dict().items():
+        if "position_embedding" not in key:
+            assert torch.equal(model.vision_tower.state_dict()[key], value), key
+
+
+# ---------------------------------------------------------------- forward and the Batch contract
+
+
+@pytest.mark.parametrize("connector, image_tokens", [("linear", 16), ("qformer", 4)])
+def test_forward_returns_text_logits_and_answer_loss(config, make_batch, connector, image_tokens):
+    model = build(config, connector=connector)
+    batch = make_batch(model.config)
+    out = model(**batch)
+    assert model.num_image_tokens == image_tokens
+    assert out.logits.shape == (*batch["input_ids"].shape, VOCAB_SIZE)
+    # mean cross-entropy over the answer tokens only, logits at t predicting token t + 1
+    log_probs = out.logits.log_softmax(-1)
+    targets = batch["labels"][:, 1:]
+    picked = log_probs[:, :-1].gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+    expected = -picked[targets != -100].mean()
+    torch.testing.assert_close(out.loss, expected)
+    assert model(**inputs(batch)).loss is None
+
+
+@pytest.mark.parametrize("connector", ["linear", "qformer"])
+def test_gradient_reaches_every_parameter(config, make_batch, connector):
+    model = build(config, connector=connector).train()
+    model(**make_batch(model.config)).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_each_distinct_image_is_encoded_once(config, make_batch):
+    model = build(config)
+    batch = make_batch(model.config, batch=6, num_images=2)
+    seen = []
+    model.vision_tower.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[0]))
+    shared = model(**batch).logits
+    assert seen == [2]
+    duplicated = {**batch, "images": batch["images"][batch["image_index"]], "image_index": torch.arange(6)}
+    torch.testing.assert_close(model(**duplicated).logits, shared, atol=1e-5, rtol=0)
+
+
+def test_answer_tokens_never_see_later_tokens(config, make_batch):
+    model = build(config)
+    batch = make_batch(model.config)
+    base = model(**batch).logits
+    b = 3  # a row with a two-token answer
+    start, end = int(batch["prefix_lengths"][b]), int(batch["attention_mask"][b].sum())
+    for changed in range(start, end):
+        ids = batch["input_ids"].clone()
+        ids[b, changed] = 1 if ids[b, changed] != 1 else 2
+        logits = model(**{**batch, "input_ids": ids}).logits
+        torch.testing.assert_close(logits[b, :changed], base[b, :changed], atol=1e-6, rtol=0)
+        assert not torch.allclose(logits[b, changed], base[b, changed], atol=1e-4)
+        torch.testing.assert_close(logits[:b], base[:b], atol=1e-6, rtol=0)  # other rows untouched
+
+
+def test_the_prefix_sees_the_whole_prefix(config, make_batch):
+    model = build(config)
+    batch = make_batch(model.config)
+    base = model(**batch).logits
+    b = 3
+    ids = batch["input_ids"].clone()
+    ids[b, int(batch["prefix_lengths"][b]) - 2] += 1  # the last question word
+    logits = model(**{**batch, "input_ids": ids}).logits
+    assert not torch.allclose(logits[b, 0], base[b, 0], atol=1e-4)  # [SOS] sees it: full attention in the prefix
+    # the image tokens see the question too, so an image change reaches the first text position
+    images = batch["images"].clone()
+    images[batch["image_index"][b]] = 255 - images[batch["image_index"][b]]
+    assert not torch.allclose(model(**{**batch, "images": images}).logits[b, 0], base[b, 0], atol=1e-4)
+
+
+@pytest.mark.parametrize("connector", ["linear", "qformer"])
+def test_padded_batch_matches_each_question_alone(config, make_batch, row, connector):
+    model = build(config, connector=connector)
+    batch = make_batch(model.config)
+    logits = model(**batch).logits
+    probs = model.answer(**inputs(batch), candidates=CANDIDATES)
+    generated = model.generate(**inputs(batch), eos_token_id=-1, max_new_tokens=4)
+    attention = model.image_attention(**inputs(batch))
+    for b in range(batch["input_ids"].shape[0]):
+        single = row(batch, b)
+        n = single["input_ids"].shape[1]
+        torch.testing.assert_close(model(**single).logits[0], logits[b, :n], atol=1e-5, rtol=0)
+        torch.testing.assert_close(model.answer(**inputs(single), candidates=CANDIDATES)[0], probs[b],
+                                   atol=1e-5, rtol=0)
+        assert torch.equal(model.generate(**inputs(single), eos_token_id=-1, max_new_tokens=4)[0], generated[b])
+        torch.testing.assert_close(model.image_attention(**inputs(single))[0], attention[b], atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------- answering
+
+
+def test_answer_equals_scoring_each_candidate_with_a_full_forward(config, make_batch):
+    model = build(config)
+    batch = make_batch(model.config)
+    probs = model.answer(**inputs(batch), candidates=CANDIDATES)
+    assert probs.shape == (5, len(CANDIDATES))
+    for b in range(5):
+        prefix = batch["input_ids"][b, : int(batch["prefix_lengths"][b])].tolist()
+        scores = []
+        for candidate in CANDIDATES:
+            ids = torch.tensor([prefix + candidate])
+            logits = model(batch["images"], batch["image_index"][b:b + 1], ids, torch.ones_like(ids),
+                           batch["prefix_lengths"][b:b + 1]).logits[0]
+            log_probs = logits[len(prefix) - 1:-1].log_softmax(-1)
+            scores.append(log_probs.gather(-1, torch.tensor(candidate)[:, None]).sum())
+        torch.testing.assert_close(probs[b], torch.stack(scores).softmax(-1), atol=1e-5, rtol=0)
+
+
+def test_generate_with_cache_equals_without(config, make_batch):
+    model = build(config)
+    batch = make_batch(model.config)
+    cached = model.generate(**inputs(batch), eos_token_id=-1, max_new_tokens=5)
+    uncached = model.generate(**inputs(batch), eos_token_id=-1, max_new_tokens=5, use_cache=False)
+    assert cached.shape == (5, 5) and torch.equal(cached, uncached)
+    # the first generated token is the argmax of the forward logits at [SEP]
+    sep_logits = model(**batch).logits[torch.arange(5), batch["prefix_lengths"] - 1]
+    assert torch.equal(cached[:, 0], sep_logits.argmax(-1))
+
+
+def test_image_attention_maps(config, make_batch):
+    model = build(config)
+    batch = make_batch(model.config)
+    maps = model.image_attention(**inputs(batch))
+    assert maps.shape == (5, 2, 4, 16)  # [B, layers, heads, image tokens]
+    assert (maps >= 0).all() and (maps.sum(-1) <= 1 + 1e-5).all() and (maps.sum(-1) > 0).all()
+    with pytest.raises(ValueError, match="blind"):
+        build(config, vision="none").image_attention(**inputs(batch))
+
+
+def test_blind_variant_has_no_image_tokens(config, make_batch):
+    model = build(config, vision="none")
+    batch = make_batch(model.config)
+    assert not any(k.startswith(("vision_tower", "multi_modal_projector")) for k in model.state_dict())
+    out = model(None, None, batch["input_ids"], batch["attention_mask"], batch["prefix_lengths"], batch["labels"])
+    assert out.logits.shape == (*batch["input_ids"].shape, VOCAB_SIZE) and torch.isfinite(out.loss)
+    with_images = model(**batch)
+    torch.testing.assert_close(with_images.logits, out.logits)
+    assert model.answer(**inputs(batch), candidates=CANDIDATES).shape == (5, len(CANDIDATES))
+
+
+# ---------------------------------------------------------------- mixed precision
+
+
+def test_bf16_autocast_on_cpu(config, make_batch):
+    model = build(config, connector="qformer").train()
+    batch = make_batch(model.config)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(**batch)
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    model.eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        probs = model.answer(**inputs(batch), candidates=CANDIDATES)
+        generated = model.generate(**inputs(batch), eos_token_id=EOS, max_new_tokens=3)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(5))
+    assert generated.shape[0] == 5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_autocast_on_cuda(config, make_batch):
+    model = build(config).cuda().train()
+    batch = {k: v.cuda() for k, v in make_batch(model.config).items()}
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = model(**batch)
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    model.eval()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        cached = model.generate(**inputs(batch), eos_token_id=-1, max_new_tokens=4)
+        probs = model.answer(**inputs(batch), candidates=CANDIDATES)
+    assert cached.shape == (5, 4)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(5, device="cuda"))
+
+
+# ---------------------------------------------------------------- HuggingFace PaliGemma
+
+
+def hf_paligemma(transformers, cfg: VLMConfig):
+    vision = cfg.siglip
+    text = cfg.gemma
+    hf_config = transformers.PaliGemmaConfig(
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=vision.hidden_size,
+                           intermediate_size=vision.intermediate_size, num_hidden_layers=vision.num_hidden_layers,
+                           num_attention_heads=vision.num_attention_heads, image_size=vision.image_size,
+                           patch_size=vision.patch_size, vision_use_head=False),
+        text_config=dict(model_type="gemma", vocab_size=text.vocab_size, hidden_size=text.hidden_size,
+                         intermediate_size=text.intermediate_size, num_hidden_layers=text.num_hidden_layers,
+                         num_attention_heads=text.num_attention_heads, num_key_value_heads=text.num_key_value_heads,
+                         head_dim=text.head_dim),
+        image_token_index=text.vocab_size, projection_dim=text.hidden_size)
+    torch.manual_seed(0)
+    model = transformers.PaliGemmaForConditionalGeneration(hf_config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def test_matches_hf_paligemma(transformers, config, make_batch, tmp_path):
+    """Same weights, same logits: the saved HF PaliGemma file loads into our layout (all but the tied LM
+    head, which HF stores once as the embeddings), and the prefix-LM outputs agree."""
+    from safetensors.torch import load_file
+
+    ours = build(config)
+    hf = hf_paligemma(transformers, ours.config)
+    hf.save_pretrained(tmp_path)
+    missing, unexpected = ours.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=False)
+    assert missing == ["language_model.lm_head.weight"] and unexpected == []
+    assert torch.equal(ours.language_model.lm_head.weight, hf.lm_head.weight)
+
+    batch = make_batch(ours.config)
+    tokens, (batch_size, length) = ours.num_image_tokens, batch["input_ids"].shape
+    mean = torch.tensor(ours.config.image_mean).view(1, 3, 1, 1)
+    std = torch.tensor(ours.config.image_std).view(1, 3, 1, 1)
+    pixel_values = (batch["images"][batch["image_index"]].float() / 255 - mean) / std
+    image_ids = torch.full((batch_size, tokens), ours.config.gemma.vocab_size)
+    positions = torch.arange(length)
+    answer_part = (positions >= batch["prefix_lengths"][:, None]).long()  # token_type_ids: 0 prefix, 1 suffix
+    with torch.no_grad():
+        expected = hf(input_ids=torch.cat([image_ids, batch["input_ids"]], 1), pixel_values=pixel_values,
+                      attention_mask=torch.cat([torch.ones(batch_size, tokens, dtype=torch.long),
+                                                batch["attention_mask"]], 1),
+                      token_type_ids=torch.cat([torch.zeros(batch_size, tokens, dtype=torch.long), answer_part], 1),
+                      position_ids=torch.arange(tokens + length).expand(batch_size, -1)).logits[:, tokens:]
+        got = ours(**batch).logits
+    valid = batch["attention_mask"].bool()
+    assert expected[valid].std() > 0.1  # logits that differ across tokens, not a degenerate comparison
+    torch.testing.assert_close(got[valid], expected[valid], atol=1e-4, rtol=0)

@@ -1,0 +1,340 @@
+"""Gemma-style decoder, parameter-compatible with HuggingFace ``GemmaForCausalLM``.
+
+RMSNorm with ``(1 + weight)`` computed in float32, rotary position embeddings, grouped-query attention
+through ``scaled_dot_product_attention``, GeGLU (tanh) MLP, token embeddings scaled by
+``sqrt(hidden_size)``, LM head tied to the embeddings, and a preallocated KV cache.
+
+Attention masks are boolean ``[B, 1, Q, K]`` (True = may attend), built once per forward by
+:func:`prefix_lm_mask` and shared by all layers. Tokens live in *slots* (their index in the key
+sequence or the cache) and have *positions* (their RoPE index); the two differ only when several
+continuations share one prefix (see ``TrafficVLM.answer``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlm.params import check
+
+
+@dataclass
+class GemmaConfig:
+    vocab_size: int = 256
+    hidden_size: int = 192
+    intermediate_size: int = 768
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 3
+    num_key_value_heads: int = 1
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def validate(self, prefix: str = "GemmaConfig") -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads"):
+            check(getattr(self, name) > 0, f"{prefix}.{name}", f"must be positive, got {getattr(self, name)}")
+        check(self.rms_norm_eps > 0, f"{prefix}.rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
+        check(self.rope_theta > 0, f"{prefix}.rope_theta", f"must be positive, got {self.rope_theta}")
+        check(self.hidden_size % self.num_attention_heads == 0, f"{prefix}.hidden_size",
+              f"must be divisible by {prefix}.num_attention_heads "
+              f"({self.hidden_size} % {self.num_attention_heads} = {self.hidden_size % self.num_attention_heads})")
+        check(self.num_attention_heads % self.num_key_value_heads == 0, f"{prefix}.num_attention_heads",
+              f"must be divisible by {prefix}.num_key_value_heads ({self.num_attention_heads} % "
+              f"{self.num_key_value_heads} = {self.num_attention_heads % self.num_key_value_heads})")
+        check(self.head_dim % 2 == 0, f"{prefix}.hidden_size",
+              f"{prefix}.hidden_size / {prefix}.num_attention_heads must be even for rotary embeddings, "
+              f"got {self.hidden_size} / {self.num_attention_heads} = {self.head_dim}")
+
+
+@dataclass
+class CausalLMOutput:
+    logits: torch.Tensor  # [B, S, V]
+    loss: torch.Tensor | None = None  # mean cross-entropy over labelled tokens
+    attentions: tuple[torch.Tensor, ...] | None = None  # per layer [B, H, S, K], explicit path only
+
+
+def prefix_lm_mask(key_valid: torch.Tensor, query_slots: torch.Tensor,
+                   prefix_lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Boolean attention mask ``[B, 1, Q, K]``: a query sees every valid key at or before its own slot,
+    and additionally every valid key of the first ``prefix_lengths[b]`` slots (full attention inside the
+    prefix, causal after it). ``key_valid`` ``[B, K]`` is False on padding and on empty cache slots;
+    ``query_slots`` ``[B, Q]`` is each query's slot; ``prefix_lengths`` ``[B]`` (None: purely causal)."""
+    key_slots = torch.arange(key_valid.shape[1], device=key_valid.device)  # [K]
+    visible = key_slots <= query_slots[:, :, None]  # [B, Q, K]
+    if prefix_lengths is not None:
+        visible = visible | (key_slots < prefix_lengths[:, None, None])
+    return (visible & key_valid[:, None, :])[:, None]
+
+
+class KVCache:
+    """Preallocated keys and values, one ``[B, H_kv, max_length, Dh]`` buffer pair per layer.
+
+    Each new token is written at its own slot (rows may write at different slots, so right-padded
+    prompts need no re-alignment); attention always runs over the whole buffer with a mask that hides
+    the empty slots. Buffers are allocated on first use with the dtype the layer produces (bf16 under
+    autocast)."""
+
+    def __init__(self, num_layers: int, max_length: int):
+        self.max_length = max_length
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+
+    def update(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor):
+        """Write ``key``/``value`` ``[B, H_kv, Q, Dh]`` at ``slots`` ``[B, Q]``; return the full buffers."""
+        if self.keys[layer_idx] is None:
+            shape = (key.shape[0], key.shape[1], self.max_length, key.shape[3])
+            self.keys[layer_idx] = key.new_zeros(shape)
+            self.values[layer_idx] = value.new_zeros(shape)
+        index = slots[:, None, :, None].expand_as(key)  # [B, H_kv, Q, Dh]
+        self.keys[layer_idx].scatter_(2, index, key)
+        self.values[layer_idx].scatter_(2, index, value)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+
+class GemmaRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # pointwise ops only, which autocast leaves alone: the statistics stay in float32 under bf16 autocast
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).type_as(x)
+
+
+class GemmaScaledEmbedding(nn.Embedding):
+    """Token embeddings multiplied by ``sqrt(hidden_size)`` (Gemma's normaliser)."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(input_ids) * self.embedding_dim**0.5
+
+
+class GemmaRotaryEmbedding(nn.Module):
+    def __init__(self, config: GemmaConfig):
+        super().__init__()
+        exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
+        self.register_buffer("inv_freq", 1.0 / config.rope_theta**exponents, persistent=False)  # [Dh/2]
+
+    @torch.no_grad()
+    def forward(self, position_ids: torch.Tensor):
+        freqs = position_ids[..., None].float() * self.inv_freq  # [B, S, Dh/2]
+        angles = torch.cat((freqs, freqs), dim=-1)  # [B, S, Dh]
+        return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[B, H, S, Dh]`` by the angles of ``cos``/``sin`` ``[B, S, Dh]``."""
+    cos = cos[:, None].to(x.dtype)
+    sin = sin[:, None].to(x.dtype)
+    return x * cos + rotate_half(x) * sin
+
+
+class GemmaAttention(nn.Module):
+    def __init__(self, config: GemmaConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, hidden_states: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                attention_mask: torch.Tensor, cache: KVCache | None = None, cache_slots: torch.Tensor | None = None,
+                output_attentions: bool = False, query_from: int = 0):
+        """Self-attention of the tokens ``hidden_states[:, query_from:]`` over all of ``hidden_states``
+        (and the cache): earlier tokens then serve only as keys and values."""
+        batch, length, _ = hidden_states.shape
+        queries = hidden_states[:, query_from:]
+        cos, sin = rotary
+        query = self.q_proj(queries).view(batch, -1, self.num_heads, self.head_dim).transpose(1, 2)
+        key = self.k_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        value = self.v_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        query = apply_rotary(query, cos[:, query_from:], sin[:, query_from:])  # [B, H, Q, Dh]
+        key = apply_rotary(key, cos, sin)  # [B, H_kv, S, Dh]
+        attention_mask = attention_mask[:, :, query_from:]
+        if cache is not None:
+            key, value = cache.update(self.layer_idx, key, value, cache_slots)  # [B, H_kv, K, Dh]
+        if output_attentions:
+            groups = self.num_heads // self.num_kv_heads
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+            scores = torch.matmul(query, key.transpose(-1, -2)) * self.head_dim**-0.5  # [B, H, Q, K]
+            scores = scores.masked_fill(~attention_mask, float("-inf"))
+            weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
+            attn_output = torch.matmul(weights, value)
+        else:
+            weights = None
+            attn_output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                         enable_gqa=self.num_kv_heads != self.num_heads)
+        attn_output = attn_output.transpose(1, 2).reshape(batch, queries.shape[1], -1)  # [B, Q, H*Dh]
+        return self.o_proj(attn_output), weights
+
+
+class GemmaMLP(nn.Module):
+    def __init__(self, config: GemmaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+class GemmaDecoderLayer(nn.Module):
+    def __init__(self, config: GemmaConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = GemmaAttention(config, layer_idx)
+        self.mlp = GemmaMLP(config)
+        self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states, rotary, attention_mask, cache=None, cache_slots=None, output_attentions=False,
+                output_from: int = 0):
+        """Pre-norm attention and MLP blocks; only positions >= ``output_from`` are computed and returned."""
+        attn_output, weights = self.self_attn(self.input_layernorm(hidden_states), rotary, attention_mask,
+                                              cache, cache_slots, output_attentions, query_from=output_from)
+        hidden_states = hidden_states[:, output_from:] + attn_output
+        hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+        return hidden_states, weights
+
+
+class GemmaModel(nn.Module):
+    """Embeddings + decoder layers + final norm (no LM head)."""
+
+    def __init__(self, config: GemmaConfig):
+        super().__init__()
+        self.embed_tokens = GemmaScaledEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(GemmaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = GemmaRotaryEmbedding(config)
+
+    def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                cache: KVCache | None = None, cache_slots: torch.Tensor | None = None,
+                output_attentions: bool = False, output_from: int = 0):
+        """``inputs_embeds`` ``[B, S, D]`` (already scaled), ``position_ids`` ``[B, S]``, ``attention_mask``
+        bool ``[B, 1, S, K]``; with a ``cache``, ``cache_slots`` ``[B, S]`` says where each token goes.
+        Returns the normed hidden states ``[B, S - output_from, D]`` of the positions from ``output_from``
+        on (the last layer computes nothing else: earlier positions only feed its keys and values), and
+        the per-layer attention probabilities."""
+        rotary = self.rotary_emb(position_ids)
+        hidden_states = inputs_embeds
+        attentions = []
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            hidden_states, weights = layer(hidden_states, rotary, attention_mask, cache, cache_slots,
+                                           output_attentions, output_from if i == last else 0)
+            attentions.append(weights)
+        return self.norm(hidden_states), tuple(attentions) if output_attentions else None
+
+
+class GemmaForCausalLM(nn.Module):
+    def __init__(self, config: GemmaConfig):
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.model = GemmaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.apply(init_decoder_weights)
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                output_attentions: bool = False) -> CausalLMOutput:
+        """Causal language modelling over right-padded ``input_ids`` ``[B, S]`` (or ``inputs_embeds``)
+        with padding mask ``attention_mask`` ``[B, S]`` (1 = token). ``labels`` follow the HuggingFace
+        convention: logits at t predict token t+1, ``-100`` is ignored."""
+        if inputs_embeds is None:
+            inputs_embeds = self.model.embed_tokens(input_ids)  # [B, S, D]
+        batch, length, _ = inputs_embeds.shape
+        slots = torch.arange(length, device=inputs_embeds.device).expand(batch, length)  # [B, S]
+        key_valid = (torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)
+                     if attention_mask is None else attention_mask.bool())
+        hidden, attentions = self.model(inputs_embeds, slots, prefix_lm_mask(key_valid, slots),
+                                        output_attentions=output_attentions)
+        logits = self.lm_head(hidden)
+        loss = None if labels is None else shifted_cross_entropy(logits, labels)
+        return CausalLMOutput(logits=logits, loss=loss, attentions=attentions)
+
+    @torch.no_grad()
+    def generate(self, inputs_embeds: torch.Tensor, key_valid: torch.Tensor, lengths: torch.Tensor,
+                 max_new_tokens: int, eos_token_id: int, pad_token_id: int = 0, prefix_lm: bool = False,
+                 use_cache: bool = True) -> torch.Tensor:
+        """Greedy decoding after right-padded prompts.
+
+        ``inputs_embeds`` ``[B, S, D]`` are the prompts, ``key_valid`` ``[B, S]`` marks real tokens and
+        ``lengths`` ``[B]`` is each prompt's length (its tokens are the first ``lengths[b]`` slots).
+        New token t of row b goes to slot ``lengths[b] + t``, overwriting padding. With ``prefix_lm``
+        the prompt attends to itself in full. Returns ``[B, T]`` ids (T <= max_new_tokens), each row
+        ending at its first ``eos_token_id`` and padded with ``pad_token_id`` after it.
+        """
+        batch, prompt_length, _ = inputs_embeds.shape
+        device = inputs_embeds.device
+        total = prompt_length + max_new_tokens
+        rows = torch.arange(batch, device=device)
+        valid = torch.zeros(batch, total, dtype=torch.bool, device=device)  # [B, K]
+        valid[:, :prompt_length] = key_valid
+        prefix_lengths = lengths if prefix_lm else None
+        all_slots = torch.arange(total, device=device).expand(batch, total)
+        if use_cache:
+            cache = KVCache(self.config.num_hidden_layers, total)
+        else:  # recompute everything each step over a buffer holding prompt and new tokens
+            cache = None
+            sequence = inputs_embeds.new_zeros(batch, total, inputs_embeds.shape[2])  # [B, K, D]
+            sequence[:, :prompt_length] = inputs_embeds
+
+        step_embeds = inputs_embeds
+        step_slots = all_slots[:, :prompt_length]
+        read_slots = lengths - 1  # slot whose output predicts the next token
+        generated, finished = [], torch.zeros(batch, dtype=torch.bool, device=device)
+        for step in range(max_new_tokens):
+            if cache is not None:
+                mask = prefix_lm_mask(valid, step_slots, prefix_lengths)
+                hidden, _ = self.model(step_embeds, step_slots, mask, cache, step_slots)
+                hidden = hidden[rows, read_slots - step_slots[:, 0]]  # [B, D]
+            else:
+                hidden, _ = self.model(sequence, all_slots, prefix_lm_mask(valid, all_slots, prefix_lengths))
+                hidden = hidden[rows, read_slots]
+            next_token = self.lm_head(hidden).argmax(-1)  # [B]
+            generated.append(torch.where(finished, pad_token_id, next_token))
+            finished = finished | (next_token == eos_token_id)
+            if bool(finished.all()) or step == max_new_tokens - 1:
+                break
+            read_slots = lengths + step  # the new token's slot
+            valid[rows, read_slots] = True
+            step_embeds = self.model.embed_tokens(next_token)[:, None]  # [B, 1, D]
+            step_slots = read_slots[:, None]
+            if cache is None:
+                sequence[rows, read_slots] = step_embeds[:, 0]
+        return torch.stack(generated, dim=1)
+
+
+def shifted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``logits[:, t]`` against ``labels[:, t + 1]`` over labels != -100."""
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+
+
+def init_decoder_weights(module: nn.Module, std: float = 0.02) -> None:
+    """Truncated-normal (std 0.02) projections and embeddings; RMSNorm weights 0 (scale 1 + 0)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, GemmaRMSNorm):
+        nn.init.zeros_(module.weight)

@@ -1,0 +1,301 @@
+"""SigLIP vision encoder (ViT without CLS token), parameter-compatible with HuggingFace.
+
+Parameter names are those of ``transformers.SiglipVisionModel`` (``vision_use_head=False``) as of the
+pinned transformers 5.x: ``embeddings.patch_embedding``, ``embeddings.position_embedding``,
+``encoder.layers.N.{layer_norm1, self_attn.{q,k,v,out}_proj, layer_norm2, mlp.fc1, mlp.fc2}``,
+``post_layernorm``. A HuggingFace state_dict therefore loads with ``strict=True``; checkpoint files
+written by older transformers (keys under ``vision_model.``) go through
+:func:`load_pretrained_siglip`, which strips that prefix exactly as transformers does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlm.params import check
+
+
+@dataclass
+class SiglipVisionConfig:
+    hidden_size: int = 192
+    intermediate_size: int = 768
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 3
+    num_channels: int = 3
+    image_size: int = 128
+    patch_size: int = 16
+    layer_norm_eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    def validate(self, prefix: str = "SiglipVisionConfig") -> None:
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_channels", "image_size", "patch_size"):
+            check(getattr(self, name) > 0, f"{prefix}.{name}", f"must be positive, got {getattr(self, name)}")
+        check(self.layer_norm_eps > 0, f"{prefix}.layer_norm_eps", f"must be positive, got {self.layer_norm_eps}")
+        check(self.hidden_size % self.num_attention_heads == 0, f"{prefix}.hidden_size",
+              f"must be divisible by {prefix}.num_attention_heads "
+              f"({self.hidden_size} % {self.num_attention_heads} = {self.hidden_size % self.num_attention_heads})")
+        check(self.image_size % self.patch_size == 0, f"{prefix}.image_size",
+              f"must be divisible by {prefix}.patch_size "
+              f"({self.image_size} % {self.patch_size} = {self.image_size % self.patch_size})")
+
+
+@dataclass
+class SiglipVisionOutput:
+    last_hidden_state: torch.Tensor  # [N, P, D]
+    attentions: tuple[torch.Tensor, ...] | None = None  # per layer [N, H, P, P], explicit path only
+
+
+def resize_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """Bicubically resample a square grid of learned positions ``[G*G, D]`` to ``grid`` -> ``[h*w, D]``."""
+    num_positions, dim = position_embeddings.shape
+    side = math.isqrt(num_positions)
+    if side * side != num_positions:
+        raise ValueError(f"position embeddings do not form a square grid: {num_positions} positions")
+    if (side, side) == tuple(grid):
+        return position_embeddings
+    table = position_embeddings.reshape(1, side, side, dim).permute(0, 3, 1, 2)  # [1, D, G, G]
+    table = F.interpolate(table, size=grid, mode="bicubic", align_corners=False)  # [1, D, h, w]
+    return table.permute(0, 2, 3, 1).reshape(grid[0] * grid[1], dim)
+
+
+class SiglipVisionEmbeddings(nn.Module):
+    def __init__(self, config: SiglipVisionConfig):
+        super().__init__()
+        self.patch_size = config.patch_size
+        self.patch_embedding = nn.Conv2d(config.num_channels, config.hidden_size,
+                                         kernel_size=config.patch_size, stride=config.patch_size)
+        self.position_embedding = nn.Embedding(config.num_patches, config.hidden_size)
+
+    def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
+        _, _, height, width = pixel_values.shape
+        patch_embeds = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))  # [N, D, h, w]
+        embeddings = patch_embeds.flatten(2).transpose(1, 2)  # [N, h*w, D]
+        positions = self.position_embedding.weight  # [P, D]
+        if interpolate_pos_encoding:
+            positions = resize_position_embeddings(positions, (height // self.patch_size, width // self.patch_size))
+        elif embeddings.shape[1] != positions.shape[0]:
+            raise ValueError(f"image of {height}x{width} px gives {embeddings.shape[1]} patches but the encoder "
+                             f"has {positions.shape[0]} positions; pass interpolate_pos_encoding=True")
+        return embeddings + positions
+
+
+class SiglipAttention(nn.Module):
+    def __init__(self, config: SiglipVisionConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.k_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.v_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden_states: torch.Tensor, output_attentions: bool = False):
+        batch, length, _ = hidden_states.shape
+        shape = (batch, length, self.num_heads, self.head_dim)
+        query = self.q_proj(hidden_states).view(shape).transpose(1, 2)  # [N, H, P, Dh]
+        key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+        value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        if output_attentions:
+            scores = torch.matmul(query, key.transpose(-1, -2)) * self.head_dim**-0.5  # [N, H, P, P]
+            weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
+            attn_output = torch.matmul(weights, value)
+        else:
+            weights = None
+            attn_output = F.scaled_dot_product_attention(query, key, value)  # [N, H, P, Dh]
+        attn_output = attn_output.transpose(1, 2).reshape(batch, length, -1)  # [N, P, D]
+        return self.out_proj(attn_output), weights
+
+
+class SiglipMLP(nn.Module):
+    def __init__(self, config: SiglipVisionConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(hidden_states), approximate="tanh"))
+
+
+class SiglipEncoderLayer(nn.Module):
+    def __init__(self, config: SiglipVisionConfig):
+        super().__init__()
+        self.layer_norm1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.self_attn = SiglipAttention(config)
+        self.layer_norm2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = SiglipMLP(config)
+
+    def forward(self, hidden_states: torch.Tensor, output_attentions: bool = False):
+        attn_output, weights = self.self_attn(self.layer_norm1(hidden_states), output_attentions)
+        hidden_states = hidden_states + attn_output
+        hidden_states = hidden_states + self.mlp(self.layer_norm2(hidden_states))
+        return hidden_states, weights
+
+
+class SiglipEncoder(nn.Module):
+    def __init__(self, config: SiglipVisionConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(SiglipEncoderLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, hidden_states: torch.Tensor, output_attentions: bool = False):
+        attentions = []
+        for layer in self.layers:
+            hidden_states, weights = layer(hidden_states, output_attentions)
+            attentions.append(weights)
+        return hidden_states, tuple(attentions) if output_attentions else None
+
+
+class SiglipVisionModel(nn.Module):
+    """Patch embedding + learned positions -> pre-norm transformer layers -> post-layernorm; no CLS, no head."""
+
+    def __init__(self, config: SiglipVisionConfig):
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.embeddings = SiglipVisionEmbeddings(config)
+        self.encoder = SiglipEncoder(config)
+        self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.apply(init_vit_weights)
+
+    def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False,
+                interpolate_pos_encoding: bool = False) -> SiglipVisionOutput:
+        """``pixel_values`` float ``[N, C, S, S]`` already normalised; ``output_attentions`` takes the
+        explicit softmax path and returns each layer's attention probabilities."""
+        hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding)  # [N, P, D]
+        hidden_states, attentions = self.encoder(hidden_states, output_attentions)
+        return SiglipVisionOutput(self.post_layernorm(hidden_states), attentions)
+
+
+def init_vit_weights(module: nn.Module, std: float = 0.02) -> None:
+    """Truncated-normal (std 0.02, cut at 2 std) weights, zero biases, unit LayerNorms."""
+    if isinstance(module, (nn.Linear, nn.Conv2d, nn.Embedding)):
+        nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pretrained checkpoints on disk
+# ---------------------------------------------------------------------------------------------
+
+# transformers' SiglipVisionConfig defaults: config.json files only list values that differ from them.
+_HF_VISION_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                       "num_attention_heads": 12, "num_channels": 3, "image_size": 224, "patch_size": 16,
+                       "layer_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh"}
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_PATCH_KEY = "embeddings.patch_embedding.weight"
+
+
+def siglip_config_from_pretrained(path: str | os.PathLike, num_attention_heads: int | None = None
+                                  ) -> SiglipVisionConfig:
+    """The vision config of a checkpoint: from its ``config.json`` (SigLIP, SigLIP-vision or PaliGemma)
+    when there is one (in the folder, or beside the weights file), else inferred from the tensor shapes
+    (everything but the head count, which must then be given)."""
+    config = _config_from_json(Path(path))
+    if config is None:
+        config = _config_from_shapes(_vision_state_dict(_weights_file(Path(path))), num_attention_heads, path)
+    return config
+
+
+def load_pretrained_siglip(path: str | os.PathLike, image_size: int | None = None,
+                           num_attention_heads: int | None = None) -> SiglipVisionModel:
+    """Build a :class:`SiglipVisionModel` from a HuggingFace checkpoint on disk.
+
+    ``path``: a folder holding ``config.json`` and ``model.safetensors`` or ``pytorch_model.bin`` (e.g. a
+    download of ``google/siglip-base-patch16-224``), or one such weights file (its sizes then come from a
+    ``config.json`` beside it, or from the tensor shapes plus ``num_attention_heads``). The vision weights
+    are found whatever the layout (``vision_model.`` of SigLIP, ``vision_tower.[vision_model.]`` of
+    PaliGemma, or bare), the text tower and pooling head are dropped, and the rest loads with
+    ``strict=True``. An ``image_size`` other than the checkpoint's resamples the learned position grid
+    once (bicubic), so the encoder then runs natively at that size.
+    """
+    path = Path(path)
+    state_dict = _vision_state_dict(_weights_file(path))
+    config = _config_from_json(path) or _config_from_shapes(state_dict, num_attention_heads, path)
+    if image_size is not None and image_size != config.image_size:
+        if image_size % config.patch_size:
+            raise ValueError(f"{path}: image size {image_size} is not divisible by the checkpoint's patch "
+                             f"size {config.patch_size}")
+        key = "embeddings.position_embedding.weight"
+        grid = (image_size // config.patch_size,) * 2
+        state_dict[key] = resize_position_embeddings(state_dict[key].float(), grid).to(state_dict[key].dtype)
+        config = replace(config, image_size=image_size)
+    model = SiglipVisionModel(config)
+    model.load_state_dict(state_dict, strict=True)
+    return model
+
+
+def _config_from_json(path: Path) -> SiglipVisionConfig | None:
+    config_file = (path if path.is_dir() else path.parent) / "config.json"
+    if not config_file.is_file():
+        return None
+    with open(config_file, encoding="utf-8") as f:
+        raw = json.load(f)
+    vision = raw["vision_config"] if "vision_config" in raw else raw
+    values = {**_HF_VISION_DEFAULTS, **{k: vision[k] for k in _HF_VISION_DEFAULTS if k in vision}}
+    if values.pop("hidden_act") != "gelu_pytorch_tanh":
+        raise ValueError(f"{config_file}: hidden_act {vision['hidden_act']!r} is not SigLIP's gelu_pytorch_tanh")
+    return SiglipVisionConfig(**values)
+
+
+def _config_from_shapes(state_dict: dict[str, torch.Tensor], num_attention_heads: int | None,
+                        path: str | os.PathLike) -> SiglipVisionConfig:
+    if num_attention_heads is None:
+        raise ValueError(f"{path}: no config.json beside the weights; pass num_attention_heads "
+                         f"(the only size that cannot be read from the tensor shapes)")
+    hidden_size, num_channels, patch_size, _ = state_dict[_PATCH_KEY].shape
+    num_positions = state_dict["embeddings.position_embedding.weight"].shape[0]
+    layers = {int(m.group(1)) for k in state_dict if (m := re.match(r"encoder\.layers\.(\d+)\.", k))}
+    return SiglipVisionConfig(
+        hidden_size=hidden_size, intermediate_size=state_dict["encoder.layers.0.mlp.fc1.weight"].shape[0],
+        num_hidden_layers=len(layers), num_attention_heads=num_attention_heads, num_channels=num_channels,
+        image_size=math.isqrt(num_positions) * patch_size, patch_size=patch_size)
+
+
+def _weights_file(path: Path) -> Path:
+    if path.is_file():
+        return path
+    if path.is_dir():
+        for name in _WEIGHT_FILES:
+            if (path / name).is_file():
+                return path / name
+        raise FileNotFoundError(f"{path}: no {' or '.join(_WEIGHT_FILES)} in this folder")
+    raise FileNotFoundError(f"SigLIP checkpoint not found: {path}")
+
+
+def _vision_state_dict(weights_file: Path) -> dict[str, torch.Tensor]:
+    """The vision-encoder tensors of a checkpoint file, keys relative to :class:`SiglipVisionModel`."""
+    if weights_file.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        tensors = load_file(weights_file)
+    elif weights_file.suffix in (".bin", ".pt", ".pth"):
+        tensors = torch.load(weights_file, map_location="cpu", weights_only=True)
+    else:
+        raise ValueError(f"{weights_file}: expected a .safetensors or .bin file")
+    prefixes = [k[: -len(_PATCH_KEY)] for k in tensors if k.endswith(_PATCH_KEY)]
+    if len(prefixes) != 1:
+        raise ValueError(f"{weights_file}: expected one SigLIP vision encoder ('*{_PATCH_KEY}'), "
+                         f"found {len(prefixes)}")
+    prefix = prefixes[0]
+    return {k[len(prefix):]: v for k, v in tensors.items()
+            if k.startswith(prefix) and not k[len(prefix):].startswith("head.")}

@@ -1,0 +1,310 @@
+"""TrafficVLM: a PaliGemma-style vision-language model (SigLIP -> connector -> Gemma, prefix-LM).
+
+Sequence layout per question: ``[image tokens | [SOS] question [SEP] | answer [EOS] | padding]``.
+The image tokens and the question form the prefix, attended in full; the answer is causal. Image tokens
+come from the connector (``linear``: one per patch; ``qformer``: ``num_query_tokens``) and enter the
+decoder as they are, while text embeddings carry Gemma's ``sqrt(hidden_size)`` scale: that is
+PaliGemma's merge (it divides the image features by ``sqrt(hidden_size)`` before a decoder that scales
+every input embedding by it). ``vision: none`` is the blind baseline: the same decoder, no image tokens.
+
+Parameter layout follows HuggingFace PaliGemma: ``vision_tower.*`` (SigLIP), ``multi_modal_projector.*``,
+``language_model.model.*`` and the tied ``language_model.lm_head.weight``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import operator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from vlm.models.connector import LinearConnector
+from vlm.models.gemma import GemmaConfig, GemmaForCausalLM, prefix_lm_mask, shifted_cross_entropy
+from vlm.models.qformer import QFormerConfig, QFormerConnector
+from vlm.models.siglip import SiglipVisionConfig, SiglipVisionModel, load_pretrained_siglip, \
+    siglip_config_from_pretrained
+from vlm.params import ParamError, build_config, check
+
+# Fields of the model config that come from the data, never from params.yaml.
+_FROM_DATA = {
+    ("gemma", "vocab_size"): "the vocabulary size (data/processed/vocab.json)",
+    ("siglip", "image_size"): "the packed image size (data/processed/*_images.h5)",
+    ("image_mean",): "the train split statistics (data/processed/train_images.h5)",
+    ("image_std",): "the train split statistics (data/processed/train_images.h5)",
+}
+
+
+@dataclass
+class VLMConfig:
+    vision: Literal["siglip", "none"] = "siglip"
+    connector: Literal["linear", "qformer"] = "linear"
+    vision_checkpoint: str | None = None
+    siglip: SiglipVisionConfig = field(default_factory=SiglipVisionConfig)
+    gemma: GemmaConfig = field(default_factory=GemmaConfig)
+    qformer: QFormerConfig = field(default_factory=QFormerConfig)
+    image_mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])  # 0..1 scale, per RGB channel
+    image_std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+
+    @property
+    def num_image_tokens(self) -> int:
+        if self.vision == "none":
+            return 0
+        return self.qformer.num_query_tokens if self.connector == "qformer" else self.siglip.num_patches
+
+    def validate(self, prefix: str = "model") -> None:
+        check(self.vision in ("siglip", "none"), f"{prefix}.vision", f"must be 'siglip' or 'none', got {self.vision!r}")
+        check(self.connector in ("linear", "qformer"), f"{prefix}.connector",
+              f"must be 'linear' or 'qformer', got {self.connector!r}")
+        self.siglip.validate(f"{prefix}.siglip")
+        self.gemma.validate(f"{prefix}.gemma")
+        self.qformer.validate(f"{prefix}.qformer")
+        for name in ("image_mean", "image_std"):
+            values = getattr(self, name)
+            check(len(values) == 3, f"{prefix}.{name}", f"must hold 3 values (R, G, B), got {len(values)}")
+        check(all(s > 0 for s in self.image_std), f"{prefix}.image_std", f"must be positive, got {self.image_std}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], what: str = "model") -> VLMConfig:
+        """Rebuild a config saved with :meth:`to_dict` (e.g. from a checkpoint), validating it."""
+        return build_config(cls, values, what)
+
+    @classmethod
+    def from_params(cls, model_section: dict[str, Any], vocab_size: int, image_size: int,
+                    image_mean: list[float] | None = None, image_std: list[float] | None = None) -> VLMConfig:
+        """Build and validate the config from the ``model:`` section of params.yaml plus what the data
+        fixes (vocabulary size, image size, train-split mean/std), before any weight exists."""
+        vocab_size, image_size = operator.index(vocab_size), operator.index(image_size)
+        values = dict(model_section or {})
+        for sub in ("siglip", "gemma", "qformer"):
+            if not isinstance(values.get(sub, {}), dict):
+                raise ParamError(f"model.{sub}: must be a mapping")
+            values[sub] = dict(values.get(sub, {}))
+        for path, source in _FROM_DATA.items():
+            where = values[path[0]] if len(path) == 2 else values
+            if path[-1] in where:
+                raise ParamError(f"model.{'.'.join(path)}: set from {source}, not in params.yaml")
+
+        patch_key = "model.siglip.patch_size"
+        checkpoint = values.get("vision_checkpoint")
+        if checkpoint is not None and values.get("vision", "siglip") == "siglip":
+            # the encoder's sizes and pixel normalisation are the checkpoint's: model.siglip is not used
+            if not isinstance(checkpoint, str):
+                raise ParamError(f"model.vision_checkpoint: must be a path or null, got {checkpoint!r}")
+            try:
+                pretrained = siglip_config_from_pretrained(checkpoint)
+            except (OSError, ValueError) as e:
+                raise ParamError(f"model.vision_checkpoint: {e}") from e
+            values["siglip"] = {k: v for k, v in dataclasses.asdict(pretrained).items() if k != "image_size"}
+            image_mean, image_std = _pretrained_normalisation(Path(checkpoint))
+            patch_key = "model.vision_checkpoint: its patch size"
+
+        patch_size = values["siglip"].get("patch_size", SiglipVisionConfig.patch_size)
+        if isinstance(patch_size, int) and patch_size > 0 and image_size % patch_size:
+            raise ParamError(f"{patch_key}: must divide the image size of the data "
+                             f"({image_size} % {patch_size} = {image_size % patch_size})")
+        values["siglip"]["image_size"] = image_size
+        values["gemma"]["vocab_size"] = vocab_size
+        # numpy scalars (HDF5 attributes and metadata) become plain Python numbers
+        values["image_mean"] = [float(v) for v in (image_mean if image_mean is not None else (0.5, 0.5, 0.5))]
+        values["image_std"] = [float(v) for v in (image_std if image_std is not None else (0.5, 0.5, 0.5))]
+        return build_config(cls, values, "model")
+
+
+def _pretrained_normalisation(checkpoint: Path) -> tuple[list[float], list[float]]:
+    """The pixel mean/std a pretrained SigLIP was trained with (its preprocessor_config.json; SigLIP's 0.5)."""
+    folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    preprocessor = folder / "preprocessor_config.json"
+    if preprocessor.is_file():
+        with open(preprocessor, encoding="utf-8") as f:
+            raw = json.load(f)
+        return list(raw.get("image_mean", [0.5] * 3)), list(raw.get("image_std", [0.5] * 3))
+    return [0.5] * 3, [0.5] * 3
+
+
+@dataclass
+class VLMOutput:
+    logits: torch.Tensor  # [B, L, V] at the text positions
+    loss: torch.Tensor | None = None  # mean cross-entropy over answer tokens
+
+
+class TrafficVLM(nn.Module):
+    def __init__(self, config: VLMConfig):
+        super().__init__()
+        config.validate()
+        self.config = config
+        if config.vision == "siglip":
+            self.vision_tower = SiglipVisionModel(config.siglip)
+            if config.connector == "linear":
+                self.multi_modal_projector = LinearConnector(config.siglip.hidden_size, config.gemma.hidden_size)
+            else:
+                self.multi_modal_projector = QFormerConnector(config.qformer, config.siglip.hidden_size,
+                                                              config.gemma.hidden_size)
+        self.language_model = GemmaForCausalLM(config.gemma)
+        mean = torch.tensor(config.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
+        std = torch.tensor(config.image_std, dtype=torch.float32).view(1, 3, 1, 1)
+        # uint8 -> normalised float in one multiply-add: (x / 255 - mean) / std
+        self.register_buffer("pixel_scale", 1.0 / (255.0 * std), persistent=False)
+        self.register_buffer("pixel_shift", -mean / std, persistent=False)
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.config.num_image_tokens
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 images ``[N, 3, S, S]`` -> image tokens ``[N, T, D]`` in the decoder's embedding space."""
+        expected = (3, self.config.siglip.image_size, self.config.siglip.image_size)
+        if images.dtype != torch.uint8 or images.dim() != 4 or tuple(images.shape[1:]) != expected:
+            raise ValueError(f"images must be uint8 [N, {', '.join(map(str, expected))}], "
+                             f"got {images.dtype} {list(images.shape)}")
+        pixel_values = torch.addcmul(self.pixel_shift, images.float(), self.pixel_scale)  # [N, 3, S, S]
+        features = self.vision_tower(pixel_values).last_hidden_state  # [N, P, Dv]
+        return self.multi_modal_projector(features)  # [N, T, D]
+
+    def _embed(self, images, image_index, input_ids, attention_mask, prefix_lengths, prefix_only: bool):
+        """Image tokens (each distinct image encoded once, gathered per question) followed by the text.
+
+        Returns ``inputs_embeds`` ``[B, T + L, D]``, ``key_valid`` ``[B, T + L]`` (False on padding, and
+        after the prefix when ``prefix_only``) and ``prefix_total`` ``[B]`` = T + prefix length.
+        """
+        text_embeds = self.language_model.model.embed_tokens(input_ids)  # [B, L, D]
+        text_valid = attention_mask.bool()  # [B, L]
+        if prefix_only:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            text_valid = text_valid & (positions < prefix_lengths[:, None])
+        if self.config.vision == "none":
+            return text_embeds, text_valid, prefix_lengths
+        image_tokens = self.encode_images(images)[image_index].to(text_embeds.dtype)  # [B, T, D]
+        image_valid = text_valid.new_ones(image_tokens.shape[:2])
+        return (torch.cat([image_tokens, text_embeds], dim=1), torch.cat([image_valid, text_valid], dim=1),
+                prefix_lengths + image_tokens.shape[1])
+
+    def forward(self, images: torch.Tensor | None, image_index: torch.Tensor | None, input_ids: torch.Tensor,
+                attention_mask: torch.Tensor, prefix_lengths: torch.Tensor,
+                labels: torch.Tensor | None = None) -> VLMOutput:
+        """The Batch contract: ``images`` uint8 ``[N_img, 3, S, S]``, ``image_index`` ``[B]``, right-padded
+        ``input_ids``/``attention_mask``/``labels`` ``[B, L]``, ``prefix_lengths`` ``[B]`` (question tokens
+        up to [SEP]). Returns logits ``[B, L, V]`` for the text positions and, with labels, the loss."""
+        inputs_embeds, key_valid, prefix_total = self._embed(images, image_index, input_ids, attention_mask,
+                                                             prefix_lengths, prefix_only=False)
+        batch, length, _ = inputs_embeds.shape
+        slots = torch.arange(length, device=inputs_embeds.device).expand(batch, length)  # [B, S]
+        hidden, _ = self.language_model.model(inputs_embeds, slots, prefix_lm_mask(key_valid, slots, prefix_total),
+                                              output_from=self.num_image_tokens)  # [B, L, D]: text positions
+        logits = self.language_model.lm_head(hidden)  # [B, L, V]
+        loss = None if labels is None else shifted_cross_entropy(logits, labels)
+        return VLMOutput(logits=logits, loss=loss)
+
+    @torch.no_grad()
+    def generate(self, images, image_index, input_ids, attention_mask, prefix_lengths, *, eos_token_id: int,
+                 max_new_tokens: int = 8, pad_token_id: int = 0, use_cache: bool = True) -> torch.Tensor:
+        """Greedy answers ``[B, T]`` after each prefix (tokens after ``prefix_lengths`` are ignored), with the
+        KV cache; each row ends at its first [EOS] and is padded after it."""
+        inputs_embeds, key_valid, prefix_total = self._embed(images, image_index, input_ids, attention_mask,
+                                                             prefix_lengths, prefix_only=True)
+        return self.language_model.generate(inputs_embeds, key_valid, prefix_total, max_new_tokens, eos_token_id,
+                                            pad_token_id, prefix_lm=True, use_cache=use_cache)
+
+    @torch.no_grad()
+    def answer(self, images, image_index, input_ids, attention_mask, prefix_lengths,
+               candidates: list[list[int]]) -> torch.Tensor:
+        """Constrained decoding: probabilities ``[B, C]`` over the candidate answers (each a token-id list such
+        as ``encode_answer`` gives, [EOS] included), the softmax of their total log-likelihoods.
+
+        One decoder pass: the prefix once, then all candidates packed after it, each candidate's tokens
+        seeing the prefix and their own earlier tokens only, at the positions they would have if alone.
+        """
+        if not candidates or any(len(c) == 0 for c in candidates):
+            raise ValueError("answer(): candidates must be a non-empty list of non-empty token-id lists")
+        inputs_embeds, key_valid, prefix_total = self._embed(images, image_index, input_ids, attention_mask,
+                                                             prefix_lengths, prefix_only=True)
+        batch, prefix_length, dim = inputs_embeds.shape
+        device = inputs_embeds.device
+        num_candidates, cand_length = len(candidates), max(len(c) for c in candidates)
+        cand_ids = torch.zeros(num_candidates, cand_length, dtype=torch.long)
+        cand_valid = torch.zeros(num_candidates, cand_length, dtype=torch.bool)
+        for i, ids in enumerate(candidates):
+            cand_ids[i, : len(ids)] = torch.tensor(ids)
+            cand_valid[i, : len(ids)] = True
+        cand_ids, cand_valid = cand_ids.to(device), cand_valid.to(device)  # [C, T]
+
+        cand_embeds = self.language_model.model.embed_tokens(cand_ids).view(1, -1, dim)  # [1, C*T, D]
+        inputs_embeds = torch.cat([inputs_embeds, cand_embeds.expand(batch, -1, -1).to(inputs_embeds.dtype)], 1)
+        offsets = torch.arange(cand_length, device=device).repeat(num_candidates)  # [C*T]
+        prefix_slots = torch.arange(prefix_length, device=device).expand(batch, -1)  # [B, S]
+        position_ids = torch.cat([prefix_slots, prefix_total[:, None] + offsets], dim=1)  # [B, S + C*T]
+
+        mask = packed_candidates_mask(key_valid, prefix_total, cand_valid)  # [B, 1, S + C*T, S + C*T]
+        hidden, _ = self.language_model.model(inputs_embeds, position_ids, mask)  # [B, S + C*T, D]
+        lm_head = self.language_model.lm_head
+        rows = torch.arange(batch, device=device)
+        first = lm_head(hidden[rows, prefix_total - 1]).float().log_softmax(-1)  # [B, V]
+        log_likelihood = first[:, cand_ids[:, 0]]  # [B, C]
+        if cand_length > 1:
+            cand_hidden = hidden[:, prefix_length:].view(batch, num_candidates, cand_length, dim)[:, :, :-1]
+            later = lm_head(cand_hidden).float().log_softmax(-1)  # [B, C, T-1, V]
+            targets = cand_ids[:, 1:].expand(batch, -1, -1)[..., None]  # [B, C, T-1, 1]
+            later = later.gather(-1, targets)[..., 0] * cand_valid[:, 1:]  # [B, C, T-1]
+            log_likelihood = log_likelihood + later.sum(-1)
+        return log_likelihood.softmax(-1)
+
+    @torch.no_grad()
+    def image_attention(self, images, image_index, input_ids, attention_mask, prefix_lengths) -> torch.Tensor:
+        """Attention probabilities ``[B, num_layers, num_heads, T]`` from the position that predicts the
+        first answer token ([SEP]) to the T image tokens (explicit attention path), for heat maps. With the
+        linear connector token t is patch t of the row-major patch grid; with the Q-Former it is query t."""
+        if self.config.vision == "none":
+            raise ValueError("image_attention(): the blind model (vision: none) has no image tokens")
+        inputs_embeds, key_valid, prefix_total = self._embed(images, image_index, input_ids, attention_mask,
+                                                             prefix_lengths, prefix_only=True)
+        batch, length, _ = inputs_embeds.shape
+        slots = torch.arange(length, device=inputs_embeds.device).expand(batch, length)
+        _, attentions = self.language_model.model(inputs_embeds, slots,
+                                                  prefix_lm_mask(key_valid, slots, prefix_total),
+                                                  output_attentions=True)
+        rows = torch.arange(batch, device=inputs_embeds.device)
+        num_image_tokens = self.num_image_tokens
+        return torch.stack([layer[rows, :, prefix_total - 1, :num_image_tokens] for layer in attentions], dim=1)
+
+
+def packed_candidates_mask(key_valid: torch.Tensor, prefix_total: torch.Tensor,
+                           cand_valid: torch.Tensor) -> torch.Tensor:
+    """Attention mask ``[B, 1, S + C*T, S + C*T]`` for a prefix (``key_valid`` ``[B, S]``, prefix-LM over
+    its first ``prefix_total`` slots) followed by C candidates of T tokens (``cand_valid`` ``[C, T]``): the
+    prefix never sees the candidates; a candidate token sees the prefix and its own candidate's earlier
+    tokens, as if it were alone after the prefix."""
+    batch, prefix_length = key_valid.shape
+    num_candidates, cand_length = cand_valid.shape
+    packed = num_candidates * cand_length
+    device = key_valid.device
+    prefix_slots = torch.arange(prefix_length, device=device).expand(batch, -1)
+    prefix_rows = prefix_lm_mask(key_valid, prefix_slots, prefix_total)  # [B, 1, S, S]
+    prefix_rows = torch.cat([prefix_rows, prefix_rows.new_zeros(batch, 1, prefix_length, packed)], dim=3)
+    candidate = torch.arange(num_candidates, device=device).repeat_interleave(cand_length)  # [C*T]
+    offset = torch.arange(cand_length, device=device).repeat(num_candidates)  # [C*T]
+    own_earlier = (candidate[:, None] == candidate[None, :]) & (offset[None, :] <= offset[:, None])
+    own_earlier = own_earlier & cand_valid.view(1, -1)  # [C*T, C*T]
+    cand_rows = torch.cat([key_valid[:, None, :].expand(-1, packed, -1), own_earlier.expand(batch, -1, -1)],
+                          dim=2)[:, None]  # [B, 1, C*T, S + C*T]
+    return torch.cat([prefix_rows, cand_rows], dim=2)
+
+
+def build_vlm(config: VLMConfig) -> TrafficVLM:
+    """A model to train: fresh weights, with the pretrained SigLIP encoder when ``vision_checkpoint`` is set
+    (its position grid resampled to ``siglip.image_size``). To restore a trained model, use
+    ``TrafficVLM(config)`` and ``load_state_dict`` instead."""
+    model = TrafficVLM(config)
+    if config.vision == "siglip" and config.vision_checkpoint is not None:
+        pretrained = load_pretrained_siglip(config.vision_checkpoint, image_size=config.siglip.image_size)
+        if pretrained.config != config.siglip:
+            raise ValueError(f"{config.vision_checkpoint}: encoder {pretrained.config} does not match the "
+                             f"configured {config.siglip}")
+        model.vision_tower.load_state_dict(pretrained.state_dict(), strict=True)
+    return model

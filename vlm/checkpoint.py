@@ -1,0 +1,105 @@
+"""Model checkpoints: what ``models/vlm.pt`` holds and how it is read back.
+
+A checkpoint is a ``torch.save`` dict::
+
+    format_version  int
+    config          VLMConfig.to_dict()
+    state_dict      the model's weights
+    vocab           the vocab.json content the model was trained with (self-contained)
+    vocab_sha256    sha256 of that vocab.json file
+    answers         the answer set for constrained decoding (normalised answer strings)
+    image_size      the packed image size inputs must be resized to
+    metrics         what training measured (epoch, step, val accuracy, ...)
+
+Training state for resuming (optimizer, scheduler, history) lives in separate files under
+``models/checkpoints/``; see :mod:`vlm.train`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vlm.io import atomic_path
+from vlm.models import TrafficVLM, VLMConfig
+from vlm.tokenizer import TrafficCommandTokenizer
+
+FORMAT_VERSION = 1
+REQUIRED = ("format_version", "config", "state_dict", "vocab", "vocab_sha256", "answers", "image_size")
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save(path: str | os.PathLike, payload: dict[str, Any]) -> None:
+    """``torch.save`` atomically: a killed run never leaves a truncated file that looks valid."""
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def read(path: str | os.PathLike, what: str = "checkpoint") -> dict[str, Any]:
+    """Load a checkpoint dict with errors that name the file and what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch raises many types for a damaged file
+        raise ValueError(f"{path}: not a readable {what} ({type(e).__name__}: {e})") from e
+    if not isinstance(payload, dict):
+        raise ValueError(f"{path}: not a {what} (a dict was expected, got {type(payload).__name__})")
+    return payload
+
+
+@dataclass
+class LoadedModel:
+    model: TrafficVLM
+    tokenizer: TrafficCommandTokenizer
+    answers: list[str]
+    image_size: int
+    checkpoint: dict[str, Any]
+
+    def candidates(self) -> list[list[int]]:
+        """Token ids of every answer, for ``TrafficVLM.answer``."""
+        return [self.tokenizer.encode_answer(a) for a in self.answers]
+
+
+def load_model(path: str | os.PathLike, vocab_path: str | os.PathLike | None = None,
+               device: str | torch.device = "cpu") -> LoadedModel:
+    """Rebuild a trained model in eval mode from ``path``.
+
+    With ``vocab_path``, that vocabulary must be the one the model was trained with (same sha256).
+    """
+    path = Path(path)
+    payload = read(path)
+    missing = [key for key in REQUIRED if key not in payload]
+    if missing:
+        raise ValueError(f"{path}: not a model checkpoint (missing {', '.join(missing)})")
+    if payload["format_version"] != FORMAT_VERSION:
+        raise ValueError(f"{path}: checkpoint format {payload['format_version']}, this code reads {FORMAT_VERSION}")
+    if vocab_path is not None:
+        actual = file_sha256(vocab_path)
+        if actual != payload["vocab_sha256"]:
+            raise ValueError(f"{vocab_path}: vocabulary does not match the checkpoint {path} "
+                             f"(sha256 {actual[:12]}... vs {payload['vocab_sha256'][:12]}... it was trained with)")
+    vocab = payload["vocab"]
+    tokenizer = TrafficCommandTokenizer(vocab["vocab"], max_length=vocab["config"]["max_length"],
+                                        statistics=vocab.get("statistics"), config=vocab["config"])
+    config = VLMConfig.from_dict(payload["config"], what=f"{path}: config")
+    if config.gemma.vocab_size != tokenizer.vocab_size:
+        raise ValueError(f"{path}: model vocabulary size {config.gemma.vocab_size} does not match its "
+                         f"tokenizer's {tokenizer.vocab_size}")
+    model = TrafficVLM(config)
+    model.load_state_dict(payload["state_dict"], strict=True)
+    model.to(device).eval()
+    return LoadedModel(model, tokenizer, list(payload["answers"]), int(payload["image_size"]), payload)

@@ -1,25 +1,14 @@
-"""The data path from JPEGs to training batches: packing, dataset, sampler, collate, augmentation."""
+"""The data path from JPEGs to training batches.
 
-from vlm.data.augment import AugmentConfig, swap_left_right
-from vlm.data.collate import IGNORE_INDEX, collate_questions
-from vlm.data.dataset import TrafficVQADataset
-from vlm.data.h5file import PackedImageReader
-from vlm.data.loader import build_loader, set_epoch
-from vlm.data.pack import CorruptImageError, PackConfig, decode_image, pack_dataset
-from vlm.data.sampler import GroupedBatchSampler
+Modules (import them directly; this package imports nothing so that the packing workers stay
+free of torch):
 
-__all__ = [
-    "AugmentConfig",
-    "CorruptImageError",
-    "GroupedBatchSampler",
-    "IGNORE_INDEX",
-    "PackConfig",
-    "PackedImageReader",
-    "TrafficVQADataset",
-    "build_loader",
-    "collate_questions",
-    "decode_image",
-    "pack_dataset",
-    "set_epoch",
-    "swap_left_right",
-]
+- ``pack``: the ``pack_hdf5`` stage's logic (JPEG decode, parallel, streamed HDF5 writes)
+- ``h5file``: the packed-file layout, its writer and its fork-safe reader
+- ``dataset``: ``TrafficVQADataset`` (one sample per question, pre-tokenised)
+- ``collate``: ``collate_questions`` (the Batch contract, dynamic padding, one copy per image)
+- ``sampler``: ``GroupedBatchSampler`` (an image's questions in one batch; DDP aware)
+- ``augment``: ``AugmentConfig`` (per image and epoch; flip swaps left/right in the text)
+- ``loader``: ``build_loader`` / ``set_epoch``
+- ``naive``, ``profile``: the textbook baseline loader and the ``profile_dataloader`` stage
+"""

@@ -237,10 +237,18 @@ def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackCon
     return packed, stats
 
 
-def _pool_context() -> multiprocessing.context.BaseContext:
-    # forkserver: workers never inherit the parent's threads (tqdm's monitor, pytest-xdist's).
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+def _start_pool(workers: int) -> Any:
+    """A process pool whose workers never inherit the parent's threads (tqdm's monitor, pytest-xdist's).
+
+    With forkserver, the server imports this module once and each worker forks from it, so
+    worker start-up costs no imports (and the caller's ``__main__`` is not re-imported).
+    """
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__])
+    else:
+        context = multiprocessing.get_context("spawn")
+    return context.Pool(workers)
 
 
 def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike, commands_dir: str | os.PathLike,
@@ -251,7 +259,7 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
         raise ValueError(f"splits must start with 'train' (its mean/std goes into every file), got {splits}")
     split_images = collect_split_images(labels_path, source_path, commands_dir, splits, root)
     start = time.perf_counter()
-    pool = _pool_context().Pool(config.workers) if config.workers > 0 else None
+    pool = _start_pool(config.workers) if config.workers > 0 else None
     try:
         packed: list[PackedSplit] = []
         train_stats = None

@@ -1,0 +1,556 @@
+"""Word-level tokenizer for traffic commands and the vocabulary it is built from.
+
+Traffic commands come from a few hundred templates ("How many cars are there?"), so a closed
+word vocabulary built from the train split covers them: no sub-word merges are needed, and an
+id is a whole word a person can read back.
+
+Ids (fixed by DESIGN.md)::
+
+    [PAD]=0 [UNK]=1 [SOS]=2 [EOS]=3 [YES]=4 [NO]=5 [MAYBE]=6 [SEP]=7, 8-9 reserved, words from 10
+
+Text is normalised before it is split: Unicode NFKC (full-width letters, ligatures and
+compatibility punctuation become their plain forms), then lower case; the punctuation marks
+``? . , !`` become tokens of their own and any run of whitespace separates words. The words
+"yes", "no" and "maybe" *are* the answer tokens ``[YES]``/``[NO]``/``[MAYBE]``: there is one id
+for each, whether it appears in a question or as an answer.
+
+Usage::
+
+    tokenizer = TrafficCommandTokenizer.build_vocab(train_commands, min_freq=1, max_vocab_size=1000)
+    tokenizer.save_vocab("data/processed/vocab.json")
+    tokenizer = TrafficCommandTokenizer.from_file("data/processed/vocab.json")
+    batch = tokenizer.batch_encode(["Is there a bus?", "How many cars are there?"])
+    batch["input_ids"]  # int64 [2, 8]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import re
+import unicodedata
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Literal, Sequence
+
+import numpy as np
+import torch
+
+from vlm.io import read_json, write_json
+from vlm.params import check
+
+logger = logging.getLogger(__name__)
+
+VOCAB_FORMAT_VERSION = 1
+
+PAD, UNK, SOS, EOS, YES, NO, MAYBE, SEP = range(8)
+SPECIAL_TOKENS = {
+    "[PAD]": PAD,
+    "[UNK]": UNK,
+    "[SOS]": SOS,
+    "[EOS]": EOS,
+    "[YES]": YES,
+    "[NO]": NO,
+    "[MAYBE]": MAYBE,
+    "[SEP]": SEP,
+}
+RESERVED_TOKENS = {"[RESERVED_8]": 8, "[RESERVED_9]": 9}
+FIRST_WORD_ID = 10
+
+# The answer words that are single special tokens rather than vocabulary words.
+ANSWER_TOKEN_WORDS = {"yes": YES, "no": NO, "maybe": MAYBE}
+# The rest of the normalised answer set of the commands contract: always in the vocabulary, so
+# every answer of any split has ids even when the train split happens to miss one.
+CONTRACT_ANSWER_WORDS = ("red", "yellow", "green", *(str(n) for n in range(10)))
+
+PUNCTUATION = ("?", ".", ",", "!")
+SENTENCE_END = frozenset("?.!")
+# A token is one punctuation mark or a run of characters that are neither whitespace nor punctuation.
+_TOKEN_RE = re.compile(r"[?.,!]|[^\s?.,!]+")
+
+# Ids that steer the sequence rather than stand for a word: dropped by ``skip_special_tokens``.
+CONTROL_IDS = frozenset({PAD, SOS, EOS, SEP, *RESERVED_TOKENS.values()})
+
+# Distinct strings whose encoding is kept; commands repeat (templates), arbitrary text is bounded.
+ENCODE_CACHE_SIZE = 100_000
+
+
+@dataclasses.dataclass
+class VocabConfig:
+    """The ``vocab:`` section of params.yaml."""
+
+    min_freq: int = 1  # a train word seen fewer times becomes [UNK] (answer words always stay)
+    max_vocab_size: int = 1000  # total ids, special and reserved included
+    max_length: int = 32  # default truncation length of encode / batch_encode, specials included
+
+    def validate(self, prefix: str = "vocab") -> None:
+        check(self.min_freq >= 1, f"{prefix}.min_freq", f"must be >= 1, got {self.min_freq}")
+        required = FIRST_WORD_ID + len(PUNCTUATION) + len(CONTRACT_ANSWER_WORDS)
+        check(
+            self.max_vocab_size >= required,
+            f"{prefix}.max_vocab_size",
+            f"must be >= {required} (special ids, punctuation and answer words), got {self.max_vocab_size}",
+        )
+        check(self.max_length >= 3, f"{prefix}.max_length", f"must be >= 3 ([SOS] word [EOS]), got {self.max_length}")
+
+
+@dataclasses.dataclass
+class CoverageReport:
+    """How much of a text collection the vocabulary covers, counted over tokens (words and punctuation)."""
+
+    num_tokens: int
+    num_oov: int  # tokens that map to [UNK]
+    top_oov: list[tuple[str, int]]  # most frequent unknown words, ties alphabetical
+    num_unique_oov: int
+
+    @property
+    def coverage_pct(self) -> float:
+        if self.num_tokens == 0:
+            return 100.0
+        return 100.0 * (self.num_tokens - self.num_oov) / self.num_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "coverage_pct": round(self.coverage_pct, 4),
+            "tokens": self.num_tokens,
+            "oov_tokens": self.num_oov,
+            "oov_unique": self.num_unique_oov,
+            "top_oov": [[word, count] for word, count in self.top_oov],
+        }
+
+
+class TrafficCommandTokenizer:
+    """Word-level tokenizer with a fixed special-token layout; see the module docstring.
+
+    Decoding: with ``skip_special_tokens=True`` the control tokens ([PAD] [SOS] [EOS] [SEP] and
+    the reserved ids) are dropped, while [YES]/[NO]/[MAYBE] render as the words "yes"/"no"/"maybe"
+    (they are answers, not control) and [UNK] stays visible as "[UNK]" (dropping it would silently
+    change the sentence). With ``skip_special_tokens=False`` every id renders as its token string.
+    """
+
+    def __init__(self, vocab: dict[str, int], *, max_length: int | None = 32, statistics: dict | None = None,
+                 config: dict | None = None):
+        _check_vocab_ids(vocab, "vocab")
+        self.max_length = max_length
+        self.statistics = dict(statistics or {})
+        self.config = dict(config or {"max_length": max_length})
+        self._token_to_id = dict(vocab)
+        self._id_to_token = sorted(vocab, key=vocab.__getitem__)  # index = id
+        # Word -> id for encoding: vocabulary words plus "yes"/"no"/"maybe" -> answer tokens.
+        self._word_to_id = {t: i for t, i in vocab.items() if i >= FIRST_WORD_ID} | ANSWER_TOKEN_WORDS
+        # Id -> text for decoding with skip_special_tokens.
+        self._id_to_text = list(self._id_to_token)
+        for word, token_id in ANSWER_TOKEN_WORDS.items():
+            self._id_to_text[token_id] = word
+        self._encode_cache: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {}
+        self.unknown_word_counts: Counter[str] = Counter()  # occurrences of each word mapped to [UNK]
+
+    # ------------------------------------------------------------------ building
+
+    @classmethod
+    def build_vocab(cls, commands: Sequence[dict], min_freq: int = 1, max_vocab_size: int = 1000,
+                    max_length: int = 32, source: str = "commands") -> TrafficCommandTokenizer:
+        """Build the vocabulary from command records (``command`` and ``answer`` fields).
+
+        Words are ordered by frequency (commands and answers counted together), ties
+        alphabetically. Kept whatever their count: the punctuation marks, the contract answer
+        words (colours, digits) and every answer word of ``commands``. Other words need
+        ``min_freq`` occurrences and are cut, least frequent first, to fit ``max_vocab_size`` ids.
+        ``source`` names the input in error messages (e.g. the file path).
+        """
+        VocabConfig(min_freq, max_vocab_size, max_length).validate("vocab")
+        _check_commands(commands, source)
+        counts: Counter[str] = Counter()
+        answer_words: set[str] = set()
+        for record in commands:
+            counts.update(cls.tokenize(record["command"]))
+            answer = cls.tokenize(record["answer"])
+            counts.update(answer)
+            answer_words.update(answer)
+
+        required = (set(PUNCTUATION) | set(CONTRACT_ANSWER_WORDS) | answer_words) - ANSWER_TOKEN_WORDS.keys()
+        room = max_vocab_size - FIRST_WORD_ID - len(required)
+        if room < 0:
+            raise ValueError(
+                f"{source}: max_vocab_size={max_vocab_size} leaves no room for the {len(required)} "
+                f"punctuation and answer words that must be in the vocabulary"
+            )
+        candidates = [w for w in counts if w not in required and w not in ANSWER_TOKEN_WORDS]
+        frequent = sorted((w for w in candidates if counts[w] >= min_freq), key=lambda w: (-counts[w], w))
+        words = sorted(required | set(frequent[:room]), key=lambda w: (-counts[w], w))
+
+        vocab = SPECIAL_TOKENS | RESERVED_TOKENS | {w: FIRST_WORD_ID + i for i, w in enumerate(words)}
+        config = {"min_freq": min_freq, "max_vocab_size": max_vocab_size, "max_length": max_length}
+        tokenizer = cls(vocab, max_length=max_length, config=config)
+        report = tokenizer.coverage(_command_texts(commands))
+        tokenizer.statistics = {
+            "num_commands": len(commands),
+            "num_tokens": sum(counts.values()),
+            "num_distinct_tokens": len(counts),
+            "num_words": len(words),
+            "num_dropped_min_freq": sum(1 for w in candidates if counts[w] < min_freq),
+            "num_dropped_max_size": max(0, len(frequent) - room),
+            "coverage_pct": round(report.coverage_pct, 4),
+            "most_common": [[w, counts[w]] for w in words[:20] if counts[w] > 0],
+        }
+        return tokenizer
+
+    # ------------------------------------------------------------------ text <-> tokens
+
+    @staticmethod
+    def tokenize(text: str) -> list[str]:
+        """NFKC-normalise, lower-case and split ``text`` into words and ``? . , !`` marks."""
+        if not isinstance(text, str):
+            raise TypeError(f"tokenize expects a str, got {type(text).__name__}")
+        return _TOKEN_RE.findall(unicodedata.normalize("NFKC", text).lower())
+
+    @classmethod
+    def normalize(cls, text: str) -> str:
+        """The canonical form of ``text``: what ``decode(encode(text))`` gives when no word is unknown."""
+        return _detokenize(cls.tokenize(text))
+
+    def convert_tokens_to_ids(self, tokens: str | Iterable[str]) -> int | list[int]:
+        """Exact vocabulary entries (no normalisation) to ids; unknown entries give [UNK]."""
+        if isinstance(tokens, str):
+            return self._token_to_id.get(tokens, UNK)
+        return [self._token_to_id.get(t, UNK) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids: int | Iterable[int]) -> str | list[str]:
+        if isinstance(ids, (int, np.integer)):
+            return self._id_to_token[self._check_id(int(ids))]
+        return [self._id_to_token[self._check_id(i)] for i in _as_id_list(ids)]
+
+    # ------------------------------------------------------------------ encoding
+
+    def encode(self, text: str, add_special_tokens: bool = True, padding: bool | Literal["max_length"] = False,
+               max_length: int | None = None, truncation: bool = True) -> dict[str, Any]:
+        """Encode one text: ``{"input_ids": list[int], "attention_mask": list[int], "length": int}``.
+
+        ``add_special_tokens`` wraps the words in [SOS] ... [EOS]. ``max_length`` (default: the
+        tokenizer's) counts the special tokens; with ``truncation`` words are cut from the end
+        and [EOS] is kept. ``padding=True`` pads like one row of :meth:`batch_encode` (to a
+        multiple of 8, at most ``max_length``); ``"max_length"`` pads to ``max_length``.
+        ``length`` is the number of real tokens.
+        """
+        batch = self._encode_batch([text], add_special_tokens, padding, max_length, truncation)
+        length = int(batch["length"][0])
+        if padding is False:
+            input_ids = batch["input_ids"][0, :length].tolist()
+        else:
+            input_ids = batch["input_ids"][0].tolist()
+        return {
+            "input_ids": input_ids,
+            "attention_mask": [1] * length + [0] * (len(input_ids) - length),
+            "length": length,
+        }
+
+    def batch_encode(self, texts: Sequence[str], add_special_tokens: bool = True,
+                     padding: Literal[True, "max_length"] = True, max_length: int | None = None,
+                     truncation: bool = True) -> dict[str, torch.Tensor]:
+        """Encode many texts into right-padded tensors.
+
+        Returns ``input_ids`` int64 ``[B, L]``, ``attention_mask`` int64 ``[B, L]`` (1 on real
+        tokens) and ``length`` int64 ``[B]``. ``padding=True`` is dynamic: L is the longest
+        sequence rounded up to a multiple of 8, capped at ``max_length`` (default: the
+        tokenizer's) when truncating; ``"max_length"`` makes L exactly ``max_length``.
+        """
+        if padding is False:
+            raise ValueError("batch_encode returns tensors: padding must be True or 'max_length'")
+        batch = self._encode_batch(texts, add_special_tokens, padding, max_length, truncation)
+        return {name: torch.from_numpy(array) for name, array in batch.items()}
+
+    def encode_question(self, text: str) -> list[int]:
+        """The prefix text of a VLM example: ``[SOS] w1 ... wn [SEP]`` (never truncated)."""
+        return [SOS, *self._word_ids(text), SEP]
+
+    def encode_answer(self, text: str) -> list[int]:
+        """Answer ids followed by [EOS]: "yes" -> [[YES], [EOS]], "red" -> [id("red"), [EOS]]."""
+        return [*self._word_ids(text), EOS]
+
+    def _word_ids(self, text: str) -> tuple[int, ...]:
+        """Ids of the words of ``text`` (no special tokens); unknown words counted and logged."""
+        entry = self._encode_cache.get(text)
+        if entry is None:
+            entry = self._encode_uncached(text)
+        ids, unknown_words = entry
+        if unknown_words:
+            self._count_unknown(unknown_words)
+        return ids
+
+    def _encode_uncached(self, text: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        words = self.tokenize(text)
+        lookup = self._word_to_id.get
+        ids = tuple([lookup(w, UNK) for w in words])
+        unknown_words = tuple(w for w, i in zip(words, ids) if i == UNK) if UNK in ids else ()
+        if len(self._encode_cache) < ENCODE_CACHE_SIZE:
+            self._encode_cache[text] = (ids, unknown_words)
+        return ids, unknown_words
+
+    def _count_unknown(self, words: tuple[str, ...]) -> None:
+        for word in words:
+            if word not in self.unknown_word_counts:
+                logger.warning("unknown word %r encoded as [UNK] (logged once per word)", word)
+            self.unknown_word_counts[word] += 1
+
+    def _encode_batch(self, texts: Sequence[str], add_special_tokens: bool, padding: bool | str,
+                      max_length: int | None, truncation: bool) -> dict[str, np.ndarray]:
+        """Shared core of encode / batch_encode: numpy ``input_ids``, ``attention_mask``, ``length``."""
+        if isinstance(texts, str):
+            raise TypeError("batch_encode expects a sequence of strings, got one str")
+        if padding not in (False, True, "max_length"):
+            raise ValueError(f"padding must be False, True or 'max_length', got {padding!r}")
+        max_length = self.max_length if max_length is None else max_length
+        num_special = 2 if add_special_tokens else 0
+        if max_length is not None and max_length < num_special:
+            raise ValueError(f"max_length={max_length} cannot hold [SOS] and [EOS]")
+        if padding == "max_length" and max_length is None:
+            raise ValueError("padding='max_length' needs max_length (the tokenizer has none)")
+
+        word_ids = self._word_ids
+        bodies = [word_ids(text) for text in texts]  # word ids without special tokens
+        body_lengths = np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies))  # [B]
+        if truncation and max_length is not None:
+            max_body = max_length - num_special
+            if body_lengths.size and body_lengths.max() > max_body:
+                bodies = [body[:max_body] for body in bodies]
+                np.minimum(body_lengths, max_body, out=body_lengths)
+        lengths = body_lengths + num_special  # [B]
+
+        longest = int(lengths.max()) if lengths.size else 0
+        if padding is False:
+            seq_len = longest
+        elif padding == "max_length":
+            seq_len = max(max_length, longest)  # longer only when not truncating
+        else:
+            seq_len = -(-longest // 8) * 8  # dynamic: round up to a multiple of 8 ...
+            if truncation and max_length is not None:
+                seq_len = max(min(seq_len, max_length), longest)  # ... but not past max_length
+
+        positions = np.arange(seq_len)  # [L]
+        attention_mask = (positions < lengths[:, None]).astype(np.int64)  # [B, L]
+        input_ids = np.full((len(bodies), seq_len), PAD, dtype=np.int64)  # [B, L]
+        flat_ids = np.fromiter(itertools.chain.from_iterable(bodies), dtype=np.int64, count=int(body_lengths.sum()))
+        if add_special_tokens and len(bodies):
+            input_ids[:, 0] = SOS
+            body_mask = (positions >= 1) & (positions <= body_lengths[:, None])  # [B, L]
+            input_ids[body_mask] = flat_ids
+            input_ids[np.arange(len(bodies)), lengths - 1] = EOS
+        else:
+            input_ids[attention_mask.astype(bool)] = flat_ids
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "length": lengths}
+
+    # ------------------------------------------------------------------ decoding
+
+    def decode(self, ids: Iterable[int] | torch.Tensor | np.ndarray, skip_special_tokens: bool = True) -> str:
+        """Ids back to text: punctuation re-attached, sentences capitalised (see the class docstring)."""
+        ids = [self._check_id(i) for i in _as_id_list(ids)]
+        if skip_special_tokens:
+            tokens = [self._id_to_text[i] for i in ids if i not in CONTROL_IDS]
+        else:
+            tokens = [self._id_to_token[i] for i in ids]
+        return _detokenize(tokens)
+
+    def batch_decode(self, sequences: torch.Tensor | np.ndarray | Iterable[Iterable[int]],
+                     skip_special_tokens: bool = True) -> list[str]:
+        """Decode a ``[B, L]`` tensor/array or a list of id sequences (padding is dropped)."""
+        if isinstance(sequences, (torch.Tensor, np.ndarray)):
+            if sequences.ndim != 2:
+                raise ValueError(f"batch_decode expects a 2-D [B, L] tensor, got shape {tuple(sequences.shape)}")
+            sequences = sequences.tolist()
+        return [self.decode(seq, skip_special_tokens) for seq in sequences]
+
+    def decode_answer(self, ids: Iterable[int] | torch.Tensor | np.ndarray) -> str:
+        """Inverse of :meth:`encode_answer`: words up to the first [EOS], [YES] -> "yes" etc."""
+        words = []
+        for token_id in _as_id_list(ids):
+            if self._check_id(token_id) == EOS:
+                break
+            if token_id not in CONTROL_IDS:
+                words.append(self._id_to_text[token_id])
+        return _detokenize(words, capitalize=False)
+
+    def _check_id(self, token_id: int) -> int:
+        if not 0 <= token_id < len(self._id_to_token):
+            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {len(self._id_to_token)})")
+        return token_id
+
+    # ------------------------------------------------------------------ coverage
+
+    def coverage(self, texts: Iterable[str], top_k: int = 10) -> CoverageReport:
+        """Share of the tokens of ``texts`` that have an id (no logging, no counting side effects)."""
+        counts: Counter[str] = Counter()
+        for text in texts:
+            counts.update(self.tokenize(text))
+        oov = Counter({w: c for w, c in counts.items() if w not in self._word_to_id})
+        top_oov = sorted(oov.items(), key=lambda wc: (-wc[1], wc[0]))[:top_k]
+        return CoverageReport(
+            num_tokens=sum(counts.values()),
+            num_oov=sum(oov.values()),
+            top_oov=top_oov,
+            num_unique_oov=len(oov),
+        )
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._id_to_token)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        return dict(self._token_to_id)
+
+    pad_token_id = property(lambda self: PAD)
+    unk_token_id = property(lambda self: UNK)
+    sos_token_id = property(lambda self: SOS)
+    eos_token_id = property(lambda self: EOS)
+    sep_token_id = property(lambda self: SEP)
+    yes_token_id = property(lambda self: YES)
+    no_token_id = property(lambda self: NO)
+    maybe_token_id = property(lambda self: MAYBE)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size}, max_length={self.max_length})"
+
+    # ------------------------------------------------------------------ files
+
+    def save_vocab(self, path: str | os.PathLike) -> None:
+        """Write ``vocab.json`` atomically (layout: see :meth:`load_vocab`)."""
+        write_json(path, {
+            "format_version": VOCAB_FORMAT_VERSION,
+            "vocab_size": self.vocab_size,
+            "special_tokens": dict(SPECIAL_TOKENS),
+            "vocab": {token: i for i, token in enumerate(self._id_to_token)},
+            "config": self.config,
+            "statistics": self.statistics,
+        })
+
+    @classmethod
+    def load_vocab(cls, path: str | os.PathLike) -> TrafficCommandTokenizer:
+        """Read a ``vocab.json`` written by :meth:`save_vocab`, validating it.
+
+        Keys: ``format_version``, ``vocab_size``, ``special_tokens``, ``vocab`` (token -> id, ids
+        0..vocab_size-1), ``config`` (``min_freq``, ``max_vocab_size``, ``max_length``),
+        ``statistics``. A missing file raises FileNotFoundError, bad JSON or a missing/invalid
+        key ValueError naming it; another format version only warns.
+        """
+        path = Path(path)
+        data = read_json(path, "vocab file")
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: top level must be an object, got {type(data).__name__}")
+        for key in ("format_version", "vocab_size", "special_tokens", "vocab", "config", "statistics"):
+            if key not in data:
+                raise ValueError(f"{path}: missing key '{key}'")
+        if data["format_version"] != VOCAB_FORMAT_VERSION:
+            warnings.warn(
+                f"{path}: format_version {data['format_version']!r}, this code reads version "
+                f"{VOCAB_FORMAT_VERSION}; loading anyway",
+                stacklevel=2,
+            )
+        if data["special_tokens"] != SPECIAL_TOKENS:
+            raise ValueError(f"{path}: special_tokens must be {SPECIAL_TOKENS}, got {data['special_tokens']}")
+        vocab = data["vocab"]
+        _check_vocab_ids(vocab, f"{path}: vocab")
+        if data["vocab_size"] != len(vocab):
+            raise ValueError(f"{path}: vocab_size is {data['vocab_size']} but vocab has {len(vocab)} entries")
+        config = data["config"]
+        if not isinstance(config, dict) or "max_length" not in config:
+            raise ValueError(f"{path}: missing key 'config.max_length'")
+        return cls(vocab, max_length=config["max_length"], statistics=data["statistics"], config=config)
+
+    from_file = load_vocab  # the name the VLM pipeline uses
+
+
+def coverage_by_split(tokenizer: TrafficCommandTokenizer,
+                      splits: dict[str, Sequence[dict]]) -> dict[str, CoverageReport]:
+    """Coverage of the commands and answers of each split."""
+    return {name: tokenizer.coverage(_command_texts(commands)) for name, commands in splits.items()}
+
+
+def vocab_metrics(tokenizer: TrafficCommandTokenizer, reports: dict[str, CoverageReport]) -> dict[str, Any]:
+    """``metrics/vocab.json``: vocabulary size and, per split, coverage and OOV counts (numbers only)."""
+    metrics: dict[str, Any] = {"vocab_size": tokenizer.vocab_size, "num_words": tokenizer.vocab_size - FIRST_WORD_ID}
+    for name, report in reports.items():
+        metrics[name] = {key: value for key, value in report.to_dict().items() if key != "top_oov"}
+    return metrics
+
+
+def read_commands(path: str | os.PathLike) -> list[dict]:
+    """Read a commands JSON file, checking the fields the tokenizer uses."""
+    commands = read_json(path, "commands file")
+    _check_commands(commands, str(path))
+    return commands
+
+
+def _check_commands(commands: Any, source: str) -> None:
+    if not isinstance(commands, list):
+        raise ValueError(f"{source}: expected a list of command records, got {type(commands).__name__}")
+    for index, record in enumerate(commands):
+        if not isinstance(record, dict):
+            raise ValueError(f"{source}: record {index} must be an object, got {type(record).__name__}")
+        for field in ("command", "answer"):
+            if not isinstance(record.get(field), str):
+                raise ValueError(
+                    f"{source}: record {index} field '{field}' must be a string, got {record.get(field)!r}")
+
+
+def _command_texts(commands: Iterable[dict]) -> Iterable[str]:
+    for record in commands:
+        yield record["command"]
+        yield record["answer"]
+
+
+def _check_vocab_ids(vocab: Any, what: str) -> None:
+    """Special and reserved tokens at their fixed ids, every id 0..N-1 used exactly once."""
+    if not isinstance(vocab, dict):
+        raise ValueError(f"{what}: must be an object mapping token -> id")
+    for token, token_id in (SPECIAL_TOKENS | RESERVED_TOKENS).items():
+        if vocab.get(token) != token_id:
+            raise ValueError(f"{what}: '{token}' must have id {token_id}, got {vocab.get(token)!r}")
+    ids = list(vocab.values())
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids) or sorted(ids) != list(range(len(ids))):
+        raise ValueError(f"{what}: ids must be the integers 0..{len(vocab) - 1}, each used once")
+
+
+def _as_id_list(ids: Any) -> list[int]:
+    if isinstance(ids, (torch.Tensor, np.ndarray)):
+        if ids.ndim != 1:
+            raise ValueError(f"expected a 1-D sequence of ids, got shape {tuple(ids.shape)}")
+        return ids.tolist()
+    return [int(i) for i in ids]
+
+
+def _detokenize(tokens: Sequence[str], capitalize: bool = True) -> str:
+    """Join tokens with spaces, punctuation attached to the word before, sentences capitalised."""
+    pieces: list[str] = []
+    sentence_start = True
+    for token in tokens:
+        if token in PUNCTUATION:
+            pieces.append(token)
+            sentence_start = token in SENTENCE_END
+            continue
+        if pieces:
+            pieces.append(" ")
+        if token in SPECIAL_TOKENS or token in RESERVED_TOKENS:
+            pieces.append(token)
+            sentence_start = sentence_start and token not in ("[UNK]", "[YES]", "[NO]", "[MAYBE]")
+            continue
+        if capitalize and sentence_start:
+            token = _capitalize(token)
+        sentence_start = False
+        pieces.append(token)
+    return "".join(pieces)
+
+
+def _capitalize(word: str) -> str:
+    """Upper-case the first letter when tokenizing the result gives ``word`` back (not for 'ß', 'ı')."""
+    candidate = word[0].upper() + word[1:]
+    if unicodedata.normalize("NFKC", candidate).lower() == word:
+        return candidate
+    return word

@@ -7,7 +7,6 @@ can tell images apart and check a mirror. Imported by test_pack*.py, test_data*.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import numpy as np
 from PIL import Image
 
 from vlm.data.pack import PackConfig, pack_dataset
+from vlm.tokenizer import TrafficCommandTokenizer
 
 SPLIT_SIZES = {"train": 6, "val": 2, "test": 2}
 IMAGE_WIDTH, IMAGE_HEIGHT = 96, 64
@@ -28,29 +28,6 @@ TEMPLATES = [
     ("What color is the traffic light?", "red", "traffic_light"),
     ("How many cars are there?", "2", "counting"),
 ]
-
-
-class WordTokenizer:
-    """The tokenizer contract (encode_question / encode_answer / pad_token_id) over a fixed word list."""
-
-    pad_token_id, sos_token_id, eos_token_id, sep_token_id = 0, 2, 3, 7
-    _answer_tokens = {"yes": 4, "no": 5, "maybe": 6}
-
-    def __init__(self, texts: list[str]):
-        words = sorted({w for t in texts for w in self._words(t)} | {"left", "right"})
-        self.vocab = {w: 10 + i for i, w in enumerate(words)}
-
-    @staticmethod
-    def _words(text: str) -> list[str]:
-        return re.findall(r"[a-z0-9]+|\?", text.lower())
-
-    def encode_question(self, text: str) -> list[int]:
-        return [self.sos_token_id, *(self.vocab.get(w, 1) for w in self._words(text)), self.sep_token_id]
-
-    def encode_answer(self, text: str) -> list[int]:
-        if text in self._answer_tokens:
-            return [self._answer_tokens[text], self.eos_token_id]
-        return [*(self.vocab.get(w, 1) for w in self._words(text)), self.eos_token_id]
 
 
 def image_colours(index: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -85,9 +62,8 @@ class SceneProject:
     def h5(self, split: str) -> Path:
         return self.processed / f"{split}_images.h5"
 
-    def tokenizer(self) -> WordTokenizer:
-        texts = [t for records in self.records.values() for r in records for t in (r["command"], r["answer"])]
-        return WordTokenizer(texts)
+    def tokenizer(self) -> TrafficCommandTokenizer:
+        return TrafficCommandTokenizer.build_vocab(self.records["train"])
 
     def pack(self, **config) -> dict:
         return pack_dataset(self.labels, self.source, self.commands_dir, self.processed,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -80,3 +82,19 @@ def test_profile_config_errors_name_the_key():
         build_config(ProfileConfig, {"workers": [-1]}, "profile")
     with pytest.raises(ParamError, match="profile.batches"):
         build_config(ProfileConfig, {"batches": 0}, "profile")
+
+
+def test_stage_script_writes_metrics_and_plot(project, monkeypatch):
+    import yaml
+
+    from stages.profile_dataloader import main
+
+    project.tokenizer().save_vocab(project.processed / "vocab.json")
+    params = {"profile": {"workers": [0], "batch_sizes": [8], "extra_image_sizes": [], "warmup_batches": 1,
+                          "batches": 2, "rounds": 1}}
+    (project.root / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(project.root)
+    main([])
+    metrics = json.loads((project.root / "metrics" / "dataloader.json").read_text())
+    assert set(metrics["speedup"]) == {f"{PACK_SIZE}px"}
+    assert (project.root / "metrics" / "plots" / "dataloader.png").stat().st_size > 0

@@ -139,8 +139,9 @@ class PackedImageReader:
         return state
 
     def _images(self) -> h5py.Dataset:
-        if self._file is None or self._pid != os.getpid():
-            # After a fork the inherited handle belongs to the parent: open our own.
+        if self._pid != os.getpid():
+            self._file = None  # a handle inherited across fork belongs to the parent: never use it
+        if self._file is None:
             self._file = h5py.File(self.path, "r")
             self._pid = os.getpid()
         return self._file["images"]

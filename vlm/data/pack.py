@@ -237,7 +237,7 @@ def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackCon
     return packed, stats
 
 
-def _start_pool(workers: int) -> Any:
+def start_decode_pool(workers: int) -> Any:
     """A process pool whose workers never inherit the parent's threads (tqdm's monitor, pytest-xdist's).
 
     With forkserver, the server imports this module once and each worker forks from it, so
@@ -259,7 +259,7 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
         raise ValueError(f"splits must start with 'train' (its mean/std goes into every file), got {splits}")
     split_images = collect_split_images(labels_path, source_path, commands_dir, splits, root)
     start = time.perf_counter()
-    pool = _start_pool(config.workers) if config.workers > 0 else None
+    pool = start_decode_pool(config.workers) if config.workers > 0 else None
     try:
         packed: list[PackedSplit] = []
         train_stats = None

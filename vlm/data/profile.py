@@ -44,8 +44,8 @@ class ProfileConfig:
     workers: list[int] = field(default_factory=lambda: [0, 1, 2])
     batch_sizes: list[int] = field(default_factory=lambda: [32, 128])
     extra_image_sizes: list[int] = field(default_factory=lambda: [224])  # besides the packed size
-    warmup_batches: int = 3  # per measurement, untimed: worker start-up and the prefetch queue filling
-    batches: int = 8  # timed batches per measurement
+    warmup_batches: int = 2  # per measurement, untimed: worker start-up and the prefetch queue filling
+    batches: int = 6  # timed batches per measurement
     rounds: int = 2  # interleaved repetitions; the best round of each configuration counts
     max_images: int = 1500  # profile on the first images of the split (bounds the resized copies)
     seed: int = 0

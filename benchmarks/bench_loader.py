@@ -1,0 +1,113 @@
+"""Evidence for the packing choices: JPEG decode strategies and packing throughput.
+
+    PYTHONPATH=. python benchmarks/bench_loader.py --images data/raw/images --out metrics/bench_pack.json
+
+1. ``decode``: per image, CPU ms and PSNR against the quality reference (full-resolution decode
+   + Lanczos), for a full decode + resize (the baseline of the ratios) and for JPEG draft mode
+   (the decoder's DCT-domain 1/2, 1/4, 1/8 downscale) followed by each resampling filter. Best of
+   ``--repeats`` runs, in one process, so the ratios hold on a busy machine.
+2. ``pack``: end-to-end ``pack_split`` images/s (decode, stats, HDF5 writes) with 0 workers and
+   with ``--workers`` processes, and the CPU ms per image of the in-process run, from which the
+   throughput on N free cores is about N * 1000 / cpu_ms.
+
+The loader's own numbers come from the ``profile_dataloader`` stage (``metrics/dataloader.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from vlm.data.pack import RESAMPLE, PackConfig, SplitImages, decode_image, pack_split, start_decode_pool
+from vlm.io import write_json
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float(10 * np.log10(255.0 ** 2 / mse))
+
+
+def full_decode(path: Path, size: int, resample: str) -> np.ndarray:
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB").resize((size, size), RESAMPLE[resample]))
+
+
+def best_cpu_ms(fn, paths: list[Path], repeats: int) -> tuple[float, list[np.ndarray]]:
+    best, outputs = float("inf"), []
+    for _ in range(repeats):
+        start = time.process_time()
+        outputs = [fn(p) for p in paths]
+        best = min(best, (time.process_time() - start) / len(paths) * 1000)
+    return best, outputs
+
+
+def bench_decode(paths: list[Path], size: int, repeats: int) -> dict:
+    _, references = best_cpu_ms(lambda p: full_decode(p, size, "lanczos"), paths, 1)
+    strategies = {"full_decode_bicubic": lambda p: full_decode(p, size, "bicubic")}
+    for resample in RESAMPLE:
+        strategies[f"draft_{resample}"] = lambda p, r=resample: decode_image(p, size, r)
+    results = {}
+    for name, fn in strategies.items():
+        cpu_ms, outputs = best_cpu_ms(fn, paths, repeats)
+        results[name] = {"cpu_ms_per_image": round(cpu_ms, 3),
+                         "psnr_db_vs_full_lanczos": round(float(np.mean([psnr(o, r) for o, r in zip(outputs, references)])), 2)}
+    baseline = results["full_decode_bicubic"]["cpu_ms_per_image"]
+    for result in results.values():
+        result["speedup_vs_full_decode"] = round(baseline / result["cpu_ms_per_image"], 2)
+    return results
+
+
+def bench_pack(paths: list[Path], size: int, workers: int) -> dict:
+    images = SplitImages("train", [p.stem for p in paths], [str(p) for p in paths], ["{}"] * len(paths))
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for count in (0, workers):
+            config = PackConfig(image_size=size, workers=count)
+            pool = start_decode_pool(count) if count else None
+            try:
+                cpu, start = time.process_time(), time.perf_counter()
+                pack_split(images, Path(tmp) / "train_images.h5", config, pool)
+                seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+            finally:
+                if pool is not None:
+                    pool.terminate()
+            results[f"workers{count}"] = {"images_per_s": round(len(paths) / seconds, 1),
+                                          "main_process_cpu_ms_per_image": round(cpu / len(paths) * 1000, 3)}
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=Path, default=Path("data/raw/images"))
+    parser.add_argument("--limit", type=int, default=200)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[128, 224])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    paths = sorted(args.images.glob("*.jpg"))[:args.limit]
+    if not paths:
+        raise SystemExit(f"no .jpg files in {args.images}")
+    with Image.open(paths[0]) as first:
+        source_size = first.size
+    report = {"images": len(paths), "source_size": list(source_size), "decode": {}, "pack": {}}
+    for size in args.sizes:
+        report["decode"][f"{size}px"] = bench_decode(paths, size, args.repeats)
+        report["pack"][f"{size}px"] = bench_pack(paths, size, args.workers)
+        for name, result in report["decode"][f"{size}px"].items():
+            print(f"{size}px decode {name:22s} {result['cpu_ms_per_image']:7.3f} CPU ms/img  "
+                  f"x{result['speedup_vs_full_decode']:<5}  PSNR {result['psnr_db_vs_full_lanczos']} dB")
+        for name, result in report["pack"][f"{size}px"].items():
+            print(f"{size}px pack {name}: {result['images_per_s']} images/s, main process "
+                  f"{result['main_process_cpu_ms_per_image']} CPU ms/img")
+    if args.out:
+        write_json(args.out, report)
+
+
+if __name__ == "__main__":
+    main()

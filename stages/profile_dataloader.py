@@ -1,0 +1,33 @@
+"""DVC stage ``profile_dataloader``: samples/s of the naive loader and ours -> ``metrics/dataloader.json``."""
+
+from __future__ import annotations
+
+import argparse
+
+from vlm.data.profile import ProfileConfig, plot_dataloader_metrics, profile_dataloaders
+from vlm.io import write_json
+from vlm.params import build_config, load_params, section
+from vlm.tokenizer import TrafficCommandTokenizer
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    args = parser.parse_args(argv)
+    config = build_config(ProfileConfig, section(load_params(args.params), "profile"), "profile")
+    tokenizer = TrafficCommandTokenizer.from_file("data/processed/vocab.json")
+    metrics = profile_dataloaders(
+        commands_path=f"data/processed/commands/{config.split}.json",
+        h5_path=f"data/processed/{config.split}_images.h5",
+        tokenizer=tokenizer,
+        config=config,
+    )
+    write_json("metrics/dataloader.json", metrics)
+    plot_dataloader_metrics(metrics, "metrics/plots/dataloader.png")
+    for size, best in metrics["best"].items():
+        print(f"{size}: ours {best['ours']['samples_per_s']:.0f} samples/s ({best['ours']['loader']}), "
+              f"naive {best['naive']['samples_per_s']:.0f} samples/s, speed-up {metrics['speedup'][size]}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""TrafficVQADataset, collate, grouped sampler, augmentation and the DataLoader built from them."""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from test_data_helpers import PACK_SIZE, SPLIT_SIZES, image_colours, write_scene_project
+
+from vlm.data.augment import AugmentConfig, sample_augment_params, swap_left_right
+from vlm.data.collate import IGNORE_INDEX, collate_questions
+from vlm.data.dataset import TrafficVQADataset
+from vlm.data.loader import build_loader, set_epoch
+from vlm.data.sampler import GroupedBatchSampler
+from vlm.params import ParamError, build_config
+
+MIRROR_ONLY = AugmentConfig(hflip_prob=1.0, brightness=0.0, contrast=0.0, saturation=0.0, rotation_degrees=0.0)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    project = write_scene_project(tmp_path_factory.mktemp("scenes"))
+    project.pack()
+    return project
+
+
+@pytest.fixture(scope="module")
+def tokenizer(project):
+    return project.tokenizer()
+
+
+def dataset(project, tokenizer, split="train", **kwargs):
+    return TrafficVQADataset(project.commands(split), project.h5(split), tokenizer, **kwargs)
+
+
+def stored_image(project, split, image_id):
+    with h5py.File(project.h5(split), "r") as f:
+        row = list(f["image_ids"].asstr()[:]).index(image_id)
+        return torch.from_numpy(f["images"][row]).permute(2, 0, 1)  # [3, S, S]
+
+
+def test_one_sample_per_question_with_shapes_and_dtypes(project, tokenizer):
+    data = dataset(project, tokenizer)
+    records = project.records["train"]
+    assert len(data) == len(records)
+    for index in (0, 7, len(data) - 1):
+        sample, record = data[index], records[index]
+        assert sample["image"].dtype == torch.uint8 and sample["image"].shape == (3, PACK_SIZE, PACK_SIZE)
+        assert torch.equal(sample["image"], stored_image(project, "train", record["image_id"]))
+        assert sample["question_ids"].dtype == torch.int64
+        assert sample["question_ids"].tolist() == tokenizer.encode_question(record["command"])
+        assert sample["answer_ids"].tolist() == tokenizer.encode_answer(record["answer"])
+        for key in ("question_id", "image_id", "command", "answer", "command_type", "metadata"):
+            assert sample[key] == record[key]
+    assert data.image_size == PACK_SIZE and data.mean.shape == (3,) and data.std.shape == (3,)
+
+
+def test_in_memory_gives_the_same_samples(project, tokenizer):
+    from_file, in_ram = dataset(project, tokenizer), dataset(project, tokenizer, in_memory=True)
+    indices = list(range(len(from_file)))
+    for a, b in zip(from_file.__getitems__(indices), in_ram.__getitems__(indices)):
+        assert torch.equal(a["image"], b["image"]) and a["question_id"] == b["question_id"]
+
+
+def test_splits_share_no_image_and_a_foreign_image_is_an_error(project, tokenizer):
+    image_sets = [{r["image_id"] for r in dataset(project, tokenizer, split).records} for split in SPLIT_SIZES]
+    assert sum(len(s) for s in image_sets) == len(set().union(*image_sets)) == sum(SPLIT_SIZES.values())
+    with pytest.raises(ValueError, match=r"val\.json: record 0: image 'img00\d\d' is not in .*train_images\.h5"):
+        TrafficVQADataset(project.commands("val"), project.h5("train"), tokenizer)
+
+
+def test_collate_pads_dynamically_and_stores_each_image_once(project, tokenizer):
+    data = dataset(project, tokenizer)
+    indices = [0, 1, 6, 12, 13]  # several questions share images (the file scatters them)
+    samples = data.__getitems__(indices)
+    batch = collate_questions(samples, pad_token_id=tokenizer.pad_token_id)
+    distinct = list(dict.fromkeys(s["image_id"] for s in samples))
+    assert batch["images"].shape == (len(distinct), 3, PACK_SIZE, PACK_SIZE) and batch["images"].dtype == torch.uint8
+    assert len(distinct) < len(indices)
+    for i, sample in enumerate(samples):
+        assert torch.equal(batch["images"][batch["image_index"][i]], sample["image"])
+        q, a = sample["question_ids"].tolist(), sample["answer_ids"].tolist()
+        length = len(q) + len(a)
+        assert batch["input_ids"][i, :length].tolist() == q + a
+        assert batch["input_ids"][i, length:].eq(tokenizer.pad_token_id).all()
+        assert batch["attention_mask"][i].tolist() == [1] * length + [0] * (batch["input_ids"].shape[1] - length)
+        assert batch["prefix_lengths"][i] == len(q) and batch["input_ids"][i, len(q) - 1] == tokenizer.sep_token_id
+        assert batch["labels"][i, len(q):length].tolist() == a
+        assert batch["labels"][i, :len(q)].eq(IGNORE_INDEX).all() and batch["labels"][i, length:].eq(IGNORE_INDEX).all()
+    longest = max(len(s["question_ids"]) + len(s["answer_ids"]) for s in samples)
+    assert batch["input_ids"].shape == (len(indices), longest)
+    for key in ("image_index", "input_ids", "attention_mask", "prefix_lengths", "labels"):
+        assert batch[key].dtype == torch.int64
+    assert batch["question_id"] == [s["question_id"] for s in samples]
+    assert batch["answer"] == [s["answer"] for s in samples]
+
+
+def check_epoch(batches, image_rows, batch_size):
+    flat = [q for batch in batches for q in batch]
+    image_of_batch = {}
+    for b, batch in enumerate(batches):
+        assert len(batch) <= batch_size
+        for q in batch:
+            assert image_of_batch.setdefault(image_rows[q], b) == b  # all questions of an image together
+    return flat
+
+
+def test_grouped_sampler_keeps_images_together_and_is_seeded():
+    rng = np.random.default_rng(0)
+    image_rows = rng.integers(0, 40, size=300)  # uneven groups, scattered in file order
+    sampler = GroupedBatchSampler(image_rows, batch_size=32, seed=3)
+    first = list(sampler)
+    assert sorted(check_epoch(first, image_rows, 32)) == list(range(300)) and len(sampler) == len(first)
+    assert list(GroupedBatchSampler(image_rows, batch_size=32, seed=3)) == first
+    sampler.set_epoch(1)
+    assert list(sampler) != first and sorted(check_epoch(list(sampler), image_rows, 32)) == list(range(300))
+    in_order = list(GroupedBatchSampler(image_rows, batch_size=32, shuffle=False))
+    assert [image_rows[b[0]] for b in in_order] == sorted(image_rows[b[0]] for b in in_order)
+
+
+def test_grouped_sampler_splits_an_oversized_group():
+    batches = list(GroupedBatchSampler([0] * 10 + [1] * 3, batch_size=4, shuffle=False))
+    assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12]]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_grouped_sampler_shards_images_over_ranks_with_equal_step_counts(drop_last):
+    image_rows = np.random.default_rng(1).integers(0, 23, size=150)
+    shards = [list(GroupedBatchSampler(image_rows, 16, seed=5, rank=r, world_size=3, drop_last=drop_last))
+              for r in range(3)]
+    assert len({len(s) for s in shards}) == 1
+    images_per_rank = [{image_rows[q] for batch in shard for q in batch} for shard in shards]
+    assert all(not (a & b) for i, a in enumerate(images_per_rank) for b in images_per_rank[i + 1:])
+    seen = Counter(q for shard in shards for batch in shard for q in batch)
+    if drop_last:
+        assert max(seen.values()) == 1
+    else:
+        assert set(seen) == set(range(150))  # every question seen, short ranks repeat a few
+    for shard in shards:
+        padding_removed = [batch for i, batch in enumerate(shard) if batch not in shard[:i]]
+        check_epoch(padding_removed, image_rows, 16)
+
+
+def test_loader_with_two_workers_gives_the_batches_of_zero_workers(project, tokenizer):
+    data = dataset(project, tokenizer, augment=AugmentConfig(), seed=11)
+    data[0]  # the parent opens its HDF5 handle before the workers fork
+    runs = []
+    for workers in (0, 2):
+        loader = build_loader(data, batch_size=12, shuffle=True, num_workers=workers, seed=7)
+        epochs = []
+        for epoch in (0, 1):
+            set_epoch(loader, epoch)
+            epochs.append(list(loader))
+        runs.append(epochs)
+    for epoch_0w, epoch_2w in zip(*runs):
+        assert len(epoch_0w) == len(epoch_2w) > 1
+        for a, b in zip(epoch_0w, epoch_2w):
+            assert a.keys() == b.keys()
+            for key in a:
+                assert torch.equal(a[key], b[key]) if torch.is_tensor(a[key]) else a[key] == b[key]
+    assert not torch.equal(runs[0][0][0]["images"], runs[0][1][0]["images"])  # a new draw each epoch
+
+
+def test_dataset_pickles_without_its_hdf5_handle(project, tokenizer):
+    data = dataset(project, tokenizer)
+    data[0]
+    assert data.images._file is not None
+    clone = pickle.loads(pickle.dumps(data))
+    assert clone.images._file is None
+    assert torch.equal(clone[3]["image"], data[3]["image"])
+
+
+def test_flip_mirrors_the_image_and_swaps_left_and_right_in_the_text(project, tokenizer):
+    plain = dataset(project, tokenizer)
+    mirrored = dataset(project, tokenizer, augment=MIRROR_ONLY)
+    for index, record in enumerate(project.records["train"]):
+        sample = mirrored[index]
+        assert torch.equal(sample["image"], plain[index]["image"].flip(-1))
+        assert sample["command"] == swap_left_right(record["command"])
+        assert sample["question_ids"].tolist() == tokenizer.encode_question(sample["command"])
+        assert sample["answer_ids"].tolist() == tokenizer.encode_answer(sample["answer"])
+        if record["command"] == "Can the car safely turn left?":
+            assert sample["command"] == "Can the car safely turn right?"
+        if "right of way" in record["command"]:
+            assert sample["command"] == record["command"]
+        # The scene is mirrored: the image's left colour now fills the right side.
+        left, _ = image_colours(int(record["image_id"].removeprefix("img")))
+        right_quarter = sample["image"][:, :, -PACK_SIZE // 4:].permute(1, 2, 0).int()
+        assert (right_quarter - torch.tensor(left)).abs().max() <= 8
+
+
+def test_swap_left_right_keeps_case_and_other_words():
+    assert swap_left_right("Is the bus LEFT of the car, or Right?") == "Is the bus RIGHT of the car, or Left?"
+    assert swap_left_right("the leftmost lane; the rightmost one") == "the rightmost lane; the leftmost one"
+    assert swap_left_right("right of way, bright, lefty") == "right of way, bright, lefty"
+    assert swap_left_right("left") == "right"
+
+
+def test_augmentation_is_per_image_and_epoch_and_shared_by_its_questions(project, tokenizer):
+    data = dataset(project, tokenizer, augment=AugmentConfig(), seed=2)
+    samples = data.__getitems__(list(range(len(data))))
+    first_of_image, mirrored_of_image = {}, {}
+    for sample, record in zip(samples, project.records["train"]):
+        first = first_of_image.setdefault(sample["image_id"], sample)
+        assert torch.equal(first["image"], sample["image"])  # one augmented image per (image, epoch)
+        if "left" in record["command"]:  # the flip decision is the image's, for all its questions
+            mirrored = sample["command"] != record["command"]
+            assert mirrored_of_image.setdefault(sample["image_id"], mirrored) == mirrored
+    assert set(mirrored_of_image.values()) == {False, True}  # hflip_prob 0.5 over 6 images, seed 2
+    assert not torch.equal(samples[0]["image"], stored_image(project, "train", samples[0]["image_id"]))
+    config = AugmentConfig(hue=0.01)
+    assert sample_augment_params(config, 2, 0, 5) == sample_augment_params(config, 2, 0, 5)
+    assert sample_augment_params(config, 2, 0, 5) != sample_augment_params(config, 2, 1, 5)
+    assert sample_augment_params(config, 2, 0, 5) != sample_augment_params(config, 2, 0, 6)
+
+
+def test_augment_config_rejects_colour_changing_jitter():
+    with pytest.raises(ParamError, match="train.augment.hue"):
+        build_config(AugmentConfig, {"hue": 0.2}, "train.augment")
+    with pytest.raises(ParamError, match="train.augment.rotation_degrees"):
+        build_config(AugmentConfig, {"rotation_degrees": 45}, "train.augment")

@@ -1,0 +1,182 @@
+"""pack_hdf5: layout, statistics, byte-identical output, corrupt images, split checks, the stage script."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+from test_data_helpers import PACK_SIZE, SPLIT_SIZES, image_colours, write_jpeg, write_scene_project
+
+from vlm.data.dataset import TrafficVQADataset
+from vlm.data.pack import CorruptImageError, PackConfig, _decode_in_order, decode_image
+from vlm.params import ParamError, build_config
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def project(tmp_path):
+    return write_scene_project(tmp_path)
+
+
+def test_packed_layout_ids_annotations_and_pixels(project):
+    metrics = project.pack()
+    frames = {f["name"].removesuffix(".jpg"): f for f in json.loads(project.labels.read_text())}
+    for split, count in SPLIT_SIZES.items():
+        expected_ids = sorted({r["image_id"] for r in project.records[split]})
+        with h5py.File(project.h5(split), "r") as f:
+            images = f["images"]
+            assert images.dtype == np.uint8 and images.shape == (count, PACK_SIZE, PACK_SIZE, 3)
+            assert images.chunks == (1, PACK_SIZE, PACK_SIZE, 3) and images.compression is None
+            assert list(f["image_ids"].asstr()[:]) == expected_ids
+            annotations = list(f["annotations"].asstr()[:])
+            assert [json.loads(a) for a in annotations] == [frames[i] for i in expected_ids]
+            assert all(a == json.dumps(json.loads(a), sort_keys=True, separators=(",", ":")) for a in annotations)
+            assert f.attrs["image_size"] == PACK_SIZE and f.attrs["format_version"] == 1
+            assert f.attrs["split"] == split
+            assert f["metadata/mean"].dtype == np.float32 and f["metadata/mean"].shape == (3,)
+            # The squash keeps the whole width: left quarter shows the left colour, right quarter the right.
+            index = int(expected_ids[0].removeprefix("img"))
+            left, right = image_colours(index)
+            first = images[0].astype(int)
+            assert np.abs(first[:, : PACK_SIZE // 4] - left).max() <= 8
+            assert np.abs(first[:, -PACK_SIZE // 4:] - right).max() <= 8
+        assert metrics["splits"][split] == {"images": count, "skipped": 0, "bytes": project.h5(split).stat().st_size}
+    assert metrics["images"] == sum(SPLIT_SIZES.values()) and metrics["images_per_s"] > 0
+
+
+def test_mean_std_from_train_pixels_in_every_split(project):
+    project.pack()
+    with h5py.File(project.h5("train"), "r") as f:
+        pixels = f["images"][:].reshape(-1, 3).astype(np.float64) / 255.0
+        train_mean, train_std = f["metadata/mean"][:], f["metadata/std"][:]
+    np.testing.assert_allclose(train_mean, pixels.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(train_std, pixels.std(0), rtol=1e-5)
+    for split in ("val", "test"):
+        with h5py.File(project.h5(split), "r") as f:
+            np.testing.assert_array_equal(f["metadata/mean"][:], train_mean)
+            np.testing.assert_array_equal(f["metadata/std"][:], train_std)
+
+
+def test_packing_twice_is_byte_identical_whatever_the_worker_count(project):
+    project.pack(workers=0)
+    first = {split: sha256(project.h5(split)) for split in SPLIT_SIZES}
+    time.sleep(1.1)  # HDF5 object timestamps have 1 s resolution: they would differ now
+    project.pack(workers=2, chunksize=1)
+    assert {split: sha256(project.h5(split)) for split in SPLIT_SIZES} == first
+
+
+def test_decode_draft_downscale_matches_full_resolution_reference(tmp_path):
+    # A 1280x720 JPEG with detail at several scales; the draft path must stay close to a
+    # full-resolution Lanczos resize (the quality reference) while decoding at 1/4 scale.
+    y, x = np.mgrid[0:720, 0:1280]
+    pixels = np.stack([127 + 100 * np.sin(x / 37.0), 127 + 100 * np.cos(y / 23.0),
+                       127 + 100 * np.sin((x + y) / 61.0)], axis=-1)
+    pixels[300:420, 100:400] = (250, 30, 30)
+    path = tmp_path / "scene.jpg"
+    Image.fromarray(pixels.astype(np.uint8)).save(path, quality=90)
+    packed = decode_image(path, 128).astype(np.float64)
+    with Image.open(path) as image:
+        reference = np.asarray(image.convert("RGB").resize((128, 128), Image.Resampling.LANCZOS), dtype=np.float64)
+    psnr = 10 * np.log10(255.0 ** 2 / np.mean((packed - reference) ** 2))
+    assert packed.shape == (128, 128, 3)
+    assert psnr > 35.0
+
+
+@pytest.mark.parametrize("content", [b"", b"not an image at all", "truncated"])
+def test_corrupt_image_fails_naming_the_file_and_leaves_no_output(project, content):
+    path = project.image_dir / "img0001.jpg"
+    data = path.read_bytes()[:200] if content == "truncated" else content
+    path.write_bytes(data)
+    with pytest.raises(CorruptImageError, match=r"img0001\.jpg.*skip_corrupt"):
+        project.pack()
+    assert not project.h5("train").exists()
+    assert list(project.processed.glob("*.h5")) == [] and list(project.processed.glob(".*tmp")) == []
+
+
+def test_skip_corrupt_counts_the_image_and_the_dataset_drops_its_questions(project):
+    (project.image_dir / "img0001.jpg").write_bytes(b"garbage")
+    (project.image_dir / "img0007.jpg").write_bytes((project.image_dir / "img0006.jpg").read_bytes()[:300])
+    metrics = project.pack(skip_corrupt=True)
+    assert metrics["skipped"] == 2
+    assert metrics["splits"]["train"]["skipped"] == 1 and metrics["splits"]["val"]["skipped"] == 1
+    with h5py.File(project.h5("train"), "r") as f:
+        assert "img0001" not in list(f["image_ids"].asstr()[:])
+        assert list(f["skipped_image_ids"].asstr()[:]) == ["img0001"]
+        assert f["images"].shape[0] == SPLIT_SIZES["train"] - 1
+    dataset = TrafficVQADataset(project.commands("train"), project.h5("train"), project.tokenizer())
+    assert dataset.num_dropped == 5 and len(dataset) == len(project.records["train"]) - 5
+    assert "img0001" not in {r["image_id"] for r in dataset.records}
+
+
+def test_an_image_in_two_splits_is_rejected_before_decoding(project):
+    val = json.loads(project.commands("val").read_text())
+    val[0]["image_id"] = project.records["train"][0]["image_id"]
+    project.commands("val").write_text(json.dumps(val))
+    with pytest.raises(ValueError, match="both the train and the val commands"):
+        project.pack()
+
+
+def test_missing_frame_or_file_is_a_clear_error(project):
+    (project.image_dir / "img0003.jpg").unlink()
+    with pytest.raises(FileNotFoundError, match=r"1 image file\(s\) of the train split missing.*img0003\.jpg"):
+        project.pack()
+    write_jpeg(project.image_dir / "img0003.jpg", 3)
+    frames = [f for f in json.loads(project.labels.read_text()) if f["name"] != "img0008.jpg"]
+    project.labels.write_text(json.dumps(frames))
+    with pytest.raises(ValueError, match="image 'img0008' has no frame"):
+        project.pack()
+
+
+def test_decoding_keeps_a_bounded_number_of_chunks_in_flight():
+    class Result:
+        def __init__(self, value):
+            self.value = value
+
+        def get(self):
+            pool.pending -= 1
+            return self.value
+
+    class CountingPool:
+        pending = most_pending = 0
+
+        def apply_async(self, fn, args):
+            self.pending += 1
+            self.most_pending = max(self.most_pending, self.pending)
+            return Result([f"{path}!" for path in args[0]])
+
+    pool = CountingPool()
+    paths = [f"p{i}" for i in range(100)]
+    config = PackConfig(workers=2, chunksize=3)
+    results = list(_decode_in_order(paths, config, pool))
+    assert results == [f"{p}!" for p in paths]  # in order
+    assert pool.most_pending == 2 * config.workers
+
+
+def test_pack_config_errors_name_the_key():
+    with pytest.raises(ParamError, match="pack.image_size"):
+        build_config(PackConfig, {"image_size": 8}, "pack")
+    with pytest.raises(ParamError, match="pack.resample"):
+        build_config(PackConfig, {"resample": "nearest"}, "pack")
+    with pytest.raises(ParamError, match="pack.colour"):
+        build_config(PackConfig, {"colour": True}, "pack")
+
+
+def test_stage_script_writes_files_and_metrics(project, monkeypatch):
+    from stages.pack_hdf5 import main
+
+    (project.root / "params.yaml").write_text(yaml.safe_dump({"pack": {"image_size": PACK_SIZE, "workers": 0}}))
+    monkeypatch.chdir(project.root)
+    main([])
+    metrics = json.loads((project.root / "metrics" / "pack.json").read_text())
+    assert metrics["images"] == sum(SPLIT_SIZES.values())
+    assert all(project.h5(split).is_file() for split in SPLIT_SIZES)

@@ -1,0 +1,108 @@
+"""Training augmentation: deterministic per (seed, epoch, image), mirror-aware text.
+
+The random parameters of an image come from a generator seeded by ``(seed, epoch, image_row)``,
+never from the global or worker RNG, so a DataLoader with 0 or N workers yields identical
+batches, and every question of an image in an epoch sees the same augmented image (the collate
+keeps one copy per image).
+
+A horizontal flip mirrors the scene, so it is only correct together with swapping "left" and
+"right" in the question and the answer ("turn left" becomes "turn right": the obstacles moved
+to the other side). Colour jitter stays modest and hue jitter is capped near zero so a traffic
+light never changes its colour class; rotation is a few degrees.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms.v2 import functional as F
+
+from vlm.params import check
+
+MAX_HUE = 0.02  # fraction of the hue circle (±7 degrees): red/yellow/green stay apart
+
+
+@dataclass
+class AugmentConfig:
+    hflip_prob: float = 0.5  # probability of a mirrored image (with left/right swapped in the text)
+    brightness: float = 0.2  # factor drawn from [1 - brightness, 1 + brightness]
+    contrast: float = 0.2
+    saturation: float = 0.2
+    hue: float = 0.0  # shift drawn from [-hue, hue]; keep 0 or tiny, see MAX_HUE
+    rotation_degrees: float = 3.0  # angle drawn from [-rotation_degrees, rotation_degrees]
+
+    def validate(self, prefix: str = "augment") -> None:
+        check(0.0 <= self.hflip_prob <= 1.0, f"{prefix}.hflip_prob", f"must be in [0, 1], got {self.hflip_prob}")
+        for name in ("brightness", "contrast", "saturation"):
+            value = getattr(self, name)
+            check(0.0 <= value <= 0.5, f"{prefix}.{name}",
+                  f"must be in [0, 0.5] (stronger jitter can change a traffic light's colour), got {value}")
+        check(0.0 <= self.hue <= MAX_HUE, f"{prefix}.hue",
+              f"must be in [0, {MAX_HUE}] (hue jitter changes traffic light colours), got {self.hue}")
+        check(0.0 <= self.rotation_degrees <= 10.0, f"{prefix}.rotation_degrees",
+              f"must be in [0, 10], got {self.rotation_degrees}")
+
+
+@dataclass(frozen=True)
+class AugmentParams:
+    """The random draw for one image in one epoch."""
+
+    hflip: bool
+    brightness: float
+    contrast: float
+    saturation: float
+    hue: float
+    angle: float
+
+
+def sample_augment_params(config: AugmentConfig, seed: int, epoch: int, image_row: int) -> AugmentParams:
+    rng = np.random.default_rng((seed, epoch, image_row))
+    draws = rng.uniform(-1.0, 1.0, size=5)
+    return AugmentParams(
+        hflip=bool(rng.random() < config.hflip_prob),
+        brightness=1.0 + config.brightness * float(draws[0]),
+        contrast=1.0 + config.contrast * float(draws[1]),
+        saturation=1.0 + config.saturation * float(draws[2]),
+        hue=config.hue * float(draws[3]),
+        angle=config.rotation_degrees * float(draws[4]),
+    )
+
+
+def augment_image(image: torch.Tensor, params: AugmentParams) -> torch.Tensor:
+    """uint8 ``[3, S, S]`` -> augmented uint8 ``[3, S, S]`` (torchvision v2 functional ops)."""
+    if params.hflip:
+        image = F.horizontal_flip(image)
+    if params.brightness != 1.0:
+        image = F.adjust_brightness(image, params.brightness)
+    if params.contrast != 1.0:
+        image = F.adjust_contrast(image, params.contrast)
+    if params.saturation != 1.0:
+        image = F.adjust_saturation(image, params.saturation)
+    if params.hue != 0.0:
+        image = F.adjust_hue(image, params.hue)
+    if params.angle != 0.0:
+        image = F.rotate(image, params.angle, interpolation=InterpolationMode.BILINEAR)
+    return image.contiguous()
+
+
+# "left"/"right" (and -most) as words; "right of way" is a right, not a side.
+_SIDE_WORD = re.compile(r"\b(left|right)(most)?\b(?! of way)", re.IGNORECASE)
+
+
+def _swapped_side(match: re.Match) -> str:
+    word = match.group(1)
+    other = "right" if word.lower() == "left" else "left"
+    if word.isupper():
+        other = other.upper()
+    elif word[0].isupper():
+        other = other.capitalize()
+    return other + (match.group(2) or "")
+
+
+def swap_left_right(text: str) -> str:
+    """The text describing the mirrored scene: "left" <-> "right", case kept."""
+    return _SIDE_WORD.sub(_swapped_side, text)

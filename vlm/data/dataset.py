@@ -1,0 +1,193 @@
+"""``TrafficVQADataset``: one sample per question over a split's commands and its packed images.
+
+Everything textual is done once at construction: each distinct question and answer string is
+tokenised once into a flat id table, so fetching a sample is an image read plus a few slices.
+Several questions share one stored image; ``__getitems__`` (the batched fetch DataLoader uses)
+reads and augments each distinct image of a batch once and hands the same tensor to all its
+questions, which the collate then stores once.
+"""
+
+from __future__ import annotations
+
+import os
+from itertools import chain
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from vlm.data.augment import AugmentConfig, augment_image, sample_augment_params, swap_left_right
+from vlm.data.commands import read_commands
+from vlm.data.h5file import PackedImageReader
+
+_RECORD_FIELDS = ("question_id", "image_id", "command", "answer", "command_type", "metadata")
+
+
+class QATokenizer(Protocol):
+    """What the dataset needs from the tokenizer (the shared contract)."""
+
+    pad_token_id: int
+
+    def encode_question(self, text: str) -> list[int]: ...
+
+    def encode_answer(self, text: str) -> list[int]: ...
+
+
+class TokenTable:
+    """Token ids of a list of texts in one flat int64 tensor; each distinct text encoded once."""
+
+    def __init__(self, texts: Sequence[str], encode: Callable[[str], list[int]]):
+        slot_of_text: dict[str, int] = {}
+        encoded: list[list[int]] = []
+        slots = np.empty(len(texts), dtype=np.int64)  # [T] index into `encoded`
+        for i, text in enumerate(texts):
+            slot = slot_of_text.get(text)
+            if slot is None:
+                slot = slot_of_text[text] = len(encoded)
+                encoded.append(list(encode(text)))
+            slots[i] = slot
+        lengths = np.array([len(ids) for ids in encoded], dtype=np.int64)
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        self.ids = torch.tensor(list(chain.from_iterable(encoded)), dtype=torch.int64)  # [sum of lengths]
+        self.starts = offsets[slots].tolist()  # per text
+        self.ends = offsets[slots + 1].tolist()
+        self.num_distinct = len(encoded)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.ids[self.starts[index]:self.ends[index]]  # a view, no copy
+
+
+class TrafficVQADataset(Dataset):
+    """Samples: ``image`` uint8 ``[3, S, S]``, ``question_ids`` / ``answer_ids`` int64 tensors, and the
+    record's ``question_id``, ``image_id``, ``command``, ``answer``, ``command_type``, ``metadata``.
+
+    ``augment``: an ``AugmentConfig`` for training (deterministic per seed, epoch and image; call
+    ``set_epoch`` each epoch), None for evaluation. ``in_memory``: read the whole split into RAM
+    once (shared copy-on-write with forked workers). Otherwise the HDF5 file is opened lazily in
+    each process. Questions whose image the pack stage skipped as corrupt are dropped
+    (``num_dropped``); any other question without its image is an error.
+    """
+
+    def __init__(self, commands_path: str | os.PathLike, h5_path: str | os.PathLike, tokenizer: QATokenizer,
+                 augment: AugmentConfig | None = None, in_memory: bool = False, seed: int = 0):
+        self.commands_path = Path(commands_path)
+        self.images = PackedImageReader(h5_path)
+        self.augment = augment
+        self.seed = seed
+        self.epoch = 0
+        self.pad_token_id = tokenizer.pad_token_id
+
+        row_of_image = {image_id: row for row, image_id in enumerate(self.images.image_ids)}
+        skipped = set(self.images.skipped_image_ids)
+        self.records: list[dict[str, Any]] = []
+        rows = []
+        self.num_dropped = 0
+        for index, record in enumerate(read_commands(self.commands_path, _RECORD_FIELDS)):
+            row = row_of_image.get(record["image_id"])
+            if row is None:
+                if record["image_id"] in skipped:
+                    self.num_dropped += 1
+                    continue
+                raise ValueError(f"{self.commands_path}: record {index}: image '{record['image_id']}' "
+                                 f"is not in {self.images.path} (packed from another commands file?)")
+            self.records.append(record)
+            rows.append(row)
+        self.image_rows = np.array(rows, dtype=np.int64)  # [Q] row of each question's image
+
+        commands = [r["command"] for r in self.records]
+        answers = [r["answer"] for r in self.records]
+        self._question_ids = TokenTable(commands, tokenizer.encode_question)
+        self._answer_ids = TokenTable(answers, tokenizer.encode_answer)
+        if augment is not None and augment.hflip_prob > 0:
+            self._mirrored_commands = [swap_left_right(c) for c in commands]
+            self._mirrored_answers = [swap_left_right(a) for a in answers]
+            self._mirrored_question_ids = TokenTable(self._mirrored_commands, tokenizer.encode_question)
+            self._mirrored_answer_ids = TokenTable(self._mirrored_answers, tokenizer.encode_answer)
+
+        self._ram_images: np.ndarray | None = None  # uint8 [N, 3, S, S] when held in RAM
+        if in_memory:
+            self._ram_images = self._read_all_images()
+            self.images.close()
+
+    @property
+    def image_size(self) -> int:
+        return self.images.image_size
+
+    @property
+    def mean(self) -> np.ndarray:
+        """float32 [3], train-split pixel mean on the 0..1 scale (for the model's normalisation)."""
+        return self.images.mean
+
+    @property
+    def std(self) -> np.ndarray:
+        return self.images.std
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the augmentation draw; call before iterating each epoch (with non-persistent workers)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """Batched fetch: each distinct image read (and augmented) once, shared by its questions."""
+        rows = self.image_rows[np.asarray(indices, dtype=np.int64)]  # [B]
+        distinct_rows, slot_of_question = np.unique(rows, return_inverse=True)  # sorted: sequential reads
+        chw_images = torch.from_numpy(self._read_images(distinct_rows))  # uint8 [n, 3, S, S]
+        mirrored = [False] * len(distinct_rows)
+        if self.augment is not None:
+            augmented = []
+            for slot, row in enumerate(distinct_rows.tolist()):
+                params = sample_augment_params(self.augment, self.seed, self.epoch, row)
+                augmented.append(augment_image(chw_images[slot], params))
+                mirrored[slot] = params.hflip
+            chw_images = augmented
+
+        samples = []
+        for index, slot in zip(indices, slot_of_question.tolist()):
+            record = self.records[index]
+            if mirrored[slot]:
+                command, answer = self._mirrored_commands[index], self._mirrored_answers[index]
+                question_ids, answer_ids = self._mirrored_question_ids[index], self._mirrored_answer_ids[index]
+            else:
+                command, answer = record["command"], record["answer"]
+                question_ids, answer_ids = self._question_ids[index], self._answer_ids[index]
+            samples.append({
+                "image": chw_images[slot],  # uint8 [3, S, S]
+                "question_ids": question_ids,  # int64 [Lq]: [SOS] words [SEP]
+                "answer_ids": answer_ids,  # int64 [La]: answer tokens [EOS]
+                "question_id": record["question_id"],
+                "image_id": record["image_id"],
+                "command": command,
+                "answer": answer,
+                "command_type": record["command_type"],
+                "metadata": record["metadata"],
+            })
+        return samples
+
+    # The image copies below use numpy on purpose: numpy copies run on the calling thread, while
+    # torch's intra-op threads contend with the training step (num_workers=0) and get several
+    # times slower on a loaded 2-core machine.
+
+    def _read_images(self, rows: np.ndarray) -> np.ndarray:
+        """uint8 ``[len(rows), 3, S, S]`` (C-contiguous) of the images at ``rows``."""
+        if self._ram_images is not None:
+            return self._ram_images[rows]
+        size = self.images.image_size
+        hwc = self.images.read_into(rows.tolist(), np.empty((len(rows), size, size, 3), dtype=np.uint8))
+        return np.ascontiguousarray(hwc.transpose(0, 3, 1, 2))
+
+    def _read_all_images(self, block: int = 256) -> np.ndarray:
+        """The whole split as uint8 ``[N, 3, S, S]``, read block by block (no second full copy)."""
+        size = self.images.image_size
+        out = np.empty((len(self.images), 3, size, size), dtype=np.uint8)
+        for start in range(0, len(self.images), block):
+            rows = np.arange(start, min(start + block, len(self.images)))
+            out[start:start + len(rows)] = self._read_images(rows)
+        return out

@@ -1,0 +1,168 @@
+"""The packed-image HDF5 format: one writer, one reader, one place that knows the layout.
+
+Layout of ``data/processed/{split}_images.h5`` (``FORMAT_VERSION`` 1)::
+
+    images              uint8 [N, S, S, 3]   RGB, one chunk per image, no filters
+    image_ids           utf-8 strings [N]    image file name without extension, sorted
+    annotations         utf-8 strings [N]    the image's label frame as compact JSON (sorted keys)
+    skipped_image_ids   utf-8 strings [K]    images of the split left out as corrupt (skip_corrupt)
+    metadata/mean       float32 [3]          per-channel mean of the TRAIN split, 0..1 scale
+    metadata/std        float32 [3]          per-channel std of the TRAIN split, 0..1 scale
+    attrs: image_size, format_version, split, resample
+
+Byte-identical output for identical input: no object timestamps, a pinned file-format version,
+fixed chunk shapes and a fixed order of writes. Images are stored as raw chunks
+(``write_direct_chunk``/``read_direct_chunk``), which skips HDF5's selection machinery: a read is
+one ``pread`` into the caller's buffer.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+FORMAT_VERSION = 1
+# Pinned so that a newer HDF5 library writes the same bytes (and older readers can open the file).
+LIBVER = ("v110", "v110")
+STRING_DTYPE = h5py.string_dtype("utf-8")
+
+
+class PackedImageWriter:
+    """Streams images into a new packed HDF5 file; ``finish`` writes the ids, annotations and stats.
+
+    Memory stays bounded: each image goes to disk as it is appended, only the (small) id and
+    annotation strings are kept until ``finish``.
+    """
+
+    def __init__(self, path: str | os.PathLike, image_size: int, capacity: int, *, split: str, resample: str):
+        self.path = Path(path)
+        self.image_size = image_size
+        self._file = h5py.File(self.path, "w", libver=LIBVER, track_order=False)
+        self._file.attrs["format_version"] = FORMAT_VERSION
+        self._file.attrs["image_size"] = image_size
+        self._file.attrs["split"] = split
+        self._file.attrs["resample"] = resample
+        shape = (image_size, image_size, 3)
+        self._images = self._file.create_dataset(
+            "images", shape=(capacity, *shape), maxshape=(None, *shape), dtype=np.uint8,
+            chunks=(1, *shape), track_times=False)
+        self._image_ids: list[str] = []
+        self._annotations: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self._image_ids)
+
+    def append(self, image_id: str, image: np.ndarray, annotation: str) -> None:
+        """Store ``image`` (uint8 ``[S, S, 3]``) as the next row."""
+        expected = (self.image_size, self.image_size, 3)
+        if image.shape != expected or image.dtype != np.uint8:
+            raise ValueError(f"{image_id}: expected a uint8 image of shape {expected}, "
+                             f"got {image.dtype} {image.shape}")
+        row = len(self._image_ids)
+        if row >= self._images.shape[0]:
+            self._images.resize(row + 1, axis=0)
+        self._images.id.write_direct_chunk((row, 0, 0, 0), np.ascontiguousarray(image).tobytes())
+        self._image_ids.append(image_id)
+        self._annotations.append(annotation)
+
+    def finish(self, mean: np.ndarray, std: np.ndarray, skipped_image_ids: list[str]) -> None:
+        """Trim to the rows written, write the string tables and the normalisation stats, close."""
+        self._images.resize(len(self._image_ids), axis=0)
+        for name, strings in (("image_ids", self._image_ids), ("annotations", self._annotations),
+                              ("skipped_image_ids", skipped_image_ids)):
+            self._file.create_dataset(name, data=np.array(strings, dtype=object).reshape(len(strings)),
+                                      dtype=STRING_DTYPE, track_times=False)
+        metadata = self._file.create_group("metadata")
+        metadata.create_dataset("mean", data=np.asarray(mean, dtype=np.float32), track_times=False)
+        metadata.create_dataset("std", data=np.asarray(std, dtype=np.float32), track_times=False)
+        self._file.close()
+
+    def abort(self) -> None:
+        if self._file.id.valid:
+            self._file.close()
+
+
+class PackedImageReader:
+    """Read access to a packed file, safe across ``fork``: the handle is opened lazily per process.
+
+    The header (ids, size, stats) is read once in the constructor with a short-lived handle, so a
+    reader can be built in the parent and then used in DataLoader workers: each process opens its
+    own handle on first use (the pid is remembered) and a handle is never pickled.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"packed image file not found: {self.path}")
+        try:
+            with h5py.File(self.path, "r") as f:
+                self._check_layout(f)
+                self.image_size = int(f.attrs["image_size"])
+                self.split = str(f.attrs["split"])
+                self.image_ids = [str(s) for s in f["image_ids"].asstr()[:]]
+                self.skipped_image_ids = [str(s) for s in f["skipped_image_ids"].asstr()[:]]
+                self.mean = f["metadata/mean"][:].astype(np.float32)
+                self.std = f["metadata/std"][:].astype(np.float32)
+        except OSError as e:
+            raise ValueError(f"{self.path}: not a readable HDF5 file ({e})") from e
+        self._file: h5py.File | None = None
+        self._pid: int | None = None
+
+    def _check_layout(self, f: h5py.File) -> None:
+        version = f.attrs.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(f"{self.path}: format_version {version!r}, expected {FORMAT_VERSION}; "
+                             "re-run the pack_hdf5 stage")
+        for name in ("images", "image_ids", "annotations", "skipped_image_ids", "metadata/mean", "metadata/std"):
+            if name not in f:
+                raise ValueError(f"{self.path}: missing dataset '{name}'")
+        images = f["images"]
+        size = int(f.attrs["image_size"])
+        if (images.dtype != np.uint8 or images.shape[1:] != (size, size, 3)
+                or images.chunks != (1, size, size, 3) or images.compression is not None):
+            raise ValueError(f"{self.path}: 'images' must be uint8 [N, {size}, {size}, 3] with one "
+                             f"uncompressed chunk per image, got {images.dtype} {images.shape} "
+                             f"chunks={images.chunks} compression={images.compression}")
+        if images.shape[0] != f["image_ids"].shape[0]:
+            raise ValueError(f"{self.path}: {images.shape[0]} images but {f['image_ids'].shape[0]} image_ids")
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_file"] = None
+        state["_pid"] = None
+        return state
+
+    def _images(self) -> h5py.Dataset:
+        if self._pid != os.getpid():
+            self._file = None  # a handle inherited across fork belongs to the parent: never use it
+        if self._file is None:
+            self._file = h5py.File(self.path, "r")
+            self._pid = os.getpid()
+        return self._file["images"]
+
+    def read_into(self, rows: list[int], out: np.ndarray) -> np.ndarray:
+        """Copy the images at ``rows`` into ``out`` (uint8 ``[len(rows), S, S, 3]``, C-contiguous)."""
+        if not out.flags.c_contiguous or out.dtype != np.uint8:
+            raise ValueError("read_into needs a C-contiguous uint8 output array")
+        images = self._images()
+        flat = out.reshape(len(rows), -1)
+        for i, row in enumerate(rows):
+            images.id.read_direct_chunk((row, 0, 0, 0), out=flat[i])
+        return out
+
+    def read_annotations(self) -> list[str]:
+        """The label frame JSON of every image, in row order."""
+        with h5py.File(self.path, "r") as f:
+            return [str(s) for s in f["annotations"].asstr()[:]]
+
+    def close(self) -> None:
+        if self._file is not None and self._pid == os.getpid():
+            self._file.close()
+        self._file = None
+        self._pid = None

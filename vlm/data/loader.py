@@ -1,0 +1,38 @@
+"""The project's DataLoader: grouped batches, batched fetch, our collate, uint8 images."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.utils.data import DataLoader
+
+from vlm.data.collate import collate_questions
+from vlm.data.dataset import TrafficVQADataset
+from vlm.data.sampler import GroupedBatchSampler
+
+
+def build_loader(dataset: TrafficVQADataset, batch_size: int, *, shuffle: bool, num_workers: int = 0,
+                 seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1,
+                 pin_memory: bool | None = None) -> DataLoader:
+    """A DataLoader over ``dataset`` with a ``GroupedBatchSampler`` (``batch_size`` counts questions).
+
+    Workers are not persistent, so ``set_epoch`` reaches them: each epoch's iterator pickles
+    (or forks) the dataset with its current epoch.
+    """
+    sampler = GroupedBatchSampler(dataset.image_rows, batch_size, shuffle=shuffle, seed=seed,
+                                  drop_last=drop_last, rank=rank, world_size=world_size)
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=functools.partial(collate_questions, pad_token_id=dataset.pad_token_id),
+        num_workers=num_workers,
+        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        persistent_workers=False,
+    )
+
+
+def set_epoch(loader: DataLoader, epoch: int) -> None:
+    """Select the shuffle (sampler) and the augmentation draw (dataset) of ``epoch``."""
+    loader.batch_sampler.set_epoch(epoch)
+    loader.dataset.set_epoch(epoch)

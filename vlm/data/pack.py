@@ -1,0 +1,317 @@
+"""Pack the JPEGs used by each split into one HDF5 file per split (the ``pack_hdf5`` stage).
+
+Per image: PIL decodes the JPEG with ``draft`` (libjpeg downscales by a power of two inside the
+decoder, which is most of the speed), then one antialiased resample squashes it to ``S x S``
+(no crop, no aspect ratio: left/right-third questions need the whole width, as in PaliGemma).
+Decoding runs in a process pool; results come back in order, a bounded number of chunks in
+flight, and are streamed to disk, so memory does not grow with the number of images.
+
+The train split's per-channel mean/std is accumulated from exact integer pixel sums, so it is
+identical whatever the number of workers; val/test files carry the train statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from vlm.data.commands import SPLITS, read_commands
+from vlm.data.h5file import PackedImageReader, PackedImageWriter
+from vlm.io import atomic_path, read_json
+from vlm.params import check
+
+RESAMPLE = {
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+}
+
+
+@dataclass
+class PackConfig:
+    image_size: int = 128  # S: images are stored S x S (squashed)
+    workers: int = 2  # decoding processes; 0 decodes in the calling process
+    chunksize: int = 16  # images per task sent to a worker
+    skip_corrupt: bool = False  # skip (and count) undecodable images instead of failing
+    resample: Literal["bilinear", "bicubic", "lanczos"] = "bicubic"  # filter after the JPEG draft downscale
+
+    def validate(self, prefix: str = "pack") -> None:
+        check(16 <= self.image_size <= 1024, f"{prefix}.image_size", f"must be in [16, 1024], got {self.image_size}")
+        check(self.workers >= 0, f"{prefix}.workers", f"must be >= 0, got {self.workers}")
+        check(self.chunksize >= 1, f"{prefix}.chunksize", f"must be >= 1, got {self.chunksize}")
+
+
+class CorruptImageError(ValueError):
+    """An image file that exists but cannot be decoded; the message names the file."""
+
+
+def decode_image(path: str | os.PathLike, image_size: int, resample: str = "bicubic") -> np.ndarray:
+    """Decode any PIL-readable image to RGB uint8 ``[S, S, 3]``, squashed to ``S x S``.
+
+    EXIF orientation is deliberately not applied: label boxes are in stored-pixel coordinates.
+    """
+    try:
+        with Image.open(path) as image:
+            image.draft("RGB", (image_size, image_size))  # JPEG only: DCT-domain 1/2, 1/4, 1/8 downscale
+            rgb = image.convert("RGB")
+        if rgb.size != (image_size, image_size):
+            rgb = rgb.resize((image_size, image_size), RESAMPLE[resample])
+        return np.asarray(rgb, dtype=np.uint8)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        raise CorruptImageError(f"{path}: cannot decode image: {e}") from e
+
+
+@dataclass
+class DecodedImage:
+    image: np.ndarray | None  # uint8 [S, S, 3], None when decoding failed
+    error: str | None
+    channel_sum: tuple[int, int, int] = (0, 0, 0)  # exact integer sums over the pixels
+    channel_sq_sum: tuple[int, int, int] = (0, 0, 0)
+
+
+def _decode_chunk(paths: list[str], image_size: int, resample: str) -> list[DecodedImage]:
+    """Worker task: decode a chunk of images; errors are returned, not raised, so the parent decides."""
+    decoded = []
+    for path in paths:
+        try:
+            image = decode_image(path, image_size, resample)
+        except CorruptImageError as e:
+            decoded.append(DecodedImage(None, str(e)))
+            continue
+        pixels = image.reshape(-1, 3).astype(np.int64)  # [S*S, 3]
+        decoded.append(DecodedImage(image, None, tuple(pixels.sum(0).tolist()),
+                                    tuple((pixels * pixels).sum(0).tolist())))
+    return decoded
+
+
+def _decode_in_order(paths: list[str], config: PackConfig, pool: Any) -> Iterator[DecodedImage]:
+    """Decoded images in the order of ``paths``; with a pool, at most ``2 * workers`` chunks in flight."""
+    chunks = (paths[i:i + config.chunksize] for i in range(0, len(paths), config.chunksize))
+    args = (config.image_size, config.resample)
+    if pool is None:
+        for chunk in chunks:
+            yield from _decode_chunk(chunk, *args)
+        return
+    pending = deque(pool.apply_async(_decode_chunk, (chunk, *args)) for chunk in islice(chunks, 2 * config.workers))
+    while pending:
+        decoded = pending.popleft().get()
+        for chunk in islice(chunks, 1):
+            pending.append(pool.apply_async(_decode_chunk, (chunk, *args)))
+        yield from decoded
+
+
+class PixelStats:
+    """Per-channel mean/std from exact integer sums: independent of order and worker count."""
+
+    def __init__(self) -> None:
+        self.num_pixels = 0
+        self.channel_sum = [0, 0, 0]
+        self.channel_sq_sum = [0, 0, 0]
+
+    def add(self, decoded: DecodedImage) -> None:
+        self.num_pixels += decoded.image.shape[0] * decoded.image.shape[1]
+        for c in range(3):
+            self.channel_sum[c] += decoded.channel_sum[c]
+            self.channel_sq_sum[c] += decoded.channel_sq_sum[c]
+
+    def mean_std(self) -> tuple[np.ndarray, np.ndarray]:
+        """float32 ``[3]`` mean and std on the 0..1 scale (population std)."""
+        n = self.num_pixels
+        mean = [s / n / 255.0 for s in self.channel_sum]
+        # Var = (n * sum(x^2) - sum(x)^2) / n^2, exact in integers before the one division.
+        var = [(n * q - s * s) / (n * n) for s, q in zip(self.channel_sum, self.channel_sq_sum)]
+        std = [v ** 0.5 / 255.0 for v in var]
+        return np.array(mean, dtype=np.float32), np.array(std, dtype=np.float32)
+
+
+@dataclass
+class SplitImages:
+    """What one split's HDF5 file will hold: its image ids (sorted), their files and label frames."""
+
+    split: str
+    image_ids: list[str]
+    paths: list[str]
+    annotations: list[str]  # compact, key-sorted JSON of each image's label frame
+
+
+def collect_split_images(labels_path: str | os.PathLike, source_path: str | os.PathLike,
+                         commands_dir: str | os.PathLike, splits: tuple[str, ...] = SPLITS,
+                         root: str | os.PathLike = ".") -> list[SplitImages]:
+    """Resolve every split's images before any decoding, failing with one clear error.
+
+    Checks: each image id used by a split has a frame in the labels file and a file under the
+    source's ``image_dir``; no image id is used by two splits.
+    """
+    frames = read_json(labels_path, "labels file")
+    if not isinstance(frames, list):
+        raise ValueError(f"{labels_path}: expected a list of frames, got {type(frames).__name__}")
+    frame_by_id: dict[str, dict] = {}
+    for index, frame in enumerate(frames):
+        if not isinstance(frame, dict) or not isinstance(frame.get("name"), str):
+            raise ValueError(f"{labels_path}: frame {index} must be an object with a string 'name'")
+        image_id = os.path.splitext(frame["name"])[0]
+        if image_id in frame_by_id:
+            raise ValueError(f"{labels_path}: frame {index}: duplicate image '{frame['name']}'")
+        frame_by_id[image_id] = frame
+
+    source = read_json(source_path, "source file")
+    if not isinstance(source, dict) or not isinstance(source.get("image_dir"), str):
+        raise ValueError(f"{source_path}: must be an object with a string 'image_dir'")
+    image_dir = Path(root) / source["image_dir"]  # an absolute image_dir stays absolute
+    if not image_dir.is_dir():
+        raise FileNotFoundError(f"{source_path}: image_dir {image_dir} is not a directory")
+
+    split_of: dict[str, str] = {}
+    result = []
+    for split in splits:
+        commands_path = Path(commands_dir) / f"{split}.json"
+        image_ids = sorted({record["image_id"] for record in read_commands(commands_path, ("image_id",))})
+        for image_id in image_ids:
+            if image_id in split_of:
+                raise ValueError(f"image '{image_id}' is used by both the {split_of[image_id]} and the "
+                                 f"{split} commands: splits must not share images")
+            split_of[image_id] = split
+            if image_id not in frame_by_id:
+                raise ValueError(f"{commands_path}: image '{image_id}' has no frame in {labels_path}")
+        paths = [str(image_dir / frame_by_id[i]["name"]) for i in image_ids]
+        missing = [p for p in paths if not os.path.isfile(p)]
+        if missing:
+            raise FileNotFoundError(f"{len(missing)} image file(s) of the {split} split missing under "
+                                    f"{image_dir} (image_dir from {source_path}), first: {missing[0]}")
+        annotations = [json.dumps(frame_by_id[i], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+                       for i in image_ids]
+        result.append(SplitImages(split, image_ids, paths, annotations))
+    return result
+
+
+@dataclass
+class PackedSplit:
+    split: str
+    images: int
+    skipped_image_ids: list[str]
+    bytes: int
+
+
+def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackConfig, pool: Any = None,
+               train_stats: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[PackedSplit, PixelStats]:
+    """Write ``out_path`` atomically; mean/std are ``train_stats`` or, for the train split, its own."""
+    stats = PixelStats()
+    skipped: list[str] = []
+    with atomic_path(out_path) as tmp:
+        writer = PackedImageWriter(tmp, config.image_size, len(images.image_ids), split=images.split,
+                                   resample=config.resample)
+        try:
+            decoded_images = _decode_in_order(images.paths, config, pool)
+            progress = tqdm(decoded_images, total=len(images.paths), desc=f"pack {images.split}",
+                            unit="img", mininterval=1.0)
+            for image_id, annotation, decoded in zip(images.image_ids, images.annotations, progress):
+                if decoded.error is not None:
+                    if not config.skip_corrupt:
+                        raise CorruptImageError(f"{decoded.error} (set pack.skip_corrupt: true to skip it)")
+                    tqdm.write(f"skipping corrupt image: {decoded.error}")
+                    skipped.append(image_id)
+                    continue
+                stats.add(decoded)
+                writer.append(image_id, decoded.image, annotation)
+            if train_stats is None:
+                if len(writer) == 0:
+                    raise ValueError(f"{images.split} split: no decodable images to compute mean/std from")
+                train_stats = stats.mean_std()
+            writer.finish(*train_stats, skipped)
+        except BaseException:
+            writer.abort()
+            raise
+    packed = PackedSplit(images.split, len(images.image_ids) - len(skipped), skipped, os.path.getsize(out_path))
+    return packed, stats
+
+
+def start_decode_pool(workers: int) -> Any:
+    """A process pool whose workers never inherit the parent's threads (tqdm's monitor, pytest-xdist's).
+
+    With forkserver, the server imports this module once and each worker forks from it, so
+    worker start-up costs no imports (and the caller's ``__main__`` is not re-imported).
+    """
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__])
+    else:
+        context = multiprocessing.get_context("spawn")
+    return context.Pool(workers)
+
+
+def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike, commands_dir: str | os.PathLike,
+                 output_dir: str | os.PathLike, config: PackConfig, *, splits: tuple[str, ...] = SPLITS,
+                 root: str | os.PathLike = ".") -> dict[str, Any]:
+    """Pack ``{output_dir}/{split}_images.h5`` for each split (train first); return the pack metrics."""
+    if splits[0] != "train":
+        raise ValueError(f"splits must start with 'train' (its mean/std goes into every file), got {splits}")
+    split_images = collect_split_images(labels_path, source_path, commands_dir, splits, root)
+    start = time.perf_counter()
+    pool = start_decode_pool(config.workers) if config.workers > 0 else None
+    try:
+        packed: list[PackedSplit] = []
+        train_stats = None
+        for images in split_images:
+            result, stats = pack_split(images, Path(output_dir) / f"{images.split}_images.h5", config, pool,
+                                       train_stats)
+            if train_stats is None:
+                train_stats = stats.mean_std()
+            packed.append(result)
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    seconds = time.perf_counter() - start
+    num_images = sum(p.images + len(p.skipped_image_ids) for p in packed)
+    mean, std = train_stats
+    return {
+        "image_size": config.image_size,
+        "resample": config.resample,
+        "workers": config.workers,
+        "images": sum(p.images for p in packed),
+        "skipped": sum(len(p.skipped_image_ids) for p in packed),
+        "bytes": sum(p.bytes for p in packed),
+        "seconds": round(seconds, 3),
+        "images_per_s": round(num_images / seconds, 1),
+        "splits": {p.split: {"images": p.images, "skipped": len(p.skipped_image_ids), "bytes": p.bytes}
+                   for p in packed},
+        "train_mean": [round(float(v), 6) for v in mean],
+        "train_std": [round(float(v), 6) for v in std],
+    }
+
+
+def repack_resized(src_path: str | os.PathLike, dst_path: str | os.PathLike, image_size: int,
+                   max_images: int | None = None, resample: str = "bicubic") -> None:
+    """Copy a packed file at another image size (the first ``max_images`` images), streamed.
+
+    Used to measure the loader at a second resolution without the raw JPEGs.
+    """
+    reader = PackedImageReader(src_path)
+    count = len(reader) if max_images is None else min(max_images, len(reader))
+    annotations = reader.read_annotations()
+    buffer = np.empty((1, reader.image_size, reader.image_size, 3), dtype=np.uint8)
+    with atomic_path(dst_path) as tmp:
+        writer = PackedImageWriter(tmp, image_size, count, split=reader.split, resample=resample)
+        try:
+            for row in range(count):
+                reader.read_into([row], buffer)
+                resized = Image.fromarray(buffer[0]).resize((image_size, image_size), RESAMPLE[resample])
+                writer.append(reader.image_ids[row], np.asarray(resized), annotations[row])
+            writer.finish(reader.mean, reader.std, reader.skipped_image_ids)
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            reader.close()

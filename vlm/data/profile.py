@@ -1,0 +1,223 @@
+"""The ``profile_dataloader`` stage: samples/s of the naive loader and ours through real DataLoaders.
+
+Loaders: ``naive`` (the textbook per-item loader of ``vlm.data.naive``), ``ours_hdf5``
+(``TrafficVQADataset`` reading the HDF5 file) and ``ours_ram`` (the split held in RAM), each with
+the worker counts and batch sizes of the config, at the packed image size and at each extra size
+(a resized copy of the split in a temporary folder). Configurations are interleaved and repeated
+(``rounds``, the best round counts) so that a noisy machine affects all loaders alike. Each
+measurement warms up (worker start, first batches) and then times a fixed number of batches.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from vlm.data.collate import collate_questions
+from vlm.data.commands import read_commands
+from vlm.data.dataset import QATokenizer, TrafficVQADataset
+from vlm.data.h5file import PackedImageReader
+from vlm.data.naive import NaiveTrafficVQADataset, build_naive_loader
+from vlm.data.pack import repack_resized
+from vlm.data.sampler import GroupedBatchSampler
+from vlm.params import check
+
+LOADERS = ("naive", "ours_hdf5", "ours_ram")
+TARGET_SPEEDUP = 10.0
+TARGET_SAMPLES_PER_S_224 = 10_000.0
+
+
+@dataclass
+class ProfileConfig:
+    split: str = "train"
+    workers: list[int] = field(default_factory=lambda: [0, 1, 2])
+    batch_sizes: list[int] = field(default_factory=lambda: [32, 128])
+    extra_image_sizes: list[int] = field(default_factory=lambda: [224])  # besides the packed size
+    warmup_batches: int = 2  # per measurement, untimed: worker start-up and the prefetch queue filling
+    batches: int = 6  # timed batches per measurement
+    rounds: int = 2  # interleaved repetitions; the best round of each configuration counts
+    max_images: int = 1500  # profile on the first images of the split (bounds the resized copies)
+    seed: int = 0
+
+    def validate(self, prefix: str = "profile") -> None:
+        check(self.split in ("train", "val", "test"), f"{prefix}.split", f"must be train, val or test, got {self.split!r}")
+        check(bool(self.workers) and all(w >= 0 for w in self.workers), f"{prefix}.workers",
+              "must be a non-empty list of counts >= 0")
+        check(bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes), f"{prefix}.batch_sizes",
+              "must be a non-empty list of sizes >= 1")
+        check(all(16 <= s <= 1024 for s in self.extra_image_sizes), f"{prefix}.extra_image_sizes",
+              "sizes must be in [16, 1024]")
+        check(self.warmup_batches >= 0, f"{prefix}.warmup_batches", "must be >= 0")
+        check(self.batches >= 1, f"{prefix}.batches", "must be >= 1")
+        check(self.rounds >= 1, f"{prefix}.rounds", "must be >= 1")
+        check(self.max_images >= 1, f"{prefix}.max_images", "must be >= 1")
+
+
+class _EpochCycle:
+    """Exactly ``num_batches`` batches from a ``GroupedBatchSampler``, over as many epochs as needed."""
+
+    def __init__(self, sampler: GroupedBatchSampler, num_batches: int):
+        self.sampler = sampler
+        self.num_batches = num_batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        produced, epoch = 0, 0
+        while produced < self.num_batches:
+            self.sampler.set_epoch(epoch)
+            for batch in self.sampler:
+                if produced == self.num_batches:
+                    return
+                yield batch
+                produced += 1
+            epoch += 1
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+
+def _time_loader(loader: DataLoader, warmup_batches: int, batches: int) -> tuple[float, int]:
+    """(seconds, samples) over ``batches`` batches after ``warmup_batches`` untimed ones."""
+    iterator = iter(loader)
+    for _ in range(warmup_batches):
+        next(iterator)
+    samples = 0
+    start = time.perf_counter()
+    for _ in range(batches):
+        samples += len(next(iterator)["question_id"])
+    seconds = time.perf_counter() - start
+    del iterator  # shuts the workers down
+    return seconds, samples
+
+
+def _make_loader(name: str, dataset: Any, batch_size: int, workers: int, num_batches: int, seed: int) -> DataLoader:
+    if name == "naive":
+        return build_naive_loader(dataset, batch_size, workers, seed, num_samples=num_batches * batch_size)
+    sampler = GroupedBatchSampler(dataset.image_rows, batch_size, shuffle=True, seed=seed)
+    return DataLoader(dataset, batch_sampler=_EpochCycle(sampler, num_batches), num_workers=workers,
+                      collate_fn=functools.partial(collate_questions, pad_token_id=dataset.pad_token_id))
+
+
+def _subset_commands(commands_path: Path, image_ids: set[str], out_path: Path) -> int:
+    records = [r for r in read_commands(commands_path, ("image_id",)) if r["image_id"] in image_ids]
+    out_path.write_text(json.dumps(records), encoding="utf-8")
+    return len(records)
+
+
+def profile_dataloaders(commands_path: str | os.PathLike, h5_path: str | os.PathLike, tokenizer: QATokenizer,
+                        config: ProfileConfig, log: Callable[[str], None] = tqdm.write) -> dict[str, Any]:
+    """Measure every (loader, image size, workers, batch size); return the ``dataloader.json`` metrics."""
+    header = PackedImageReader(h5_path)
+    num_images = min(config.max_images, len(header))
+    sizes = [header.image_size] + sorted({s for s in config.extra_image_sizes if s != header.image_size})
+    num_batches = config.warmup_batches + config.batches
+    with tempfile.TemporaryDirectory(prefix="profile_dataloader_") as tmp:
+        subset_path = Path(tmp) / "commands.json"
+        num_questions = _subset_commands(Path(commands_path), set(header.image_ids[:num_images]), subset_path)
+        h5_paths = {header.image_size: Path(h5_path)}
+        for size in sizes[1:]:
+            log(f"profile: resizing {num_images} images to {size} px")
+            h5_paths[size] = Path(tmp) / f"images_{size}.h5"
+            repack_resized(h5_path, h5_paths[size], size, max_images=num_images)
+
+        samples_per_s: dict[str, dict[str, dict[str, float]]] = {}
+        plan = [(size, w, b) for size in sizes for w in config.workers for b in config.batch_sizes]
+        progress = tqdm(total=config.rounds * len(plan) * len(LOADERS), desc="profile", unit="run")
+        for round_index in range(config.rounds):
+            for size in sizes:
+                datasets = {
+                    "naive": NaiveTrafficVQADataset(subset_path, h5_paths[size], tokenizer),
+                    "ours_hdf5": TrafficVQADataset(subset_path, h5_paths[size], tokenizer, seed=config.seed),
+                    "ours_ram": TrafficVQADataset(subset_path, h5_paths[size], tokenizer, in_memory=True,
+                                                  seed=config.seed),
+                }
+                for _, workers, batch_size in [p for p in plan if p[0] == size]:
+                    # Alternate the loader order between rounds so drift hits all loaders alike.
+                    order = LOADERS if round_index % 2 == 0 else LOADERS[::-1]
+                    for name in order:
+                        loader = _make_loader(name, datasets[name], batch_size, workers, num_batches, config.seed)
+                        seconds, samples = _time_loader(loader, config.warmup_batches, config.batches)
+                        key = f"workers{workers}_batch{batch_size}"
+                        table = samples_per_s.setdefault(f"{size}px", {}).setdefault(name, {})
+                        table[key] = max(table.get(key, 0.0), samples / seconds)
+                        progress.update()
+        progress.close()
+    return _summarise(samples_per_s, sizes, header.image_size, num_images, num_questions, config)
+
+
+def _best(table: dict[str, float]) -> dict[str, Any]:
+    key = max(table, key=table.get)
+    workers, batch = key.removeprefix("workers").split("_batch")
+    return {"samples_per_s": round(table[key], 1), "workers": int(workers), "batch_size": int(batch)}
+
+
+def _summarise(samples_per_s: dict, sizes: list[int], packed_size: int, num_images: int, num_questions: int,
+               config: ProfileConfig) -> dict[str, Any]:
+    best: dict[str, Any] = {}
+    speedup: dict[str, float] = {}
+    for size in sizes:
+        tables = samples_per_s[f"{size}px"]
+        naive = _best(tables["naive"])
+        ours = max((_best(tables[name]) | {"loader": name} for name in LOADERS[1:]), key=lambda b: b["samples_per_s"])
+        best[f"{size}px"] = {"naive": naive, "ours": ours}
+        speedup[f"{size}px"] = round(ours["samples_per_s"] / naive["samples_per_s"], 2)
+    metrics: dict[str, Any] = {
+        "split": config.split,
+        "images": num_images,
+        "questions": num_questions,
+        "questions_per_image": round(num_questions / num_images, 2),
+        "packed_image_size": packed_size,
+        "timed_batches": config.batches,
+        "rounds": config.rounds,
+        "samples_per_s": {size: {name: {k: round(v, 1) for k, v in table.items()} for name, table in tables.items()}
+                          for size, tables in samples_per_s.items()},
+        "best": best,
+        "speedup": speedup,
+        "targets": {"speedup_min": TARGET_SPEEDUP,
+                    "speedup_met": all(s >= TARGET_SPEEDUP for s in speedup.values())},
+    }
+    if "224px" in best:
+        metrics["targets"]["samples_per_s_224px_min"] = TARGET_SAMPLES_PER_S_224
+        metrics["targets"]["samples_per_s_224px_met"] = best["224px"]["ours"]["samples_per_s"] >= TARGET_SAMPLES_PER_S_224
+    return metrics
+
+
+def plot_dataloader_metrics(metrics: dict[str, Any], path: str | os.PathLike) -> None:
+    """Grouped bars of samples/s per (workers, batch size), one panel per image size, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vlm.io import atomic_path
+
+    sizes = list(metrics["samples_per_s"])
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4), squeeze=False, sharey=True)
+    for ax, size in zip(axes[0], sizes):
+        tables = metrics["samples_per_s"][size]
+        keys = list(tables["naive"])
+        x = np.arange(len(keys))
+        width = 0.8 / len(tables)
+        for i, (name, table) in enumerate(tables.items()):
+            ax.bar(x + (i - (len(tables) - 1) / 2) * width, [table[k] for k in keys], width, label=name)
+        ax.set_xticks(x, [k.replace("workers", "w").replace("_batch", "\nb") for k in keys])
+        ax.set_yscale("log")
+        ax.set_title(f"{size}: ours {metrics['speedup'][size]}x naive (best of each)")
+        ax.grid(axis="y", which="both", alpha=0.3)
+    axes[0][0].set_ylabel("samples/s")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncols=len(labels))
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)

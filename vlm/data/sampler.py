@@ -1,0 +1,86 @@
+"""A batch sampler that keeps the questions of an image together (the image is encoded once).
+
+Per epoch the images are shuffled with a generator seeded by ``(seed, epoch)``, split between
+DDP ranks (``images[rank::world_size]``), and each rank packs its images' question groups
+greedily into batches of at most ``batch_size`` questions. Ranks must run the same number of
+steps, so shorter ranks repeat their first batches (``drop_last=False``, like
+``DistributedSampler``'s padding) or longer ones drop their last (``drop_last=True``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+from torch.utils.data import Sampler
+
+
+class GroupedBatchSampler(Sampler[list[int]]):
+    """Batches of question indices, all questions of an image in the same batch.
+
+    ``image_rows[q]`` is the image of question ``q`` (``TrafficVQADataset.image_rows``). An image
+    with more than ``batch_size`` questions (rare) is split over consecutive batches.
+    Deterministic for ``(seed, epoch)``; call ``set_epoch`` before each epoch.
+    """
+
+    def __init__(self, image_rows: Sequence[int] | np.ndarray, batch_size: int, *, shuffle: bool = True,
+                 seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank={rank} world_size={world_size}")
+        image_rows = np.asarray(image_rows, dtype=np.int64)  # [Q]
+        order = np.argsort(image_rows, kind="stable")  # questions grouped by image, file order inside
+        _, group_starts = np.unique(image_rows[order], return_index=True)
+        self.groups = [group.tolist() for group in np.split(order, group_starts[1:])] if len(order) else []
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+        self._cached: tuple[int, list[list[int]]] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _pack(self, group_order: np.ndarray) -> list[list[int]]:
+        batches: list[list[int]] = []
+        batch: list[int] = []
+        for g in group_order.tolist():
+            for start in range(0, len(self.groups[g]), self.batch_size):
+                questions = self.groups[g][start:start + self.batch_size]
+                if len(batch) + len(questions) > self.batch_size:
+                    batches.append(batch)
+                    batch = []
+                batch.extend(questions)
+        if batch:
+            batches.append(batch)
+        return batches
+
+    def _epoch_batches(self) -> list[list[int]]:
+        if self._cached is not None and self._cached[0] == self.epoch:
+            return self._cached[1]
+        num_groups = len(self.groups)
+        if self.shuffle:
+            group_order = np.random.default_rng((self.seed, self.epoch)).permutation(num_groups)
+        else:
+            group_order = np.arange(num_groups)
+        per_rank = [self._pack(group_order[r::self.world_size]) for r in range(self.world_size)]
+        counts = [len(b) for b in per_rank]
+        num_batches = min(counts) if self.drop_last else max(counts)
+        mine = per_rank[self.rank]
+        if num_batches > 0 and not mine:
+            raise ValueError(f"{num_groups} images cannot be split over {self.world_size} ranks")
+        while 0 < len(mine) < num_batches:
+            mine = mine + mine[:num_batches - len(mine)]
+        batches = mine[:num_batches]
+        self._cached = (self.epoch, batches)
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self._epoch_batches())
+
+    def __len__(self) -> int:
+        return len(self._epoch_batches())

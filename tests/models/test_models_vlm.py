@@ -313,3 +313,20 @@ def test_matches_hf_paligemma(transformers, config, make_batch, tmp_path):
     valid = batch["attention_mask"].bool()
     assert expected[valid].std() > 0.1  # logits that differ across tokens, not a degenerate comparison
     torch.testing.assert_close(got[valid], expected[valid], atol=1e-4, rtol=0)
+
+
+def test_pixel_shuffle_merges_neighbouring_patches():
+    from vlm.models.connector import pixel_shuffle
+
+    grid = torch.arange(16, dtype=torch.float32).view(1, 16, 1)  # patch t has feature t, 4 x 4 grid
+    merged = pixel_shuffle(grid, 2)  # [1, 4, 4]
+    assert merged.shape == (1, 4, 4)
+    assert merged[0, 0].tolist() == [0, 1, 4, 5]  # the top-left 2 x 2 block
+    assert merged[0, 3].tolist() == [10, 11, 14, 15]  # the bottom-right block
+    config = VLMConfig.from_params({"pixel_shuffle": 2, "siglip": {"patch_size": 16}}, 57, 128)
+    assert config.num_image_tokens == 16
+    model = TrafficVLM(config)
+    tokens = model.encode_images(torch.randint(0, 255, (3, 3, 128, 128), dtype=torch.uint8))
+    assert tokens.shape == (3, 16, config.gemma.hidden_size)
+    with pytest.raises(ParamError, match="model.pixel_shuffle: must be >= 1 and divide the patch grid"):
+        VLMConfig.from_params({"pixel_shuffle": 3, "siglip": {"patch_size": 16}}, 57, 128)

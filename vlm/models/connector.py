@@ -1,4 +1,10 @@
-"""The linear connector: PaliGemma's multi-modal projector (one linear map per image token)."""
+"""The linear connector: PaliGemma's multi-modal projector, with optional pixel shuffle.
+
+With ``pixel_shuffle`` r > 1, each r x r block of neighbouring patch features is concatenated into
+one token before the projection (the "pixel shuffle" of Idefics3 / SmolVLM / nanoVLM): the decoder
+then reads r^2 times fewer image tokens, each carrying the features of r^2 patches. r = 1 is
+PaliGemma's one-token-per-patch projector.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +12,26 @@ import torch
 from torch import nn
 
 
-class LinearConnector(nn.Module):
-    """Vision features ``[N, P, Dv]`` -> ``P`` image tokens ``[N, P, D_text]`` (``multi_modal_projector.linear``)."""
+def pixel_shuffle(features: torch.Tensor, factor: int) -> torch.Tensor:
+    """Patch features ``[N, g*g, D]`` (row-major grid) -> ``[N, (g/r)^2, r*r*D]``, r = ``factor``."""
+    if factor == 1:
+        return features
+    batch, num_patches, dim = features.shape
+    grid = int(round(num_patches ** 0.5))
+    out = grid // factor
+    blocks = features.view(batch, out, factor, out, factor, dim).permute(0, 1, 3, 2, 4, 5)  # [N, o, o, r, r, D]
+    return blocks.reshape(batch, out * out, factor * factor * dim)
 
-    def __init__(self, vision_hidden_size: int, text_hidden_size: int):
+
+class LinearConnector(nn.Module):
+    """Vision features ``[N, P, Dv]`` -> ``P / r^2`` image tokens ``[N, P / r^2, D_text]`` (``multi_modal_projector.linear``)."""
+
+    def __init__(self, vision_hidden_size: int, text_hidden_size: int, pixel_shuffle: int = 1):
         super().__init__()
-        self.linear = nn.Linear(vision_hidden_size, text_hidden_size)
+        self.pixel_shuffle = pixel_shuffle
+        self.linear = nn.Linear(vision_hidden_size * pixel_shuffle * pixel_shuffle, text_hidden_size)
         nn.init.trunc_normal_(self.linear.weight, std=0.02, a=-0.04, b=0.04)
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, image_features: torch.Tensor) -> torch.Tensor:
-        return self.linear(image_features)
+        return self.linear(pixel_shuffle(image_features, self.pixel_shuffle))

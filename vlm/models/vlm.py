@@ -2,8 +2,9 @@
 
 Sequence layout per question: ``[image tokens | [SOS] question [SEP] | answer [EOS] | padding]``.
 The image tokens and the question form the prefix, attended in full; the answer is causal. Image tokens
-come from the connector (``linear``: one per patch; ``qformer``: ``num_query_tokens``) and enter the
-decoder as they are, while text embeddings carry Gemma's ``sqrt(hidden_size)`` scale: that is
+come from the connector (``linear``: one per patch, or per r x r patches with ``pixel_shuffle`` r;
+``qformer``: ``num_query_tokens``) and enter the decoder as they are, while text embeddings carry
+Gemma's ``sqrt(hidden_size)`` scale: that is
 PaliGemma's merge (it divides the image features by ``sqrt(hidden_size)`` before a decoder that scales
 every input embedding by it). ``vision: none`` is the blind baseline: the same decoder, no image tokens.
 
@@ -43,6 +44,7 @@ _FROM_DATA = {
 class VLMConfig:
     vision: Literal["siglip", "none"] = "siglip"
     connector: Literal["linear", "qformer"] = "linear"
+    pixel_shuffle: int = 1  # linear connector: r x r neighbouring patches -> one image token (1 = PaliGemma)
     vision_checkpoint: str | None = None
     siglip: SiglipVisionConfig = field(default_factory=SiglipVisionConfig)
     gemma: GemmaConfig = field(default_factory=GemmaConfig)
@@ -54,13 +56,18 @@ class VLMConfig:
     def num_image_tokens(self) -> int:
         if self.vision == "none":
             return 0
-        return self.qformer.num_query_tokens if self.connector == "qformer" else self.siglip.num_patches
+        if self.connector == "qformer":
+            return self.qformer.num_query_tokens
+        return self.siglip.num_patches // (self.pixel_shuffle * self.pixel_shuffle)
 
     def validate(self, prefix: str = "model") -> None:
         check(self.vision in ("siglip", "none"), f"{prefix}.vision", f"must be 'siglip' or 'none', got {self.vision!r}")
         check(self.connector in ("linear", "qformer"), f"{prefix}.connector",
               f"must be 'linear' or 'qformer', got {self.connector!r}")
         self.siglip.validate(f"{prefix}.siglip")
+        grid = self.siglip.image_size // self.siglip.patch_size
+        check(self.pixel_shuffle >= 1 and grid % self.pixel_shuffle == 0, f"{prefix}.pixel_shuffle",
+              f"must be >= 1 and divide the patch grid ({grid} x {grid} patches), got {self.pixel_shuffle}")
         self.gemma.validate(f"{prefix}.gemma")
         self.qformer.validate(f"{prefix}.qformer")
         for name in ("image_mean", "image_std"):
@@ -143,7 +150,8 @@ class TrafficVLM(nn.Module):
         if config.vision == "siglip":
             self.vision_tower = SiglipVisionModel(config.siglip)
             if config.connector == "linear":
-                self.multi_modal_projector = LinearConnector(config.siglip.hidden_size, config.gemma.hidden_size)
+                self.multi_modal_projector = LinearConnector(config.siglip.hidden_size, config.gemma.hidden_size,
+                                                             config.pixel_shuffle)
             else:
                 self.multi_modal_projector = QFormerConnector(config.qformer, config.siglip.hidden_size,
                                                               config.gemma.hidden_size)
@@ -259,7 +267,8 @@ class TrafficVLM(nn.Module):
     def image_attention(self, images, image_index, input_ids, attention_mask, prefix_lengths) -> torch.Tensor:
         """Attention probabilities ``[B, num_layers, num_heads, T]`` from the position that predicts the
         first answer token ([SEP]) to the T image tokens (explicit attention path), for heat maps. With the
-        linear connector token t is patch t of the row-major patch grid; with the Q-Former it is query t."""
+        linear connector token t is cell t of the row-major (pixel-shuffled) patch grid; with the Q-Former it
+        is query t."""
         if self.config.vision == "none":
             raise ValueError("image_attention(): the blind model (vision: none) has no image tokens")
         inputs_embeds, key_valid, prefix_total = self._embed(images, image_index, input_ids, attention_mask,

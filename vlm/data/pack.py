@@ -205,10 +205,12 @@ class PackedSplit:
     images: int
     skipped_image_ids: list[str]
     bytes: int
+    mean: np.ndarray  # float32 [3], the normalisation stats written into the file (the train split's)
+    std: np.ndarray
 
 
 def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackConfig, pool: Any = None,
-               train_stats: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[PackedSplit, PixelStats]:
+               train_stats: tuple[np.ndarray, np.ndarray] | None = None) -> PackedSplit:
     """Write ``out_path`` atomically; mean/std are ``train_stats`` or, for the train split, its own."""
     stats = PixelStats()
     skipped: list[str] = []
@@ -236,8 +238,8 @@ def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackCon
         except BaseException:
             writer.abort()
             raise
-    packed = PackedSplit(images.split, len(images.image_ids) - len(skipped), skipped, os.path.getsize(out_path))
-    return packed, stats
+    return PackedSplit(images.split, len(images.image_ids) - len(skipped), skipped, os.path.getsize(out_path),
+                       *train_stats)
 
 
 def start_decode_pool(workers: int) -> Any:
@@ -267,10 +269,8 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
         packed: list[PackedSplit] = []
         train_stats = None
         for images in split_images:
-            result, stats = pack_split(images, Path(output_dir) / f"{images.split}_images.h5", config, pool,
-                                       train_stats)
-            if train_stats is None:
-                train_stats = stats.mean_std()
+            result = pack_split(images, Path(output_dir) / f"{images.split}_images.h5", config, pool, train_stats)
+            train_stats = (result.mean, result.std)
             packed.append(result)
     finally:
         if pool is not None:
@@ -278,7 +278,6 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
             pool.join()
     seconds = time.perf_counter() - start
     num_images = sum(p.images + len(p.skipped_image_ids) for p in packed)
-    mean, std = train_stats
     return {
         "image_size": config.image_size,
         "resample": config.resample,
@@ -290,8 +289,8 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
         "images_per_s": round(num_images / seconds, 1),
         "splits": {p.split: {"images": p.images, "skipped": len(p.skipped_image_ids), "bytes": p.bytes}
                    for p in packed},
-        "train_mean": [round(float(v), 6) for v in mean],
-        "train_std": [round(float(v), 6) for v in std],
+        "train_mean": [round(float(v), 6) for v in packed[0].mean],
+        "train_std": [round(float(v), 6) for v in packed[0].std],
     }
 
 

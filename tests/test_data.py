@@ -223,3 +223,16 @@ def test_augment_config_rejects_colour_changing_jitter():
         build_config(AugmentConfig, {"hue": 0.2}, "train.augment")
     with pytest.raises(ParamError, match="train.augment.rotation_degrees"):
         build_config(AugmentConfig, {"rotation_degrees": 45}, "train.augment")
+
+
+def test_a_file_that_is_not_a_packed_split_is_rejected_naming_it(project, tokenizer, tmp_path):
+    not_hdf5 = tmp_path / "train_images.h5"
+    not_hdf5.write_bytes(b"plain text")
+    with pytest.raises(ValueError, match=r"train_images\.h5: not a readable HDF5 file"):
+        TrafficVQADataset(project.commands("train"), not_hdf5, tokenizer)
+    old_format = tmp_path / "old.h5"
+    old_format.write_bytes(project.h5("train").read_bytes())
+    with h5py.File(old_format, "r+") as f:
+        f.attrs["format_version"] = 0
+    with pytest.raises(ValueError, match=r"old\.h5: format_version 0, expected 1; re-run the pack_hdf5 stage"):
+        TrafficVQADataset(project.commands("train"), old_format, tokenizer)

@@ -67,7 +67,7 @@ class SceneProject:
 
     def pack(self, **config) -> dict:
         return pack_dataset(self.labels, self.source, self.commands_dir, self.processed,
-                            PackConfig(**{"image_size": PACK_SIZE, "workers": 0} | config), root=self.root)
+                            PackConfig(**{"image_size": PACK_SIZE, "workers": 1} | config), root=self.root)
 
 
 def write_scene_project(root: Path, split_sizes: dict[str, int] = SPLIT_SIZES) -> SceneProject:

@@ -68,7 +68,7 @@ def test_mean_std_from_train_pixels_in_every_split(project):
 
 
 def test_packing_twice_is_byte_identical_whatever_the_worker_count(project):
-    project.pack(workers=0)
+    project.pack(workers=1)
     first = {split: sha256(project.h5(split)) for split in SPLIT_SIZES}
     time.sleep(1.1)  # HDF5 object timestamps have 1 s resolution: they would differ now
     project.pack(workers=2, chunksize=1)
@@ -159,7 +159,7 @@ def test_decoding_keeps_a_bounded_number_of_chunks_in_flight():
     config = PackConfig(workers=2, chunksize=3)
     results = list(_decode_in_order(paths, config, pool))
     assert results == [f"{p}!" for p in paths]  # in order
-    assert pool.most_pending == 2 * config.workers
+    assert pool.most_pending == 2 * config.num_workers
 
 
 def test_pack_config_errors_name_the_key():
@@ -174,7 +174,7 @@ def test_pack_config_errors_name_the_key():
 def test_stage_script_writes_files_and_metrics(project, monkeypatch):
     from stages.pack_hdf5 import main
 
-    (project.root / "params.yaml").write_text(yaml.safe_dump({"pack": {"image_size": PACK_SIZE, "workers": 0}}))
+    (project.root / "params.yaml").write_text(yaml.safe_dump({"pack": {"image_size": PACK_SIZE, "workers": 1}}))
     monkeypatch.chdir(project.root)
     main([])
     metrics = json.loads((project.root / "metrics" / "pack.json").read_text())

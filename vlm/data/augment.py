@@ -13,7 +13,9 @@ light never changes its colour class; rotation is a few degrees.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,8 +74,28 @@ def sample_augment_params(config: AugmentConfig, seed: int, epoch: int, image_ro
     )
 
 
+@contextlib.contextmanager
+def single_threaded_torch() -> Iterator[None]:
+    """Run torch ops on the calling thread only, restoring the thread count afterwards.
+
+    Augmentation runs per image: in DataLoader workers torch already uses one thread, and doing
+    the same in the main process (``num_workers=0``) keeps reductions (the contrast mean) in the
+    same order, so 0 and N workers give bit-identical images, and avoids waking the intra-op pool
+    for ops too small to profit from it.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def augment_image(image: torch.Tensor, params: AugmentParams) -> torch.Tensor:
-    """uint8 ``[3, S, S]`` -> augmented uint8 ``[3, S, S]`` (torchvision v2 functional ops)."""
+    """uint8 ``[3, S, S]`` -> augmented uint8 ``[3, S, S]`` (torchvision v2 functional ops).
+
+    Call it inside ``single_threaded_torch()`` for results independent of the worker count.
+    """
     if params.hflip:
         image = F.horizontal_flip(image)
     if params.brightness != 1.0:

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from vlm.data.augment import AugmentConfig, augment_image, sample_augment_params, swap_left_right
+from vlm.data.augment import (AugmentConfig, augment_image, sample_augment_params, single_threaded_torch,
+                              swap_left_right)
 from vlm.data.commands import read_commands
 from vlm.data.h5file import PackedImageReader
 
@@ -102,8 +103,9 @@ class TrafficVQADataset(Dataset):
         self._question_ids = TokenTable(commands, tokenizer.encode_question)
         self._answer_ids = TokenTable(answers, tokenizer.encode_answer)
         if augment is not None and augment.hflip_prob > 0:
-            self._mirrored_commands = [swap_left_right(c) for c in commands]
-            self._mirrored_answers = [swap_left_right(a) for a in answers]
+            mirror = {text: swap_left_right(text) for text in {*commands, *answers}}
+            self._mirrored_commands = [mirror[c] for c in commands]
+            self._mirrored_answers = [mirror[a] for a in answers]
             self._mirrored_question_ids = TokenTable(self._mirrored_commands, tokenizer.encode_question)
             self._mirrored_answer_ids = TokenTable(self._mirrored_answers, tokenizer.encode_answer)
 
@@ -143,10 +145,11 @@ class TrafficVQADataset(Dataset):
         mirrored = [False] * len(distinct_rows)
         if self.augment is not None:
             augmented = []
-            for slot, row in enumerate(distinct_rows.tolist()):
-                params = sample_augment_params(self.augment, self.seed, self.epoch, row)
-                augmented.append(augment_image(chw_images[slot], params))
-                mirrored[slot] = params.hflip
+            with single_threaded_torch():
+                for slot, row in enumerate(distinct_rows.tolist()):
+                    params = sample_augment_params(self.augment, self.seed, self.epoch, row)
+                    augmented.append(augment_image(chw_images[slot], params))
+                    mirrored[slot] = params.hflip
             chw_images = augmented
 
         samples = []

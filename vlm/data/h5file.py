@@ -114,7 +114,7 @@ class PackedImageReader:
     def _check_layout(self, f: h5py.File) -> None:
         version = f.attrs.get("format_version")
         if version != FORMAT_VERSION:
-            raise ValueError(f"{self.path}: format_version {version!r}, expected {FORMAT_VERSION}; "
+            raise ValueError(f"{self.path}: format_version {version}, expected {FORMAT_VERSION}; "
                              "re-run the pack_hdf5 stage")
         for name in ("images", "image_ids", "annotations", "skipped_image_ids", "metadata/mean", "metadata/std"):
             if name not in f:

@@ -42,15 +42,19 @@ RESAMPLE = {
 @dataclass
 class PackConfig:
     image_size: int = 128  # S: images are stored S x S (squashed)
-    workers: int = 2  # decoding processes; 0 decodes in the calling process
+    workers: int = 0  # decoding processes; 0: one per CPU core, 1: in the calling process
     chunksize: int = 16  # images per task sent to a worker
     skip_corrupt: bool = False  # skip (and count) undecodable images instead of failing
     resample: Literal["bilinear", "bicubic", "lanczos"] = "bicubic"  # filter after the JPEG draft downscale
 
     def validate(self, prefix: str = "pack") -> None:
         check(16 <= self.image_size <= 1024, f"{prefix}.image_size", f"must be in [16, 1024], got {self.image_size}")
-        check(self.workers >= 0, f"{prefix}.workers", f"must be >= 0, got {self.workers}")
+        check(self.workers >= 0, f"{prefix}.workers", f"must be >= 0 (0 = one per CPU core), got {self.workers}")
         check(self.chunksize >= 1, f"{prefix}.chunksize", f"must be >= 1, got {self.chunksize}")
+
+    @property
+    def num_workers(self) -> int:
+        return self.workers or os.cpu_count() or 1
 
 
 class CorruptImageError(ValueError):
@@ -77,8 +81,7 @@ def decode_image(path: str | os.PathLike, image_size: int, resample: str = "bicu
 class DecodedImage:
     image: np.ndarray | None  # uint8 [S, S, 3], None when decoding failed
     error: str | None
-    channel_sum: tuple[int, int, int] = (0, 0, 0)  # exact integer sums over the pixels
-    channel_sq_sum: tuple[int, int, int] = (0, 0, 0)
+    histogram: np.ndarray | None = None  # int64 [3, 256]: pixel count per channel and value
 
 
 def _decode_chunk(paths: list[str], image_size: int, resample: str) -> list[DecodedImage]:
@@ -90,21 +93,22 @@ def _decode_chunk(paths: list[str], image_size: int, resample: str) -> list[Deco
         except CorruptImageError as e:
             decoded.append(DecodedImage(None, str(e)))
             continue
-        pixels = image.reshape(-1, 3).astype(np.int64)  # [S*S, 3]
-        decoded.append(DecodedImage(image, None, tuple(pixels.sum(0).tolist()),
-                                    tuple((pixels * pixels).sum(0).tolist())))
+        # Histograms are exact integers (order-independent stats) and ~8x cheaper than int64 sums of squares.
+        histogram = np.stack([np.bincount(image[..., c].ravel(), minlength=256) for c in range(3)])
+        decoded.append(DecodedImage(image, None, histogram.astype(np.int64)))
     return decoded
 
 
 def _decode_in_order(paths: list[str], config: PackConfig, pool: Any) -> Iterator[DecodedImage]:
-    """Decoded images in the order of ``paths``; with a pool, at most ``2 * workers`` chunks in flight."""
+    """Decoded images in the order of ``paths``; with a pool, at most ``2 * num_workers`` chunks in flight."""
     chunks = (paths[i:i + config.chunksize] for i in range(0, len(paths), config.chunksize))
     args = (config.image_size, config.resample)
     if pool is None:
         for chunk in chunks:
             yield from _decode_chunk(chunk, *args)
         return
-    pending = deque(pool.apply_async(_decode_chunk, (chunk, *args)) for chunk in islice(chunks, 2 * config.workers))
+    in_flight = 2 * config.num_workers
+    pending = deque(pool.apply_async(_decode_chunk, (chunk, *args)) for chunk in islice(chunks, in_flight))
     while pending:
         decoded = pending.popleft().get()
         for chunk in islice(chunks, 1):
@@ -113,26 +117,25 @@ def _decode_in_order(paths: list[str], config: PackConfig, pool: Any) -> Iterato
 
 
 class PixelStats:
-    """Per-channel mean/std from exact integer sums: independent of order and worker count."""
+    """Per-channel mean/std from exact pixel-value histograms: independent of order and worker count."""
 
     def __init__(self) -> None:
-        self.num_pixels = 0
-        self.channel_sum = [0, 0, 0]
-        self.channel_sq_sum = [0, 0, 0]
+        self.histogram = np.zeros((3, 256), dtype=np.int64)  # [C, value]
 
     def add(self, decoded: DecodedImage) -> None:
-        self.num_pixels += decoded.image.shape[0] * decoded.image.shape[1]
-        for c in range(3):
-            self.channel_sum[c] += decoded.channel_sum[c]
-            self.channel_sq_sum[c] += decoded.channel_sq_sum[c]
+        self.histogram += decoded.histogram
 
     def mean_std(self) -> tuple[np.ndarray, np.ndarray]:
         """float32 ``[3]`` mean and std on the 0..1 scale (population std)."""
-        n = self.num_pixels
-        mean = [s / n / 255.0 for s in self.channel_sum]
-        # Var = (n * sum(x^2) - sum(x)^2) / n^2, exact in integers before the one division.
-        var = [(n * q - s * s) / (n * n) for s, q in zip(self.channel_sum, self.channel_sq_sum)]
-        std = [v ** 0.5 / 255.0 for v in var]
+        values = list(range(256))
+        mean, std = [], []
+        for counts in self.histogram.tolist():  # Python ints: exact sums
+            n = sum(counts)
+            total = sum(v * c for v, c in zip(values, counts))
+            total_sq = sum(v * v * c for v, c in zip(values, counts))
+            mean.append(total / n / 255.0)
+            # Var = (n * sum(x^2) - sum(x)^2) / n^2, exact in integers before the one division.
+            std.append(((n * total_sq - total * total) / (n * n)) ** 0.5 / 255.0)
         return np.array(mean, dtype=np.float32), np.array(std, dtype=np.float32)
 
 
@@ -202,10 +205,12 @@ class PackedSplit:
     images: int
     skipped_image_ids: list[str]
     bytes: int
+    mean: np.ndarray  # float32 [3], the normalisation stats written into the file (the train split's)
+    std: np.ndarray
 
 
 def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackConfig, pool: Any = None,
-               train_stats: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[PackedSplit, PixelStats]:
+               train_stats: tuple[np.ndarray, np.ndarray] | None = None) -> PackedSplit:
     """Write ``out_path`` atomically; mean/std are ``train_stats`` or, for the train split, its own."""
     stats = PixelStats()
     skipped: list[str] = []
@@ -233,8 +238,8 @@ def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackCon
         except BaseException:
             writer.abort()
             raise
-    packed = PackedSplit(images.split, len(images.image_ids) - len(skipped), skipped, os.path.getsize(out_path))
-    return packed, stats
+    return PackedSplit(images.split, len(images.image_ids) - len(skipped), skipped, os.path.getsize(out_path),
+                       *train_stats)
 
 
 def start_decode_pool(workers: int) -> Any:
@@ -259,15 +264,13 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
         raise ValueError(f"splits must start with 'train' (its mean/std goes into every file), got {splits}")
     split_images = collect_split_images(labels_path, source_path, commands_dir, splits, root)
     start = time.perf_counter()
-    pool = start_decode_pool(config.workers) if config.workers > 0 else None
+    pool = start_decode_pool(config.num_workers) if config.num_workers > 1 else None
     try:
         packed: list[PackedSplit] = []
         train_stats = None
         for images in split_images:
-            result, stats = pack_split(images, Path(output_dir) / f"{images.split}_images.h5", config, pool,
-                                       train_stats)
-            if train_stats is None:
-                train_stats = stats.mean_std()
+            result = pack_split(images, Path(output_dir) / f"{images.split}_images.h5", config, pool, train_stats)
+            train_stats = (result.mean, result.std)
             packed.append(result)
     finally:
         if pool is not None:
@@ -275,11 +278,10 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
             pool.join()
     seconds = time.perf_counter() - start
     num_images = sum(p.images + len(p.skipped_image_ids) for p in packed)
-    mean, std = train_stats
     return {
         "image_size": config.image_size,
         "resample": config.resample,
-        "workers": config.workers,
+        "workers": config.num_workers,
         "images": sum(p.images for p in packed),
         "skipped": sum(len(p.skipped_image_ids) for p in packed),
         "bytes": sum(p.bytes for p in packed),
@@ -287,8 +289,8 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
         "images_per_s": round(num_images / seconds, 1),
         "splits": {p.split: {"images": p.images, "skipped": len(p.skipped_image_ids), "bytes": p.bytes}
                    for p in packed},
-        "train_mean": [round(float(v), 6) for v in mean],
-        "train_std": [round(float(v), 6) for v in std],
+        "train_mean": [round(float(v), 6) for v in packed[0].mean],
+        "train_std": [round(float(v), 6) for v in packed[0].std],
     }
 
 

@@ -9,6 +9,7 @@ A checkpoint is a ``torch.save`` dict::
     vocab_sha256    sha256 of that vocab.json file
     answers         the answer set for constrained decoding (normalised answer strings)
     image_size      the packed image size inputs must be resized to
+    resample        the resampling filter the images were packed with
     metrics         what training measured (epoch, step, val accuracy, ...)
 
 Training state for resuming (optimizer, scheduler, history) lives in separate files under
@@ -30,7 +31,7 @@ from vlm.models import TrafficVLM, VLMConfig
 from vlm.tokenizer import TrafficCommandTokenizer
 
 FORMAT_VERSION = 1
-REQUIRED = ("format_version", "config", "state_dict", "vocab", "vocab_sha256", "answers", "image_size")
+REQUIRED = ("format_version", "config", "state_dict", "vocab", "vocab_sha256", "answers", "image_size", "resample")
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -67,6 +68,7 @@ class LoadedModel:
     tokenizer: TrafficCommandTokenizer
     answers: list[str]
     image_size: int
+    resample: str
     checkpoint: dict[str, Any]
 
     def candidates(self) -> list[list[int]]:
@@ -102,4 +104,5 @@ def load_model(path: str | os.PathLike, vocab_path: str | os.PathLike | None = N
     model = TrafficVLM(config)
     model.load_state_dict(payload["state_dict"], strict=True)
     model.to(device).eval()
-    return LoadedModel(model, tokenizer, list(payload["answers"]), int(payload["image_size"]), payload)
+    return LoadedModel(model, tokenizer, list(payload["answers"]), int(payload["image_size"]), payload["resample"],
+                       payload)

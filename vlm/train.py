@@ -213,6 +213,7 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
     model_params = {**model_params, "vision": "none"} if blind else model_params
     model_config = VLMConfig.from_params(model_params, tokenizer.vocab_size, header.image_size,
                                          header.mean.tolist(), header.std.tolist())
+    resample = header.resample
     header.close()
     train_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
                                   in_memory=config.in_memory, seed=config.seed)
@@ -259,7 +260,7 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
         return {"format_version": checkpoint.FORMAT_VERSION, "config": model_config.to_dict(),
                 "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
                 "vocab": vocab_payload, "vocab_sha256": vocab_sha, "answers": answers,
-                "image_size": model_config.siglip.image_size,
+                "image_size": model_config.siglip.image_size, "resample": resample,
                 "metrics": {"epoch": epoch, "step": state["step"], "val_accuracy": val_accuracy},
                 "blind": blind}
 

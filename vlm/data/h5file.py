@@ -101,6 +101,7 @@ class PackedImageReader:
             with h5py.File(self.path, "r") as f:
                 self._check_layout(f)
                 self.image_size = int(f.attrs["image_size"])
+                self.resample = str(f.attrs["resample"])
                 self.split = str(f.attrs["split"])
                 self.image_ids = [str(s) for s in f["image_ids"].asstr()[:]]
                 self.skipped_image_ids = [str(s) for s in f["skipped_image_ids"].asstr()[:]]

@@ -1,0 +1,31 @@
+"""Stage evaluate: the VLM and the blind baseline on the test split; metrics, tables and pictures."""
+
+import argparse
+from pathlib import Path
+
+from vlm.cli import run
+from vlm.evaluate import EvaluateConfig, EvaluatePaths, evaluate
+from vlm.params import build_config, load_params, section
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--models", default="models")
+    parser.add_argument("--data", default="data/processed")
+    parser.add_argument("--raw", default="data/raw")
+    parser.add_argument("--metrics", default="metrics")
+    args = parser.parse_args()
+    config = build_config(EvaluateConfig, section(load_params(args.params), "evaluate"), "evaluate")
+    metrics_dir = Path(args.metrics)
+    paths = EvaluatePaths(model=Path(args.models) / "vlm.pt", blind=Path(args.models) / "blind.pt",
+                          data=Path(args.data), raw=Path(args.raw), metrics=metrics_dir / "eval.json",
+                          tables=metrics_dir / "eval", plots=metrics_dir / "plots")
+    metrics = evaluate(config, paths)
+    print(f"{config.split}: VLM {metrics['vlm']['accuracy']:.1%}, blind {metrics['blind']['accuracy']:.1%}")
+    for t, acc in metrics["vlm"]["per_type"].items():
+        print(f"  {t:14s} VLM {acc:.1%}  blind {metrics['blind']['per_type'].get(t, 0):.1%}")
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,112 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+from sklearn.metrics import f1_score
+
+from tiny_project import TINY_MODEL, build_project, paths_for, tiny_train_config
+from vlm import predict
+from vlm.evaluate import EvaluateConfig, EvaluatePaths, evaluate, summarize
+from vlm.params import ParamError, build_config
+from vlm.train import train
+
+pytestmark = pytest.mark.xdist_group("train")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("evaluate")
+    processed = build_project(root)
+    models = root / "models"
+    for blind in (False, True):
+        name = "blind" if blind else "vlm"
+        train(TINY_MODEL, tiny_train_config(epochs=2), paths_for(processed, models, name), blind=blind, progress=False)
+    return root, processed, models
+
+
+def test_summarize_on_a_hand_built_table():
+    table = pd.DataFrame({
+        "command_type": ["detection", "detection", "counting", "counting", "safety"],
+        "answer": ["yes", "no", "3", "2", "maybe"],
+        "prediction": ["yes", "yes", "3", "3", "maybe"],
+    })
+    table["correct"] = table["answer"] == table["prediction"]
+    s = summarize(table)
+    assert s["accuracy"] == 0.6
+    assert s["per_type"] == {"counting": 0.5, "detection": 0.5, "safety": 1.0}
+    assert s["per_answer"] == {"2": 0.0, "3": 1.0, "maybe": 1.0, "no": 0.0, "yes": 1.0}
+    expected_f1 = f1_score(table["answer"], table["prediction"], labels=sorted(set(table["answer"])), average="macro")
+    assert s["macro_f1"] == pytest.approx(expected_f1, abs=1e-4)
+    assert s["confusion_yes_no_maybe"]["matrix"] == [[1, 0, 0], [1, 0, 0], [0, 0, 1]]
+
+
+def test_evaluate_writes_metrics_tables_and_pictures(trained, tmp_path):
+    root, processed, models = trained
+    paths = EvaluatePaths(model=models / "vlm.pt", blind=models / "blind.pt", data=processed, raw=root / "data" / "raw",
+                          metrics=tmp_path / "eval.json", tables=tmp_path / "eval", plots=tmp_path / "plots")
+    metrics = evaluate(EvaluateConfig(attention_examples=4, failure_examples=4), paths)
+    assert json.loads(paths.metrics.read_text()) == metrics
+    test_records = json.loads((processed / "commands" / "test.json").read_text())
+    assert metrics["questions"] == len(test_records)
+    for model in ("vlm", "blind"):
+        assert 0 <= metrics[model]["accuracy"] <= 1
+        assert set(metrics[model]["per_type"]) == {r["command_type"] for r in test_records}
+    assert metrics["gain_from_vision"]["accuracy"] == pytest.approx(
+        metrics["vlm"]["accuracy"] - metrics["blind"]["accuracy"], abs=1e-3)
+    predictions = pd.read_csv(paths.tables / "predictions.csv")
+    assert len(predictions) == len(test_records)
+    assert {"question_id", "answer", "prediction", "probability", "blind_prediction", "correct"} <= set(predictions)
+    assert predictions["correct"].mean() == pytest.approx(metrics["vlm"]["accuracy"], abs=1e-3)
+    per_type = pd.read_csv(paths.tables / "per_type.csv")
+    assert set(per_type["model"]) == {"vlm", "blind"}
+    confusion = pd.read_csv(paths.tables / "confusion.csv")
+    assert set(confusion["actual"]) <= {"yes", "no", "maybe"}
+    for picture in ("eval.png", "attention.png", "failures.png"):
+        with Image.open(paths.plots / picture) as image:
+            assert image.width > 400 and image.height > 200
+
+
+def test_evaluate_params_are_checked():
+    with pytest.raises(ParamError, match="evaluate.split: must be train, val or test"):
+        build_config(EvaluateConfig, {"split": "holdout"}, "evaluate")
+
+
+def test_predict_on_any_image(trained, tmp_path, capsys):
+    _, processed, models = trained
+    big = tmp_path / "street.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (300, 500, 3), dtype=np.uint8)).save(big)
+    predict.main(["--checkpoint", str(models / "vlm.pt"), "--image", str(big), "--question", "Is it night?",
+                  "--vocab", str(processed / "vocab.json"), "--top", "3"])
+    out = capsys.readouterr()
+    line = out.out.strip()
+    assert line.startswith(f"{big}: ") and "%" in line and line.count("%") == 3
+    answer = line.split(": ", 1)[1].split(" (")[0]
+    assert answer in {"yes", "no", "maybe", "red", "yellow", "green", *map(str, range(10))}
+    assert out.err == ""
+
+
+def test_predict_warns_about_unknown_words(trained, tmp_path, caplog):
+    _, _, models = trained
+    image = tmp_path / "x.jpg"
+    Image.new("RGB", (64, 48), (10, 20, 30)).save(image)
+    predict.main(["--checkpoint", str(models / "vlm.pt"), "--image", str(image), "--question", "Is there a zeppelin?"])
+    assert "unknown word 'zeppelin' encoded as [UNK]" in caplog.text
+
+
+def test_predict_errors_name_the_file(trained, tmp_path):
+    _, processed, models = trained
+    corrupt = tmp_path / "broken.jpg"
+    corrupt.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    with pytest.raises(ValueError, match="broken.jpg: cannot decode image"):
+        predict.main(["--checkpoint", str(models / "vlm.pt"), "--image", str(corrupt), "--question", "Is it night?"])
+    other_vocab = tmp_path / "vocab.json"
+    vocab = json.loads((processed / "vocab.json").read_text())
+    vocab["statistics"] = {"changed": True}
+    other_vocab.write_text(json.dumps(vocab))
+    with pytest.raises(ValueError, match="vocab.json: vocabulary does not match the checkpoint"):
+        predict.main(["--checkpoint", str(models / "vlm.pt"), "--image", str(corrupt), "--question", "Is it night?",
+                      "--vocab", str(other_vocab)])
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        predict.main(["--checkpoint", str(tmp_path / "none.pt"), "--image", str(corrupt), "--question", "Is it night?"])

@@ -1,0 +1,153 @@
+import json
+
+import pytest
+import torch
+
+from tiny_project import TINY_MODEL, build_project, paths_for, tiny_train_config
+from vlm import checkpoint
+from vlm.checkpoint import load_model
+from vlm.models import TrafficVLM
+from vlm.params import ParamError, build_config
+from vlm.train import NonFiniteLossError, TrainConfig, lr_factor, train
+
+pytestmark = pytest.mark.xdist_group("train")
+
+
+@pytest.fixture(scope="module")
+def processed(tmp_path_factory):
+    return build_project(tmp_path_factory.mktemp("project"))
+
+
+def _last(paths):
+    return checkpoint.read(paths.checkpoint_dir / f"{paths.model.stem}-last.pt")
+
+
+def test_trains_writes_model_metrics_and_curves(processed, tmp_path):
+    paths = paths_for(processed, tmp_path)
+    metrics = train(TINY_MODEL, tiny_train_config(), paths, progress=False)
+    assert metrics["epochs"] == 2 and metrics["steps"] == 2 * metrics["steps_per_epoch"]
+    assert 0 <= metrics["val_accuracy"] <= 1 and metrics["best_epoch"] in (1, 2)
+    assert json.loads(paths.metrics.read_text()) == metrics
+    loaded = load_model(paths.model, processed / "vocab.json")
+    assert loaded.model.config.vision == "siglip" and loaded.image_size == 32
+    assert set(loaded.answers) >= {"yes", "no"}
+    curves = paths.live_dir / "plots" / "metrics"
+    loss_rows = (curves / "train" / "loss.tsv").read_text().splitlines()
+    assert len(loss_rows) == 1 + metrics["steps"]  # header + one row per optimizer step
+    assert len((curves / "val" / "accuracy.tsv").read_text().splitlines()) == 1 + 2
+
+
+def test_training_reduces_the_loss(processed, tmp_path):
+    paths = paths_for(processed, tmp_path)
+    train(TINY_MODEL, tiny_train_config(epochs=4), paths, progress=False)
+    history = _last(paths)["state"]["history"]
+    first, last = history[0]["train/loss"], history[-1]["train/loss"]
+    assert last < 0.6 * first
+
+
+def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkeypatch):
+    straight = paths_for(processed, tmp_path / "straight")
+    train(TINY_MODEL, tiny_train_config(), straight, progress=False)
+
+    resumed = paths_for(processed, tmp_path / "resumed")
+    original_step = torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def dying_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 7:  # after the checkpoint at step 6, mid second epoch or later
+            raise KeyboardInterrupt("killed")
+        return original_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", dying_step)
+    with pytest.raises(KeyboardInterrupt):
+        train(TINY_MODEL, tiny_train_config(), resumed, progress=False)
+    assert _last(resumed)["state"]["step"] == 6
+    monkeypatch.setattr(torch.optim.AdamW, "step", original_step)
+    metrics = train(TINY_MODEL, tiny_train_config(), resumed, progress=False)
+
+    a, b = _last(straight), _last(resumed)
+    assert a["state"]["step"] == b["state"]["step"] == metrics["steps"]
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    assert [r["train/loss"] for r in a["state"]["history"]] == [r["train/loss"] for r in b["state"]["history"]]
+    assert torch.load(straight.model, weights_only=False)["metrics"] == torch.load(resumed.model, weights_only=False)["metrics"]
+    # The curves of the resumed run are complete, not restarted at the interruption.
+    rows = (resumed.live_dir / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()
+    assert len(rows) == 1 + metrics["steps"]
+
+
+def test_checkpoint_of_other_params_is_not_resumed(processed, tmp_path):
+    paths = paths_for(processed, tmp_path)
+    train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False)
+    metrics = train(TINY_MODEL, tiny_train_config(epochs=1, lr=1e-3), paths, progress=False)
+    assert metrics["steps"] == metrics["steps_per_epoch"]  # trained from scratch, not resumed at the end
+
+
+def test_finished_run_rewrites_a_deleted_model(processed, tmp_path):
+    """`dvc repro` deletes outputs before running: a finished run restores the best model from its checkpoint."""
+    paths = paths_for(processed, tmp_path)
+    train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False)
+    before = torch.load(paths.model, weights_only=False)["state_dict"]
+    paths.model.unlink()
+    train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False)
+    after = torch.load(paths.model, weights_only=False)["state_dict"]
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(processed, tmp_path, monkeypatch):
+    paths = paths_for(processed, tmp_path)
+    original = TrafficVLM.forward
+    calls = {"n": 0}
+
+    def poisoned(self, *args, **kwargs):
+        output = original(self, *args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 5:
+            output.loss = output.loss * float("nan")
+        return output
+
+    monkeypatch.setattr(TrafficVLM, "forward", poisoned)
+    with pytest.raises(NonFiniteLossError, match=r"loss is nan at epoch 1, batch 5 \(step 4\).*last good checkpoint"):
+        train(TINY_MODEL, tiny_train_config(), paths, progress=False)
+    assert _last(paths)["state"]["step"] == 3  # checkpoint_every=3: the last good one survives
+
+
+def test_early_stopping(processed, tmp_path):
+    paths = paths_for(processed, tmp_path)
+    metrics = train(TINY_MODEL, tiny_train_config(epochs=6, lr=1e-9, early_stopping_patience=1), paths, progress=False)
+    assert metrics["stopped_early"] and metrics["epochs"] == 2
+
+
+def test_gradient_accumulation_and_blind(processed, tmp_path):
+    paths = paths_for(processed, tmp_path, "blind")
+    metrics = train(TINY_MODEL, tiny_train_config(epochs=1, grad_accum=2), paths, blind=True, progress=False)
+    assert metrics["steps"] == metrics["steps_per_epoch"]
+    loaded = load_model(paths.model)
+    assert loaded.model.config.vision == "none" and loaded.model.num_image_tokens == 0
+
+
+def test_lr_schedule():
+    assert lr_factor(0, 10, 100, 0.1) == pytest.approx(0.1)
+    assert lr_factor(9, 10, 100, 0.1) == pytest.approx(1.0)
+    assert lr_factor(55, 10, 100, 0.1) == pytest.approx(0.55)
+    assert lr_factor(100, 10, 100, 0.1) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"epochs": 0}, "train.epochs: must be >= 1"),
+    ({"lr": -1.0}, "train.lr: must be > 0"),
+    ({"augment": {"hue": 0.3}}, "train.augment.hue: must be in"),
+    ({"optimizer": "sgd"}, "train.optimizer: unknown key"),
+])
+def test_impossible_train_params(values, message):
+    with pytest.raises(ParamError, match=message):
+        build_config(TrainConfig, values, "train")
+
+
+def test_bad_model_params_fail_before_training(processed, tmp_path):
+    paths = paths_for(processed, tmp_path)
+    bad = {**TINY_MODEL, "siglip": {**TINY_MODEL["siglip"], "patch_size": 5}}
+    with pytest.raises(ParamError, match="model.siglip.patch_size: must divide the image size"):
+        train(bad, tiny_train_config(), paths, progress=False)
+    assert not paths.model.exists() and not paths.checkpoint_dir.exists()

@@ -1,0 +1,52 @@
+"""A complete, tiny project built with the real stage logic: scenes, commands, vocab, packed HDF5.
+
+Small enough that a model trains on it in seconds: 40 synthetic scenes packed at 32 px, and a
+model of a few thousand parameters.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vlm.commands.generate import CommandsConfig, generate_commands
+from vlm.data.pack import PackConfig, pack_dataset
+from vlm.io import write_json_list
+from vlm.scenes.generate import ScenesConfig, generate_synthetic, load_raw
+from vlm.tokenizer import TrafficCommandTokenizer
+from vlm.train import TrainConfig, TrainPaths
+
+TINY_MODEL = {
+    "siglip": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+               "patch_size": 8},
+    "gemma": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "num_key_value_heads": 1},
+    "qformer": {"num_query_tokens": 4, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "intermediate_size": 64},
+}
+
+
+def build_project(root: Path, num_images: int = 40) -> Path:
+    """Write ``root/data/{raw,processed}``; return the processed folder."""
+    raw = root / "data" / "raw"
+    processed = root / "data" / "processed"
+    generate_synthetic(ScenesConfig(num_images=num_images, workers=1), raw, progress=False)
+    data = load_raw(raw)
+    splits = generate_commands(data.scenes, data.width, data.height, CommandsConfig(questions_per_image=6))
+    for split, records in splits.items():
+        write_json_list(processed / "commands" / f"{split}.json", records)
+    TrafficCommandTokenizer.build_vocab(splits["train"]).save_vocab(processed / "vocab.json")
+    pack_dataset(raw / "labels.json", raw / "source.json", processed / "commands", processed,
+                 PackConfig(image_size=32, workers=1))
+    return processed
+
+
+def tiny_train_config(**overrides) -> TrainConfig:
+    values = {"epochs": 2, "batch_size": 16, "lr": 3e-3, "warmup_steps": 2, "checkpoint_every": 3,
+              "eval_batch_size": 64, "threads": 1} | overrides
+    return TrainConfig(**values)
+
+
+def paths_for(processed: Path, out: Path, name: str = "vlm") -> TrainPaths:
+    return TrainPaths(commands_dir=processed / "commands", vocab=processed / "vocab.json", images_dir=processed,
+                      model=out / f"{name}.pt", checkpoint_dir=out / "checkpoints",
+                      metrics=out / f"train_{name}.json", live_dir=out / "dvclive" / name)

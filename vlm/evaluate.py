@@ -1,0 +1,244 @@
+"""The ``evaluate`` stage: the VLM and its blind baseline on the test split, side by side.
+
+Metrics (``metrics/eval.json``): exact-match accuracy overall, per command type and per answer,
+macro-F1 over the answer set, the yes/no/maybe confusion matrix, each for the VLM and for the
+blind (text-only) baseline, and the gain from vision. Tables for ``dvc plots`` and pictures for
+people: per-type bars and the confusion matrix, attention maps over the image, a contact sheet of
+failures.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+from sklearn.metrics import confusion_matrix, f1_score  # noqa: E402
+
+from vlm.checkpoint import LoadedModel, load_model  # noqa: E402
+from vlm.commands.templates import COMMAND_TYPES  # noqa: E402
+from vlm.data.collate import collate_questions  # noqa: E402
+from vlm.data.dataset import TrafficVQADataset  # noqa: E402
+from vlm.inference import predict_dataset, to_device  # noqa: E402
+from vlm.io import atomic_path, write_json  # noqa: E402
+from vlm.params import check  # noqa: E402
+from vlm.viz import contact_sheet  # noqa: E402
+
+YES_NO_MAYBE = ["yes", "no", "maybe"]
+
+
+@dataclass
+class EvaluateConfig:
+    split: str = "test"
+    batch_size: int = 256
+    attention_examples: int = 8  # test questions drawn with their attention maps
+    failure_examples: int = 16  # failures on the contact sheet
+    seed: int = 0
+
+    def validate(self, prefix: str = "evaluate") -> None:
+        check(self.split in ("train", "val", "test"), f"{prefix}.split", f"must be train, val or test, got {self.split!r}")
+        check(self.batch_size >= 1, f"{prefix}.batch_size", f"must be >= 1, got {self.batch_size}")
+        check(self.attention_examples >= 0, f"{prefix}.attention_examples", "must be >= 0")
+        check(self.failure_examples >= 0, f"{prefix}.failure_examples", "must be >= 0")
+
+
+@dataclass
+class EvaluatePaths:
+    model: Path = Path("models/vlm.pt")
+    blind: Path = Path("models/blind.pt")
+    data: Path = Path("data/processed")  # commands/, vocab.json, {split}_images.h5
+    raw: Path = Path("data/raw")  # source.json: where the original images are, for pictures
+    metrics: Path = Path("metrics/eval.json")
+    tables: Path = Path("metrics/eval")  # predictions.csv, per_type.csv, confusion.csv
+    plots: Path = Path("metrics/plots")  # eval.png, attention.png, failures.png
+
+
+def predictions_table(loaded: LoadedModel, dataset: TrafficVQADataset, batch_size: int,
+                      device: torch.device) -> pd.DataFrame:
+    """One row per question: the record's fields, the prediction and its probability."""
+    predicted, probs = predict_dataset(loaded.model, dataset, loaded.candidates(), batch_size, device)
+    rows = []
+    for record, p, prob in zip(dataset.records, predicted, probs):
+        rows.append({"question_id": record["question_id"], "image_id": record["image_id"],
+                     "command_type": record["command_type"], "template": record.get("template", ""),
+                     "command": record["command"], "answer": record["answer"],
+                     "prediction": loaded.answers[p], "probability": round(float(prob[p]), 4),
+                     **{k: record["metadata"].get(k) for k in ("scene_type", "weather", "timeofday")}})
+    table = pd.DataFrame(rows)
+    table["correct"] = table["prediction"] == table["answer"]
+    return table
+
+
+def summarize(table: pd.DataFrame) -> dict[str, Any]:
+    """Accuracy overall / per type / per answer, macro-F1, and the yes/no/maybe confusion matrix."""
+    yn = table[table["answer"].isin(YES_NO_MAYBE)]
+    matrix = confusion_matrix(yn["answer"], yn["prediction"], labels=YES_NO_MAYBE) if len(yn) else np.zeros((3, 3))
+    return {
+        "accuracy": round(float(table["correct"].mean()), 4),
+        "macro_f1": round(float(f1_score(table["answer"], table["prediction"], labels=sorted(set(table["answer"])),
+                                         average="macro", zero_division=0)), 4),
+        "per_type": {t: round(float(g["correct"].mean()), 4) for t, g in table.groupby("command_type")},
+        "per_answer": {a: round(float(g["correct"].mean()), 4) for a, g in table.groupby("answer")},
+        "confusion_yes_no_maybe": {"labels": YES_NO_MAYBE, "matrix": matrix.astype(int).tolist()},
+    }
+
+
+def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    vocab_path = paths.data / "vocab.json"
+    vlm = load_model(paths.model, vocab_path, device)
+    blind = load_model(paths.blind, vocab_path, device)
+    commands = paths.data / "commands" / f"{config.split}.json"
+    dataset = TrafficVQADataset(commands, paths.data / f"{config.split}_images.h5", vlm.tokenizer, in_memory=True)
+
+    ours = predictions_table(vlm, dataset, config.batch_size, device)
+    text_only = predictions_table(blind, dataset, config.batch_size, device)
+    table = ours.assign(blind_prediction=text_only["prediction"], blind_probability=text_only["probability"],
+                        blind_correct=text_only["correct"])
+    metrics = {"split": config.split, "questions": len(table), "vlm": summarize(ours),
+               "blind": summarize(text_only)}
+    metrics["gain_from_vision"] = {
+        "accuracy": round(metrics["vlm"]["accuracy"] - metrics["blind"]["accuracy"], 4),
+        "per_type": {t: round(metrics["vlm"]["per_type"][t] - metrics["blind"]["per_type"].get(t, 0.0), 4)
+                     for t in metrics["vlm"]["per_type"]},
+    }
+    metrics["questions_per_type"] = {t: int(n) for t, n in table["command_type"].value_counts().sort_index().items()}
+
+    write_tables(table, metrics, paths.tables)
+    write_json(paths.metrics, metrics)
+    paths.plots.mkdir(parents=True, exist_ok=True)
+    save_figure(summary_figure(metrics), paths.plots / "eval.png")
+    image_paths = original_images(paths.raw)
+    if config.attention_examples and vlm.model.config.vision != "none":
+        picks = _pick(table, config.attention_examples, config.seed)
+        save_image(attention_sheet(vlm, dataset, table, picks, image_paths, device), paths.plots / "attention.png")
+    failures = table[~table["correct"]]
+    if config.failure_examples and len(failures):
+        picks = _pick(failures, config.failure_examples, config.seed)
+        save_image(failure_sheet(table.loc[picks], image_paths), paths.plots / "failures.png")
+    return metrics
+
+
+def write_tables(table: pd.DataFrame, metrics: dict, folder: Path) -> None:
+    """CSV tables for ``dvc plots``: every prediction, per-type accuracy, yes/no/maybe pairs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    per_type = [{"command_type": t, "model": model, "accuracy": metrics[model]["per_type"].get(t, 0.0)}
+                for t in metrics["vlm"]["per_type"] for model in ("vlm", "blind")]
+    yn = table[table["answer"].isin(YES_NO_MAYBE)][["answer", "prediction"]].rename(
+        columns={"answer": "actual", "prediction": "predicted"})
+    for name, frame in (("predictions.csv", table), ("per_type.csv", pd.DataFrame(per_type)), ("confusion.csv", yn)):
+        with atomic_path(folder / name) as tmp:
+            frame.to_csv(tmp, index=False)
+
+
+def summary_figure(metrics: dict) -> plt.Figure:
+    """Per-type accuracy bars (VLM vs blind) and the VLM's yes/no/maybe confusion matrix."""
+    types = [t for t in COMMAND_TYPES if t in metrics["vlm"]["per_type"]]
+    fig, (bars, conf) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1.6, 1]})
+    x = np.arange(len(types))
+    for offset, model, color in ((-0.2, "vlm", "#2b6cb0"), (0.2, "blind", "#a0aec0")):
+        values = [metrics[model]["per_type"].get(t, 0.0) for t in types]
+        bars.bar(x + offset, values, width=0.4, color=color,
+                 label=f"{'VLM' if model == 'vlm' else 'blind (text only)'}: {metrics[model]['accuracy']:.1%} overall")
+        for xi, v in zip(x + offset, values):
+            bars.text(xi, v + 0.01, f"{v:.0%}", ha="center", fontsize=8)
+    bars.set_xticks(x, [t.replace("_", " ") for t in types])
+    bars.set_ylim(0, 1.1)
+    bars.set_ylabel(f"accuracy on {metrics['split']}")
+    bars.legend(loc="upper right", fontsize=8)
+    bars.set_title("Accuracy per command type")
+    matrix = np.array(metrics["vlm"]["confusion_yes_no_maybe"]["matrix"])
+    conf.imshow(matrix, cmap="Blues")
+    for (i, j), v in np.ndenumerate(matrix):
+        conf.text(j, i, str(v), ha="center", va="center", color="white" if v > matrix.max() / 2 else "black")
+    conf.set_xticks(range(3), YES_NO_MAYBE)
+    conf.set_yticks(range(3), YES_NO_MAYBE)
+    conf.set_xlabel("predicted")
+    conf.set_ylabel("actual")
+    conf.set_title("VLM on yes/no/maybe answers")
+    fig.tight_layout()
+    return fig
+
+
+def original_images(raw: Path) -> dict[str, Path]:
+    """image id -> original image file, from the generate_scenes output."""
+    source = json.loads((raw / "source.json").read_text(encoding="utf-8"))
+    image_dir = Path(source["image_dir"])
+    frames = json.loads((raw / "labels.json").read_text(encoding="utf-8"))
+    return {Path(f["name"]).stem: image_dir / f["name"] for f in frames}
+
+
+def _pick(table: pd.DataFrame, n: int, seed: int) -> list[int]:
+    """Up to ``n`` row labels, taken in turn from each command type (seeded)."""
+    rng = np.random.default_rng(seed)
+    groups = [list(rng.permutation(g.index.to_numpy())) for _, g in table.groupby("command_type")]
+    picks: list[int] = []
+    while len(picks) < n and any(groups):
+        for group in groups:
+            if group and len(picks) < n:
+                picks.append(int(group.pop(0)))
+    return picks
+
+
+def _load_original(path: Path, width: int) -> Image.Image:
+    with Image.open(path) as image:
+        image.draft("RGB", (width, width))
+        return image.convert("RGB")
+
+
+def attention_sheet(loaded: LoadedModel, dataset: TrafficVQADataset, table: pd.DataFrame, picks: list[int],
+                    image_paths: dict[str, Path], device: torch.device) -> Image.Image:
+    """Each picked question's image with the attention from [SEP] to the image tokens as a heat map."""
+    samples = dataset.__getitems__(picks)
+    batch = to_device(collate_questions(samples, dataset.pad_token_id), device)
+    attention = loaded.model.image_attention(batch["images"], batch["image_index"], batch["input_ids"],
+                                             batch["attention_mask"], batch["prefix_lengths"])  # [B, layers, heads, T]
+    weights = attention.float().mean(dim=(1, 2)).cpu().numpy()  # [B, T]
+    config = loaded.model.config
+    grid = (config.siglip.image_size // config.siglip.patch_size) // (config.pixel_shuffle if config.connector == "linear" else 1)
+    colormap = matplotlib.colormaps["inferno"]
+    tiles = []
+    for k, (index, sample) in enumerate(zip(picks, samples)):
+        row = table.loc[index]
+        image = _load_original(image_paths[sample["image_id"]], 640)
+        if config.connector == "linear" and weights.shape[1] == grid * grid:
+            heat = weights[k].reshape(grid, grid)
+            heat = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
+            overlay = Image.fromarray((colormap(heat)[..., :3] * 255).astype(np.uint8)).resize(image.size, Image.BICUBIC)
+            image = Image.blend(image, overlay, 0.45)
+        ok = row["prediction"] == row["answer"]
+        tiles.append((image, [(row["command"], (20, 20, 20)),
+                              (f"answer {row['answer']}, predicted {row['prediction']} ({row['probability']:.0%})",
+                               (20, 120, 40) if ok else (190, 30, 30))]))
+    return contact_sheet(tiles, columns=4, max_lines=2)
+
+
+def failure_sheet(failures: pd.DataFrame, image_paths: dict[str, Path]) -> Image.Image:
+    tiles = []
+    for _, row in failures.iterrows():
+        image = _load_original(image_paths[row["image_id"]], 640)
+        tiles.append((image, [(row["command"], (20, 20, 20)),
+                              (f"answer {row['answer']}, predicted {row['prediction']} ({row['probability']:.0%})",
+                               (190, 30, 30)),
+                              (f"{row['command_type']}; {row['timeofday']}, {row['weather']}", (90, 90, 90))]))
+    return contact_sheet(tiles, columns=4, max_lines=3)
+
+
+def save_figure(fig: plt.Figure, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def save_image(image: Image.Image, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        image.save(tmp, format="PNG", optimize=True)

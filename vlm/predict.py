@@ -1,0 +1,61 @@
+"""Ask a trained model about any image.
+
+    python -m vlm.predict --checkpoint models/vlm.pt --image street.jpg --question "Is there a bus?"
+
+Images of any size and format are preprocessed exactly as in training (JPEG draft downscale, squash
+to the packed size, the packing's resampling filter); the answer is constrained decoding over the
+model's answer set, printed with its probability. Words the model never saw become [UNK], with a
+warning naming them.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from vlm.checkpoint import LoadedModel, load_model
+from vlm.cli import run
+from vlm.data.pack import decode_image
+
+
+@torch.no_grad()
+def answer_images(loaded: LoadedModel, image_paths: list[str], question: str) -> list[list[tuple[str, float]]]:
+    """For each image, every answer with its probability, most probable first."""
+    images = np.stack([decode_image(p, loaded.image_size, loaded.resample) for p in image_paths])  # [N, S, S, 3]
+    device = next(loaded.model.parameters()).device
+    question_ids = torch.tensor(loaded.tokenizer.encode_question(question), device=device)
+    n = len(image_paths)
+    probs = loaded.model.answer(
+        torch.from_numpy(images).permute(0, 3, 1, 2).contiguous().to(device),  # uint8 [N, 3, S, S]
+        torch.arange(n, device=device),
+        question_ids.expand(n, -1),
+        torch.ones(n, len(question_ids), dtype=torch.long, device=device),
+        torch.full((n,), len(question_ids), device=device),
+        loaded.candidates(),
+    )  # [N, C]
+    ranked = []
+    for row in probs.float().cpu().numpy():
+        order = np.argsort(-row, kind="stable")
+        ranked.append([(loaded.answers[i], float(row[i])) for i in order])
+    return ranked
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m vlm.predict", description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", default="models/vlm.pt")
+    parser.add_argument("--image", nargs="+", required=True, help="image file(s), any size and format")
+    parser.add_argument("--question", required=True)
+    parser.add_argument("--vocab", default=None, help="check that this vocab.json is the model's")
+    parser.add_argument("--top", type=int, default=1, help="also print the next most probable answers")
+    args = parser.parse_args(argv)
+    loaded = load_model(args.checkpoint, args.vocab, "cuda" if torch.cuda.is_available() else "cpu")
+    for path, ranked in zip(args.image, answer_images(loaded, args.image, args.question)):
+        best, p = ranked[0]
+        others = ", ".join(f"{a} {q:.1%}" for a, q in ranked[1:args.top])
+        print(f"{path}: {best} ({p:.1%})" + (f"  [{others}]" if others else ""))
+
+
+if __name__ == "__main__":
+    run(main)

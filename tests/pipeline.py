@@ -25,6 +25,7 @@ def _merge(base: dict, override: dict) -> dict:
 class DvcProject:
     def __init__(self, path: Path, params: dict):
         self.path = path
+        path.mkdir(parents=True, exist_ok=True)
         for name in COPIED:
             src = ROOT / name
             if src.is_dir():
@@ -41,6 +42,13 @@ class DvcProject:
         self.run("dvc", "init", "-q")
         self.run("git", "add", "-A")
         self.run("git", "commit", "-qm", "init")
+
+    @classmethod
+    def existing(cls, path: Path, env: dict) -> DvcProject:
+        """A handle on a checkout that already exists (a clone), with the same environment."""
+        project = cls.__new__(cls)
+        project.path, project.env = path, {**env, "PYTHONPATH": str(path)}
+        return project
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run(args, cwd=self.path, env=self.env, capture_output=True, text=True)

@@ -165,8 +165,13 @@ def generate_commands(scenes: list[Scene], width: float, height: float, config: 
     if len(by_id) != len(scenes):
         raise ValueError("scenes: two frames share an image id (file name without extension)")
     assignment = split_images(list(by_id), config.splits, config.seed)
-    return {split: generate_split([by_id[i] for i in ids], width, height, config, split)
-            for split, ids in assignment.items()}
+    splits = {split: generate_split([by_id[i] for i in ids], width, height, config, split)
+              for split, ids in assignment.items()}
+    for split, records in splits.items():
+        if not records:
+            raise ValueError(f"commands: no question of split '{split}' survived answer balancing "
+                             f"({len(assignment[split])} of {len(scenes)} images); use more images")
+    return splits
 
 
 def command_stats(splits: dict[str, list[dict]]) -> dict:

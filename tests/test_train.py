@@ -8,7 +8,7 @@ from vlm import checkpoint
 from vlm.checkpoint import load_model
 from vlm.models import TrafficVLM
 from vlm.params import ParamError, build_config
-from vlm.train import NonFiniteLossError, TrainConfig, lr_factor, train
+from vlm.train import CurriculumConfig, NonFiniteLossError, TrainConfig, lr_factor, train
 
 pytestmark = pytest.mark.xdist_group("train")
 
@@ -108,7 +108,7 @@ def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(proce
         return output
 
     monkeypatch.setattr(TrafficVLM, "forward", poisoned)
-    with pytest.raises(NonFiniteLossError, match=r"loss is nan at epoch 1, batch 5 \(step 4\).*last good checkpoint"):
+    with pytest.raises(NonFiniteLossError, match=r"loss is nan at train epoch 1, batch 5 \(step 4\).*last good checkpoint"):
         train(TINY_MODEL, tiny_train_config(), paths, progress=False)
     assert _last(paths)["state"]["step"] == 3  # checkpoint_every=3: the last good one survives
 
@@ -151,3 +151,30 @@ def test_bad_model_params_fail_before_training(processed, tmp_path):
     with pytest.raises(ParamError, match="model.siglip.patch_size: must divide the image size"):
         train(bad, tiny_train_config(), paths, progress=False)
     assert not paths.model.exists() and not paths.checkpoint_dir.exists()
+
+
+def test_curriculum_steps_come_first_and_resume(processed, tmp_path, monkeypatch):
+    config = tiny_train_config(curriculum=CurriculumConfig(command_types=["scene"], steps=4))
+    straight = paths_for(processed, tmp_path / "straight")
+    metrics = train(TINY_MODEL, config, straight, progress=False)
+    history = _last(straight)["state"]["history"]
+    assert [r["epoch"] for r in history[:4]] == [0, 0, 0, 0] and history[4]["epoch"] == 1
+    assert metrics["steps"] == 4 + 2 * metrics["steps_per_epoch"]
+
+    resumed = paths_for(processed, tmp_path / "resumed")
+    original_step = torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def dying_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:  # inside the curriculum, after the checkpoint at step 3
+            raise KeyboardInterrupt("killed")
+        return original_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", dying_step)
+    with pytest.raises(KeyboardInterrupt):
+        train(TINY_MODEL, config, resumed, progress=False)
+    monkeypatch.setattr(torch.optim.AdamW, "step", original_step)
+    train(TINY_MODEL, config, resumed, progress=False)
+    a, b = _last(straight), _last(resumed)
+    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())

@@ -34,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from vlm import checkpoint
+from vlm.commands.templates import COMMAND_TYPES
 from vlm.data.augment import AugmentConfig
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.h5file import PackedImageReader
@@ -45,6 +46,27 @@ from vlm.params import check
 from vlm.tokenizer import TrafficCommandTokenizer
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class CurriculumConfig:
+    """Optimizer steps on easy, globally visible questions before the full mix.
+
+    Trained from scratch on the full mix, the decoder first learns each question's answer prior from
+    the text alone; the image tokens then only add noise to that prior, and the vision tower learns
+    to make them constant (measured: the spread of image features across images collapses and the
+    vision gradients vanish). A few hundred steps on questions that a global look answers (night,
+    rain, fog, highway) make the image tokens useful first, and the pathway stays open.
+    """
+
+    command_types: list[str] = field(default_factory=lambda: ["scene"])
+    steps: int = 0  # 0: no curriculum
+
+    def validate(self, prefix: str = "train.curriculum") -> None:
+        check(self.steps >= 0, f"{prefix}.steps", f"must be >= 0, got {self.steps}")
+        for t in self.command_types:
+            check(t in COMMAND_TYPES, f"{prefix}.command_types", f"unknown type {t!r} (known: {', '.join(COMMAND_TYPES)})")
+        check(bool(self.command_types) or not self.steps, f"{prefix}.command_types", "must not be empty")
 
 
 @dataclass
@@ -65,6 +87,7 @@ class TrainConfig:
     in_memory: bool = True  # hold the packed splits in RAM
     threads: int = 0  # torch CPU threads per process; 0 = the cores shared among processes
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
     def validate(self, prefix: str = "train") -> None:
         for name in ("epochs", "batch_size", "grad_accum", "checkpoint_every", "eval_batch_size"):
@@ -74,6 +97,7 @@ class TrainConfig:
         for name in ("warmup_steps", "weight_decay", "grad_clip", "early_stopping_patience", "num_workers", "threads"):
             check(getattr(self, name) >= 0, f"{prefix}.{name}", f"must be >= 0, got {getattr(self, name)}")
         self.augment.validate(f"{prefix}.augment")
+        self.curriculum.validate(f"{prefix}.curriculum")
 
 
 @dataclass
@@ -92,6 +116,16 @@ class TrainPaths:
 
 class NonFiniteLossError(FloatingPointError):
     pass
+
+
+@dataclass
+class Phase:
+    """A stretch of training over one loader: a number of epochs, or a number of optimizer steps."""
+
+    name: str
+    loader: Any
+    epochs: int | None = None
+    max_steps: int | None = None  # the phase ends when the global step count reaches this
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -223,7 +257,15 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
     loader = build_loader(train_set, config.batch_size, shuffle=True, num_workers=config.num_workers,
                           seed=config.seed, rank=dist_info.rank, world_size=dist_info.world_size)
     steps_per_epoch = math.ceil(len(loader) / config.grad_accum)
-    total_steps = steps_per_epoch * config.epochs
+    phases = [Phase("train", loader, epochs=config.epochs)]
+    if config.curriculum.steps and not blind:
+        easy_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
+                                     in_memory=config.in_memory, seed=config.seed,
+                                     command_types=config.curriculum.command_types)
+        easy_loader = build_loader(easy_set, config.batch_size, shuffle=True, num_workers=config.num_workers,
+                                   seed=config.seed, rank=dist_info.rank, world_size=dist_info.world_size)
+        phases.insert(0, Phase("curriculum", easy_loader, max_steps=config.curriculum.steps))
+    total_steps = sum(p.max_steps or 0 for p in phases) + steps_per_epoch * config.epochs
 
     model = build_vlm(model_config).to(device)
     optimizer = make_optimizer(model, config)
@@ -234,7 +276,7 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
     vocab_sha = checkpoint.file_sha256(paths.vocab)
 
     # Resume from the last checkpoint of the same run, if any.
-    state = {"epoch": 0, "batch": 0, "step": 0, "best_accuracy": -1.0, "best": None, "bad_epochs": 0,
+    state = {"phase": 0, "epoch": 0, "batch": 0, "step": 0, "best_accuracy": -1.0, "best": None, "bad_epochs": 0,
              "history": [], "seconds": 0.0, "samples": 0, "stopped_early": False}
     last_path = paths.checkpoint_dir / f"{name}-last.pt"
     if last_path.is_file():
@@ -245,8 +287,9 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
             scheduler.load_state_dict(saved["scheduler"])
             torch.set_rng_state(saved["torch_rng"])
             state = saved["state"]
-            log.info("resuming %s from %s: epoch %d, batch %d, step %d", name, last_path, state["epoch"] + 1,
-                     state["batch"], state["step"])
+            log.info("resuming %s from %s: %s epoch %d, batch %d, step %d", name, last_path,
+                     phases[min(state["phase"], len(phases) - 1)].name, state["epoch"] + 1, state["batch"],
+                     state["step"])
         else:
             log.info("ignoring %s: it belongs to a run with other params or data", last_path)
 
@@ -271,18 +314,21 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
                                         "torch_rng": torch.get_rng_state(), "state": state})
 
     model.train()
-    while state["epoch"] < config.epochs and not state["stopped_early"]:
+    while state["phase"] < len(phases) and not state["stopped_early"]:
+        phase = phases[state["phase"]]
         epoch = state["epoch"]
-        set_epoch(loader, epoch)
-        bar = tqdm(total=len(loader), initial=state["batch"], desc=f"{name} epoch {epoch + 1}/{config.epochs}",
-                   unit="batch", disable=not (progress and dist_info.is_main), leave=False)
+        set_epoch(phase.loader, epoch)
+        label = f"{name} {phase.name}" + (f" epoch {epoch + 1}/{config.epochs}" if phase.epochs else "")
+        bar = tqdm(total=len(phase.loader), initial=state["batch"], desc=label, unit="batch",
+                   disable=not (progress and dist_info.is_main), leave=False)
         started = time.perf_counter()
         window_loss, window_acc, window_n = 0.0, 0.0, 0
-        for index, batch in enumerate(loader):
+        for index, batch in enumerate(phase.loader):
             if index < state["batch"]:  # already trained before the interruption
                 continue
             tensors = to_device(batch, device)
-            boundary = (index + 1) % config.grad_accum == 0 or index + 1 == len(loader)
+            last_batch = index + 1 == len(phase.loader)
+            boundary = (index + 1) % config.grad_accum == 0 or last_batch
             sync = nullcontext() if boundary or dist_info.world_size == 1 else ddp_model.no_sync()
             with sync, autocast(device):
                 output = ddp_model(tensors["images"], tensors["image_index"], tensors["input_ids"],
@@ -290,9 +336,9 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
             loss = output.loss
             if not torch.isfinite(loss):
                 raise NonFiniteLossError(
-                    f"{name}: loss is {loss.item()} at epoch {epoch + 1}, batch {index + 1} (step {state['step']}); "
-                    f"stopped. The last good checkpoint is kept at {last_path} and the best model at "
-                    f"{paths.model}; lower train.lr or raise train.warmup_steps")
+                    f"{name}: loss is {loss.item()} at {phase.name} epoch {epoch + 1}, batch {index + 1} "
+                    f"(step {state['step']}); stopped. The last good checkpoint is kept at {last_path} and the "
+                    f"best model at {paths.model}; lower train.lr or raise train.warmup_steps")
             (loss / config.grad_accum).backward()
             window_loss += loss.item()
             window_acc += first_answer_accuracy(output.logits.detach(), tensors["labels"], tensors["prefix_lengths"])
@@ -307,22 +353,30 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
             optimizer.zero_grad(set_to_none=True)
             state["step"] += 1
             state["batch"] = index + 1
-            record = {"step": state["step"], "epoch": epoch + 1, "train/loss": window_loss / window_n,
-                      "train/accuracy": window_acc / window_n, "lr": scheduler.get_last_lr()[0]}
+            record = {"step": state["step"], "epoch": epoch + 1 if phase.epochs else 0,
+                      "train/loss": window_loss / window_n, "train/accuracy": window_acc / window_n,
+                      "lr": scheduler.get_last_lr()[0]}
             window_loss, window_acc, window_n = 0.0, 0.0, 0
             bar.update(index + 1 - bar.n)
             bar.set_postfix(loss=f"{record['train/loss']:.3f}", acc=f"{record['train/accuracy']:.2f}")
-            if index + 1 == len(loader):  # the epoch ends: evaluate on val
+            phase_over = phase.max_steps is not None and state["step"] >= phase.max_steps
+            if phase.epochs and last_batch:  # an epoch of the full mix ends: evaluate on val
                 state["seconds"] += time.perf_counter() - started
                 record["val/accuracy"] = _val_accuracy(model, val_set, candidates, answers, config, device, dist_info)
                 _end_of_epoch(state, record, config, paths, best_payload, dist_info)
                 started = time.perf_counter()
             state["history"].append(record)
             curves.log(record)
-            if state["batch"] == len(loader) or state["step"] % config.checkpoint_every == 0:
-                if state["batch"] == len(loader):
-                    state["epoch"], state["batch"] = epoch + 1, 0
+            if last_batch or phase_over:
+                state["epoch"], state["batch"] = epoch + 1, 0
+                if phase_over or (phase.epochs and state["epoch"] == phase.epochs):
+                    state["phase"], state["epoch"] = state["phase"] + 1, 0
                 save_last()
+                break
+            if state["step"] % config.checkpoint_every == 0:
+                save_last()
+        if not phase.epochs:  # (main epochs count their time before evaluating)
+            state["seconds"] += time.perf_counter() - started
         bar.close()
 
     if dist_info.is_main:

@@ -69,11 +69,13 @@ class TrafficVQADataset(Dataset):
     ``set_epoch`` each epoch), None for evaluation. ``in_memory``: read the whole split into RAM
     once (shared copy-on-write with forked workers). Otherwise the HDF5 file is opened lazily in
     each process. Questions whose image the pack stage skipped as corrupt are dropped
-    (``num_dropped``); any other question without its image is an error.
+    (``num_dropped``); any other question without its image is an error. ``command_types``: keep
+    only questions of these types (a training curriculum).
     """
 
     def __init__(self, commands_path: str | os.PathLike, h5_path: str | os.PathLike, tokenizer: QATokenizer,
-                 augment: AugmentConfig | None = None, in_memory: bool = False, seed: int = 0):
+                 augment: AugmentConfig | None = None, in_memory: bool = False, seed: int = 0,
+                 command_types: Sequence[str] | None = None):
         self.commands_path = Path(commands_path)
         self.images = PackedImageReader(h5_path)
         self.augment = augment
@@ -87,6 +89,8 @@ class TrafficVQADataset(Dataset):
         rows = []
         self.num_dropped = 0
         for index, record in enumerate(read_commands(self.commands_path, _RECORD_FIELDS)):
+            if command_types is not None and record["command_type"] not in command_types:
+                continue
             row = row_of_image.get(record["image_id"])
             if row is None:
                 if record["image_id"] in skipped:

@@ -1,4 +1,3 @@
-import json
 from pathlib import Path
 
 import pytest
@@ -11,9 +10,3 @@ LOCAL_FIXTURES = ROOT / "tests" / "fixtures" / "bdd100k"
 def bdd_fixture_dir() -> Path:
     """The real BDD100K label samples (a copy lives in tests/fixtures so a clean clone has them)."""
     return LOCAL_FIXTURES
-
-
-def write_json(path: Path, obj) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj))
-    return path

@@ -5,7 +5,11 @@ import pytest
 from vlm.scenes.bdd100k import MissingImagesError, match_images, read_labels
 from vlm.scenes.schema import LabelError, scene_from_frame, scene_to_frame
 
-from conftest import write_json
+
+def write_json(path, obj):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj))
+    return path
 
 
 def test_det20_fixture_ignored_category_null_labels_capitalised_keys(bdd_fixture_dir):

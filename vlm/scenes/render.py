@@ -36,6 +36,9 @@ OCCLUDED_MIN = 0.2  # hidden fraction from which an object is labelled occluded
 AMBIGUOUS = (0.04, 0.2)  # hidden fractions removed so the occluded flag is unambiguous
 HIDDEN_MAX = 0.7  # objects hidden more than this are removed
 TRUNCATED_MIN_VISIBLE = 0.4  # objects with less of their silhouette inside the image are removed
+# Labelled objects stand at most this far (metres), and traffic lights and signs are drawn about
+# twice life size, so that every labelled object still spans several pixels in the packed 128 px image.
+MAX_Z = 20.0
 
 RGB = tuple[int, int, int]
 
@@ -216,7 +219,7 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
     for category in vehicles:
         lane = int(rng.choice(lanes))
         oncoming = city and lane < 0
-        z = float(rng.uniform(6.0, 32.0))
+        z = float(rng.uniform(6.0, MAX_Z))
         s = cam.s_of_z(z)
         width_m, height_m = {"car": (1.8, 1.5), "truck": (2.5, 3.4), "bus": (2.55, 3.2)}[category]
         width_m *= float(rng.uniform(0.95, 1.08))
@@ -249,7 +252,7 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
     n_motor = int(rng.choice(3, p=(0.55, 0.3, 0.15)))
     n_bike = int(rng.choice(3, p=(0.55, 0.3, 0.15))) if city else 0
     for category in ["motorcycle"] * n_motor + ["bicycle"] * n_bike:
-        z = float(rng.uniform(6.0, 30.0))
+        z = float(rng.uniform(6.0, MAX_Z))
         s = cam.s_of_z(z)
         lateral = float(rng.uniform(left + 0.6, right - 0.6))
         length_m = 2.1 if category == "motorcycle" else 1.75
@@ -286,11 +289,11 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
             z = layout.crosswalk_z + float(rng.uniform(0.3, 2.7))
             lateral = float(rng.uniform(left - 1.5, right + 1.5))
         elif city:
-            z = float(rng.uniform(6.5, 24.0))
+            z = float(rng.uniform(6.5, MAX_Z))
             side = int(rng.choice((-1, 1)))
             lateral = (left - float(rng.uniform(0.5, 2.8))) if side < 0 else (right + float(rng.uniform(0.5, 2.8)))
         else:
-            z = float(rng.uniform(8.0, 30.0))
+            z = float(rng.uniform(8.0, MAX_Z))
             lateral = float(rng.choice((left - 1.2, right + 1.2)))
         s = cam.s_of_z(z)
         height_m = float(rng.uniform(1.55, 1.95))
@@ -311,22 +314,22 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
             s = cam.s_of_z(zz)
             lateral = float(rng.uniform(left - 2.5, right + 2.5))
             x = cam.x(lateral, s)
-            head_w, head_h = cam.px(0.55, s), cam.px(1.45, s)
+            head_w, head_h = cam.px(0.9, s), cam.px(2.3, s)
             y1 = cam.y(s) - cam.px(float(rng.uniform(4.6, 5.6)), s)
             overhead = left < lateral < right
             add(Thing("traffic light", "traffic_light", (x - head_w / 2, y1, x + head_w / 2, y1 + head_h), s,
                       {"overhead": overhead, "pole_x": x if not overhead else cam.x(right + 1.0 if lateral > 0 else left - 1.0, s),
-                       "ground_y": cam.y(s), "lamp_d": cam.px(0.38, s)}, light_color=phase))
+                       "ground_y": cam.y(s), "lamp_d": cam.px(0.62, s)}, light_color=phase))
 
     # Traffic signs on poles beside the road.
     for _ in range(int(rng.choice(4, p=(0.3, 0.35, 0.25, 0.1)))):
-        z = float(rng.uniform(7, 35))
+        z = float(rng.uniform(7.0, MAX_Z))
         s = cam.s_of_z(z)
         side = int(rng.choice((-1, 1)))
         lateral = (left - float(rng.uniform(0.6, 2.0))) if side < 0 else (right + float(rng.uniform(0.6, 2.0)))
         x = cam.x(lateral, s)
         shape = _choice(rng, ("circle", "triangle", "octagon", "rect_blue", "diamond", "rect_green"))
-        size = cam.px(0.8 if shape != "rect_green" else 1.6, s)
+        size = cam.px(1.3 if shape != "rect_green" else 2.2, s)
         aspect = 0.6 if shape == "rect_green" else 1.0
         y1 = cam.y(s) - cam.px(float(rng.uniform(2.2, 3.0)), s)
         add(Thing("traffic sign", "traffic_sign", (x - size / 2, y1, x + size / 2, y1 + size * aspect), s,

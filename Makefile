@@ -22,7 +22,9 @@ test: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" python -m pytest -n 2 --dist loadgroup
 
 bench: $(STAMP)
-	$(BIN)/python -m pytest benchmarks --benchmark-enable
+	PYTHONPATH=. $(BIN)/python benchmarks/bench_tokenizer.py --out metrics/bench_tokenizer.json
+	PYTHONPATH=. $(BIN)/python benchmarks/bench_model.py --out metrics/bench_model.json
+	PYTHONPATH=. $(BIN)/python benchmarks/bench_loader.py --images data/raw/images --out metrics/bench_pack.json
 
 clean:
 	rm -rf $(VENV)

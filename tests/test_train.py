@@ -25,7 +25,7 @@ def _last(paths):
 def test_trains_writes_model_metrics_and_curves(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
     metrics = train(TINY_MODEL, tiny_train_config(), paths, progress=False)
-    assert metrics["epochs"] == 2 and metrics["steps"] == 2 * metrics["steps_per_epoch"]
+    assert metrics["epochs"] == 2 and metrics["steps"] == metrics["planned_steps"]
     assert 0 <= metrics["val_accuracy"] <= 1 and metrics["best_epoch"] in (1, 2)
     assert json.loads(paths.metrics.read_text()) == metrics
     loaded = load_model(paths.model, processed / "vocab.json")
@@ -81,7 +81,7 @@ def test_checkpoint_of_other_params_is_not_resumed(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
     train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False)
     metrics = train(TINY_MODEL, tiny_train_config(epochs=1, lr=1e-3), paths, progress=False)
-    assert metrics["steps"] == metrics["steps_per_epoch"]  # trained from scratch, not resumed at the end
+    assert metrics["steps"] == metrics["planned_steps"]  # trained from scratch, not resumed at the end
 
 
 def test_finished_run_rewrites_a_deleted_model(processed, tmp_path):
@@ -122,7 +122,7 @@ def test_early_stopping(processed, tmp_path):
 def test_gradient_accumulation_and_blind(processed, tmp_path):
     paths = paths_for(processed, tmp_path, "blind")
     metrics = train(TINY_MODEL, tiny_train_config(epochs=1, grad_accum=2), paths, blind=True, progress=False)
-    assert metrics["steps"] == metrics["steps_per_epoch"]
+    assert metrics["steps"] == metrics["planned_steps"]
     loaded = load_model(paths.model)
     assert loaded.model.config.vision == "none" and loaded.model.num_image_tokens == 0
 
@@ -159,7 +159,7 @@ def test_curriculum_steps_come_first_and_resume(processed, tmp_path, monkeypatch
     metrics = train(TINY_MODEL, config, straight, progress=False)
     history = _last(straight)["state"]["history"]
     assert [r["epoch"] for r in history[:4]] == [0, 0, 0, 0] and history[4]["epoch"] == 1
-    assert metrics["steps"] == 4 + 2 * metrics["steps_per_epoch"]
+    assert metrics["steps"] == metrics["planned_steps"]
 
     resumed = paths_for(processed, tmp_path / "resumed")
     original_step = torch.optim.AdamW.step

@@ -256,7 +256,6 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
     candidates = [tokenizer.encode_answer(a) for a in answers]
     loader = build_loader(train_set, config.batch_size, shuffle=True, num_workers=config.num_workers,
                           seed=config.seed, rank=dist_info.rank, world_size=dist_info.world_size)
-    steps_per_epoch = math.ceil(len(loader) / config.grad_accum)
     phases = [Phase("train", loader, epochs=config.epochs)]
     if config.curriculum.steps and not blind:
         easy_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
@@ -265,7 +264,10 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
         easy_loader = build_loader(easy_set, config.batch_size, shuffle=True, num_workers=config.num_workers,
                                    seed=config.seed, rank=dist_info.rank, world_size=dist_info.world_size)
         phases.insert(0, Phase("curriculum", easy_loader, max_steps=config.curriculum.steps))
-    total_steps = sum(p.max_steps or 0 for p in phases) + steps_per_epoch * config.epochs
+    total_steps = sum(p.max_steps or 0 for p in phases)
+    for epoch in range(config.epochs):  # an image's questions share a batch: batch counts vary by epoch
+        set_epoch(loader, epoch)
+        total_steps += math.ceil(len(loader) / config.grad_accum)
 
     model = build_vlm(model_config).to(device)
     optimizer = make_optimizer(model, config)
@@ -382,7 +384,7 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
     if dist_info.is_main:
         if not paths.model.exists():  # a finished run resumed after models/ was cleaned (dvc repro)
             checkpoint.save(paths.model, state["best"])
-        metrics = _metrics(state, config, model, steps_per_epoch)
+        metrics = _metrics(state, model, total_steps)
         write_json(paths.metrics, metrics)
     else:
         metrics = {}
@@ -424,7 +426,7 @@ def _end_of_epoch(state, record, config: TrainConfig, paths: TrainPaths, best_pa
                      state["bad_epochs"])
 
 
-def _metrics(state, config: TrainConfig, model: torch.nn.Module, steps_per_epoch: int) -> dict[str, Any]:
+def _metrics(state, model: torch.nn.Module, planned_steps: int) -> dict[str, Any]:
     evals = [r for r in state["history"] if "val/accuracy" in r]
     last_epoch = [r for r in state["history"] if r["epoch"] == state["history"][-1]["epoch"]]
     return {
@@ -436,7 +438,7 @@ def _metrics(state, config: TrainConfig, model: torch.nn.Module, steps_per_epoch
         "train_accuracy": round(float(np.mean([r["train/accuracy"] for r in last_epoch])), 4),
         "stopped_early": state["stopped_early"],
         "parameters": sum(p.numel() for p in model.parameters()),
-        "steps_per_epoch": steps_per_epoch,
+        "planned_steps": planned_steps,  # curriculum + every epoch: what the LR schedule spans
         "seconds": round(state["seconds"], 1),
         "questions_per_s": round(state["samples"] / max(state["seconds"], 1e-9), 1),
     }

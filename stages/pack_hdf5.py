@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from vlm.cli import run
 from vlm.data.pack import PackConfig, pack_dataset
 from vlm.io import write_json
 from vlm.params import build_config, load_params, section
@@ -31,4 +32,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from vlm.cli import run
 from vlm.data.profile import ProfileConfig, plot_dataloader_metrics, profile_dataloaders
 from vlm.io import write_json
 from vlm.params import build_config, load_params, section
@@ -30,4 +31,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -125,11 +125,23 @@ def test_gradient_reaches_every_parameter():
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
+@pytest.mark.parametrize("std", [0.02, 0.1])
+def test_initializer_range_sets_the_initial_weight_scale(std):
+    torch.manual_seed(0)
+    model = GemmaForCausalLM(GemmaConfig(**{**SMALL, "vocab_size": 512, "num_attention_heads": 4, "initializer_range": std}))
+    weights = torch.cat([model.model.embed_tokens.weight.flatten()] +
+                        [layer.mlp.up_proj.weight.flatten() for layer in model.model.layers])
+    # truncated at 2 std: the standard deviation of the truncated normal is 0.88 std
+    assert weights.std().item() == pytest.approx(0.88 * std, rel=0.05)
+    assert weights.abs().max().item() <= 2 * std
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"num_attention_heads": 4, "num_key_value_heads": 3},
      "text.num_attention_heads: must be divisible by text.num_key_value_heads (4 % 3 = 1)"),
     ({"hidden_size": 30, "num_attention_heads": 4}, "text.hidden_size: must be divisible by text.num_attention_heads"),
     ({"hidden_size": 30, "num_attention_heads": 10, "num_key_value_heads": 1}, "must be even for rotary"),
+    ({"initializer_range": 0.0}, "text.initializer_range: must be positive, got 0.0"),
 ])
 def test_invalid_config_names_the_key(overrides, message):
     with pytest.raises(ParamError) as e:

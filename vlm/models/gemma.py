@@ -13,6 +13,7 @@ continuations share one prefix (see ``TrafficVLM.answer``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,7 @@ class GemmaConfig:
     num_key_value_heads: int = 1
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    initializer_range: float = 0.02  # std of the initial projections and embeddings (HF's name)
 
     @property
     def head_dim(self) -> int:
@@ -42,6 +44,8 @@ class GemmaConfig:
             check(getattr(self, name) > 0, f"{prefix}.{name}", f"must be positive, got {getattr(self, name)}")
         check(self.rms_norm_eps > 0, f"{prefix}.rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
         check(self.rope_theta > 0, f"{prefix}.rope_theta", f"must be positive, got {self.rope_theta}")
+        check(self.initializer_range > 0, f"{prefix}.initializer_range",
+              f"must be positive, got {self.initializer_range}")
         check(self.hidden_size % self.num_attention_heads == 0, f"{prefix}.hidden_size",
               f"must be divisible by {prefix}.num_attention_heads "
               f"({self.hidden_size} % {self.num_attention_heads} = {self.hidden_size % self.num_attention_heads})")
@@ -251,7 +255,7 @@ class GemmaForCausalLM(nn.Module):
         self.config = config
         self.model = GemmaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.apply(init_decoder_weights)
+        self.apply(partial(init_decoder_weights, std=config.initializer_range))
         self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -331,7 +335,7 @@ def shifted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
 
 
 def init_decoder_weights(module: nn.Module, std: float = 0.02) -> None:
-    """Truncated-normal (std 0.02) projections and embeddings; RMSNorm weights 0 (scale 1 + 0)."""
+    """Truncated-normal (``std``) projections and embeddings; RMSNorm weights 0 (scale 1 + 0)."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
         if getattr(module, "bias", None) is not None:

@@ -128,7 +128,8 @@ def test_gradient_reaches_every_parameter():
 @pytest.mark.parametrize("std", [0.02, 0.1])
 def test_initializer_range_sets_the_initial_weight_scale(std):
     torch.manual_seed(0)
-    model = GemmaForCausalLM(GemmaConfig(**{**SMALL, "vocab_size": 512, "num_attention_heads": 4, "initializer_range": std}))
+    config = GemmaConfig(**{**SMALL, "vocab_size": 512, "num_attention_heads": 4, "initializer_range": std})
+    model = GemmaForCausalLM(config)
     weights = torch.cat([model.model.embed_tokens.weight.flatten()] +
                         [layer.mlp.up_proj.weight.flatten() for layer in model.model.layers])
     # truncated at 2 std: the standard deviation of the truncated normal is 0.88 std

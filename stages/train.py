@@ -28,7 +28,9 @@ def main() -> None:
                        model=Path(args.models) / f"{name}.pt", checkpoint_dir=Path(args.models) / "checkpoints",
                        metrics=Path(args.metrics) / ("train_blind.json" if args.blind else "train.json"),
                        live_dir=Path(args.live) / name)
-    metrics = train(section(params, "model"), config, paths, blind=args.blind)
+    scenes = section(params, "scenes")  # the frame size that label boxes are in (grounding targets)
+    frame_size = (scenes.get("width", 1280), scenes.get("height", 720))
+    metrics = train(section(params, "model"), config, paths, blind=args.blind, frame_size=frame_size)
     if metrics:
         print(", ".join(f"{k}: {v}" for k, v in metrics.items()))
 

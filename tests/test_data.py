@@ -236,3 +236,21 @@ def test_a_file_that_is_not_a_packed_split_is_rejected_naming_it(project, tokeni
         f.attrs["format_version"] = 0
     with pytest.raises(ValueError, match=r"old\.h5: format_version 0, expected 1; re-run the pack_hdf5 stage"):
         TrafficVQADataset(project.commands("train"), old_format, tokenizer)
+
+
+def test_grounding_targets_follow_the_image_and_its_mirror(project, tokenizer):
+    plain = dataset(project, tokenizer, grounding_grid=4)
+    mirrored = dataset(project, tokenizer, augment=MIRROR_ONLY, grounding_grid=4)
+    assert "grounding" not in dataset(project, tokenizer)[0]
+    some_object = False
+    for index in range(len(plain)):
+        targets, flipped = plain[index]["grounding"], mirrored[index]["grounding"]
+        assert targets.shape == (16, 23) and targets.dtype == np.float32
+        np.testing.assert_array_equal(flipped.reshape(4, 4, -1), targets.reshape(4, 4, -1)[:, ::-1])
+        some_object |= bool(targets.any())
+    assert some_object
+    batch = collate_questions([plain[i] for i in range(6)])
+    assert batch["grounding"].shape == (batch["images"].shape[0], 16, 23)
+    first_of_image = {image_id: i for i, image_id in reversed(list(enumerate(batch["image_id"])))}
+    for i in first_of_image.values():
+        assert torch.equal(batch["grounding"][batch["image_index"][i]], torch.from_numpy(plain[i]["grounding"]))

@@ -43,6 +43,8 @@ def test_training_reduces_the_loss(processed, tmp_path):
     history = _last(paths)["state"]["history"]
     first, last = history[0]["train/loss"], history[-1]["train/loss"]
     assert last < 0.6 * first
+    # the grounding loss (model.grounding_weight) is part of it, logged on its own curve, and learns too
+    assert history[-1]["train/grounding_loss"] < 0.8 * history[0]["train/grounding_loss"]
 
 
 def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from vlm.data.collate import collate_questions
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.sampler import GroupedBatchSampler
 
-TENSOR_KEYS = ("images", "image_index", "input_ids", "attention_mask", "prefix_lengths", "labels")
+TENSOR_KEYS = ("images", "image_index", "input_ids", "attention_mask", "prefix_lengths", "labels", "grounding")
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:

@@ -191,10 +191,12 @@ def first_answer_accuracy(logits: torch.Tensor, labels: torch.Tensor, prefix_len
     return (predicted == labels[rows, prefix_lengths]).float().mean().item()
 
 
-def fingerprint(model_config: VLMConfig, config: TrainConfig, paths: TrainPaths, world_size: int) -> str:
+def fingerprint(model_config: VLMConfig, config: TrainConfig, paths: TrainPaths, world_size: int,
+                frame_size: tuple[float, float] = (1280, 720)) -> str:
     """Identifies a run: a resume checkpoint is used only by a run with the same fingerprint."""
     files = [paths.vocab, *paths.split("train"), *paths.split("val")]
     payload = {"model": model_config.to_dict(), "train": asdict(config), "world_size": world_size,
+               "frame_size": list(frame_size),
                "files": {str(p): checkpoint.file_sha256(p) for p in files}}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -227,8 +229,11 @@ class CurveLogger:
 
 
 def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPaths(), *, blind: bool = False,
-          progress: bool = True) -> dict[str, Any]:
-    """Train a VLM (or, with ``blind``, the same decoder without an image) and return its metrics."""
+          progress: bool = True, frame_size: tuple[float, float] = (1280, 720)) -> dict[str, Any]:
+    """Train a VLM (or, with ``blind``, the same decoder without an image) and return its metrics.
+
+    ``frame_size``: width and height of the original frames, in which the label boxes behind the
+    grounding targets are given (``model.grounding_weight`` > 0)."""
     dist_info = Distributed.from_env()
     name = paths.model.stem
     if dist_info.world_size > 1 and not dist.is_initialized():
@@ -249,8 +254,11 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
                                          header.mean.tolist(), header.std.tolist())
     resample = header.resample
     header.close()
+    grounding_grid = model_config.siglip.image_size // model_config.siglip.patch_size \
+        if model_config.vision == "siglip" and model_config.grounding_weight > 0 else None
     train_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
-                                  in_memory=config.in_memory, seed=config.seed)
+                                  in_memory=config.in_memory, seed=config.seed, grounding_grid=grounding_grid,
+                                  frame_size=frame_size)
     val_set = TrafficVQADataset(val_commands, val_h5, tokenizer, in_memory=config.in_memory)
     answers = sorted({r["answer"] for r in train_set.records})
     candidates = [tokenizer.encode_answer(a) for a in answers]
@@ -260,7 +268,8 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
     if config.curriculum.steps and not blind:
         easy_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
                                      in_memory=config.in_memory, seed=config.seed,
-                                     command_types=config.curriculum.command_types)
+                                     command_types=config.curriculum.command_types,
+                                     grounding_grid=grounding_grid, frame_size=frame_size)
         easy_loader = build_loader(easy_set, config.batch_size, shuffle=True, num_workers=config.num_workers,
                                    seed=config.seed, rank=dist_info.rank, world_size=dist_info.world_size)
         phases.insert(0, Phase("curriculum", easy_loader, max_steps=config.curriculum.steps))
@@ -273,7 +282,7 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
     optimizer = make_optimizer(model, config)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup_steps, total_steps, config.min_lr_ratio))
-    run_id = fingerprint(model_config, config, paths, dist_info.world_size)
+    run_id = fingerprint(model_config, config, paths, dist_info.world_size, frame_size)
     vocab_payload = json.loads(paths.vocab.read_text(encoding="utf-8"))
     vocab_sha = checkpoint.file_sha256(paths.vocab)
 
@@ -324,7 +333,7 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
         bar = tqdm(total=len(phase.loader), initial=state["batch"], desc=label, unit="batch",
                    disable=not (progress and dist_info.is_main), leave=False)
         started = time.perf_counter()
-        window_loss, window_acc, window_n = 0.0, 0.0, 0
+        window_loss, window_acc, window_grounding, window_n = 0.0, 0.0, 0.0, 0
         for index, batch in enumerate(phase.loader):
             if index < state["batch"]:  # already trained before the interruption
                 continue
@@ -334,7 +343,8 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
             sync = nullcontext() if boundary or dist_info.world_size == 1 else ddp_model.no_sync()
             with sync, autocast(device):
                 output = ddp_model(tensors["images"], tensors["image_index"], tensors["input_ids"],
-                                   tensors["attention_mask"], tensors["prefix_lengths"], labels=tensors["labels"])
+                                   tensors["attention_mask"], tensors["prefix_lengths"], labels=tensors["labels"],
+                                   grounding=tensors.get("grounding"))
             loss = output.loss
             if not torch.isfinite(loss):
                 raise NonFiniteLossError(
@@ -343,6 +353,8 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
                     f"best model at {paths.model}; lower train.lr or raise train.warmup_steps")
             (loss / config.grad_accum).backward()
             window_loss += loss.item()
+            if output.grounding_loss is not None:
+                window_grounding += output.grounding_loss.item()
             window_acc += first_answer_accuracy(output.logits.detach(), tensors["labels"], tensors["prefix_lengths"])
             window_n += 1
             state["samples"] += len(batch["answer"]) * dist_info.world_size
@@ -358,7 +370,9 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
             record = {"step": state["step"], "epoch": epoch + 1 if phase.epochs else 0,
                       "train/loss": window_loss / window_n, "train/accuracy": window_acc / window_n,
                       "lr": scheduler.get_last_lr()[0]}
-            window_loss, window_acc, window_n = 0.0, 0.0, 0
+            if grounding_grid is not None:
+                record["train/grounding_loss"] = window_grounding / window_n
+            window_loss, window_acc, window_grounding, window_n = 0.0, 0.0, 0.0, 0
             bar.update(index + 1 - bar.n)
             bar.set_postfix(loss=f"{record['train/loss']:.3f}", acc=f"{record['train/accuracy']:.2f}")
             phase_over = phase.max_steps is not None and state["step"] >= phase.max_steps

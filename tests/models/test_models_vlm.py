@@ -330,3 +330,33 @@ def test_pixel_shuffle_merges_neighbouring_patches():
     assert tokens.shape == (3, 16, config.gemma.hidden_size)
     with pytest.raises(ParamError, match="model.pixel_shuffle: must be >= 1 and divide the patch grid"):
         VLMConfig.from_params({"pixel_shuffle": 3, "siglip": {"patch_size": 16}}, 57, 128)
+
+
+# ---------------------------------------------------------------- grounding (auxiliary per-patch loss)
+
+
+def test_grounding_loss_is_added_with_its_weight_and_trains_the_encoder(config, make_batch):
+    from vlm.data.grounding import GROUNDING_CHANNELS
+
+    model = build(config, grounding_weight=2.0).train()
+    batch = make_batch(model.config)
+    num_images, patches = batch["images"].shape[0], model.config.siglip.num_patches
+    targets = (torch.rand(num_images, patches, len(GROUNDING_CHANNELS),
+                          generator=torch.Generator().manual_seed(1)) > 0.8).float()
+    plain = model(**batch)
+    grounded = model(**batch, grounding=targets)
+    logits = model.grounding_head(model.image_features(batch["images"]))
+    expected = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets)
+    torch.testing.assert_close(grounded.grounding_loss, expected)
+    torch.testing.assert_close(grounded.loss, plain.loss + 2.0 * expected)
+    assert plain.grounding_loss is None
+    grounded.loss.backward()
+    assert model.grounding_head.weight.grad.abs().sum() > 0
+    assert model.vision_tower.embeddings.patch_embedding.weight.grad.abs().sum() > 0
+
+
+def test_no_grounding_head_without_weight_or_image(config):
+    assert not hasattr(build(config), "grounding_head")
+    assert not hasattr(build(config, vision="none", grounding_weight=1.0), "grounding_head")
+    with pytest.raises(ParamError, match="model.grounding_weight: must be >= 0"):
+        VLMConfig.from_params({"grounding_weight": -1}, 57, 128)

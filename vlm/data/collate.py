@@ -25,13 +25,13 @@ def collate_questions(samples: Sequence[dict[str, Any]], pad_token_id: int = 0) 
     if not samples:
         raise ValueError("collate_questions: empty batch")
     slot_of_image: dict[str, int] = {}
-    distinct_images = []
+    distinct = []  # the first sample of each distinct image
     image_index = []
     for sample in samples:
         slot = slot_of_image.get(sample["image_id"])
         if slot is None:
-            slot = slot_of_image[sample["image_id"]] = len(distinct_images)
-            distinct_images.append(sample["image"])
+            slot = slot_of_image[sample["image_id"]] = len(distinct)
+            distinct.append(sample)
         image_index.append(slot)
 
     question_lengths = torch.tensor([len(s["question_ids"]) for s in samples], dtype=torch.int64)  # [B]
@@ -46,9 +46,9 @@ def collate_questions(samples: Sequence[dict[str, Any]], pad_token_id: int = 0) 
     is_answer = attention_mask & (positions[None, :] >= question_lengths[:, None])  # [B, L]
     labels = torch.where(is_answer, input_ids, IGNORE_INDEX)  # [B, L]
 
-    return {
+    batch = {
         # numpy's copy runs on this thread; torch.stack's intra-op threads contend with training.
-        "images": torch.from_numpy(np.stack([image.numpy() for image in distinct_images])),  # uint8 [N_img, 3, S, S]
+        "images": torch.from_numpy(np.stack([s["image"].numpy() for s in distinct])),  # uint8 [N_img, 3, S, S]
         "image_index": torch.tensor(image_index, dtype=torch.int64),  # [B]
         "input_ids": input_ids,
         "attention_mask": attention_mask.to(torch.int64),
@@ -59,3 +59,6 @@ def collate_questions(samples: Sequence[dict[str, Any]], pad_token_id: int = 0) 
         "command_type": [s["command_type"] for s in samples],
         "answer": [s["answer"] for s in samples],
     }
+    if "grounding" in samples[0]:
+        batch["grounding"] = torch.from_numpy(np.stack([s["grounding"] for s in distinct]))  # [N_img, G*G, C]
+    return batch

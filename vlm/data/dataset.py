@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 from vlm.data.augment import (AugmentConfig, augment_image, sample_augment_params, single_threaded_torch,
                               swap_left_right)
 from vlm.data.commands import read_commands
+from vlm.data.grounding import mirror_targets, targets_from_annotations
 from vlm.data.h5file import PackedImageReader
 
 _RECORD_FIELDS = ("question_id", "image_id", "command", "answer", "command_type", "metadata")
@@ -70,12 +71,15 @@ class TrafficVQADataset(Dataset):
     once (shared copy-on-write with forked workers). Otherwise the HDF5 file is opened lazily in
     each process. Questions whose image the pack stage skipped as corrupt are dropped
     (``num_dropped``); any other question without its image is an error. ``command_types``: keep
-    only questions of these types (a training curriculum).
+    only questions of these types (a training curriculum). ``grounding_grid``: also give each sample
+    its image's grounding targets ``[G*G, C]`` (:mod:`vlm.data.grounding`) on a G x G patch grid, with
+    boxes read in frames of ``frame_size`` (width, height) pixels.
     """
 
     def __init__(self, commands_path: str | os.PathLike, h5_path: str | os.PathLike, tokenizer: QATokenizer,
                  augment: AugmentConfig | None = None, in_memory: bool = False, seed: int = 0,
-                 command_types: Sequence[str] | None = None):
+                 command_types: Sequence[str] | None = None, grounding_grid: int | None = None,
+                 frame_size: tuple[float, float] = (1280, 720)):
         self.commands_path = Path(commands_path)
         self.images = PackedImageReader(h5_path)
         self.augment = augment
@@ -113,6 +117,11 @@ class TrafficVQADataset(Dataset):
             self._mirrored_question_ids = TokenTable(self._mirrored_commands, tokenizer.encode_question)
             self._mirrored_answer_ids = TokenTable(self._mirrored_answers, tokenizer.encode_answer)
 
+        self.grounding_grid = grounding_grid
+        self._grounding: np.ndarray | None = None  # float32 [N, G*G, C]
+        if grounding_grid is not None:
+            self._grounding = targets_from_annotations(self.images.read_annotations(), *frame_size, grounding_grid)
+
         self._ram_images: np.ndarray | None = None  # uint8 [N, 3, S, S] when held in RAM
         if in_memory:
             self._ram_images = self._read_all_images()
@@ -147,6 +156,7 @@ class TrafficVQADataset(Dataset):
         distinct_rows, slot_of_question = np.unique(rows, return_inverse=True)  # sorted: sequential reads
         chw_images = torch.from_numpy(self._read_images(distinct_rows))  # uint8 [n, 3, S, S]
         mirrored = [False] * len(distinct_rows)
+        grounding = None if self._grounding is None else list(self._grounding[distinct_rows])  # n x [G*G, C]
         if self.augment is not None:
             augmented = []
             with single_threaded_torch():
@@ -154,6 +164,8 @@ class TrafficVQADataset(Dataset):
                     params = sample_augment_params(self.augment, self.seed, self.epoch, row)
                     augmented.append(augment_image(chw_images[slot], params))
                     mirrored[slot] = params.hflip
+                    if params.hflip and grounding is not None:
+                        grounding[slot] = mirror_targets(grounding[slot], self.grounding_grid)
             chw_images = augmented
 
         samples = []
@@ -165,7 +177,7 @@ class TrafficVQADataset(Dataset):
             else:
                 command, answer = record["command"], record["answer"]
                 question_ids, answer_ids = self._question_ids[index], self._answer_ids[index]
-            samples.append({
+            sample = {
                 "image": chw_images[slot],  # uint8 [3, S, S]
                 "question_ids": question_ids,  # int64 [Lq]: [SOS] words [SEP]
                 "answer_ids": answer_ids,  # int64 [La]: answer tokens [EOS]
@@ -175,7 +187,10 @@ class TrafficVQADataset(Dataset):
                 "answer": answer,
                 "command_type": record["command_type"],
                 "metadata": record["metadata"],
-            })
+            }
+            if grounding is not None:
+                sample["grounding"] = grounding[slot]  # float32 numpy [G*G, C], shared by the image's questions
+            samples.append(sample)
         return samples
 
     # The image copies below use numpy on purpose: numpy copies run on the calling thread, while

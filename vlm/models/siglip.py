@@ -14,7 +14,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -34,6 +34,9 @@ class SiglipVisionConfig:
     image_size: int = 128
     patch_size: int = 16
     layer_norm_eps: float = 1e-6
+    # Channels of an optional convolutional stem (one stride-2 stage per entry; 2**len = patch_size) whose
+    # output is added to the patch embedding; empty = SigLIP as published (and as pretrained checkpoints).
+    stem_channels: list[int] = field(default_factory=list)
 
     @property
     def head_dim(self) -> int:
@@ -47,6 +50,11 @@ class SiglipVisionConfig:
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_channels", "image_size", "patch_size"):
             check(getattr(self, name) > 0, f"{prefix}.{name}", f"must be positive, got {getattr(self, name)}")
+        check(all(isinstance(c, int) and c > 0 for c in self.stem_channels), f"{prefix}.stem_channels",
+              f"must be positive channel counts, got {self.stem_channels}")
+        check(not self.stem_channels or 2 ** len(self.stem_channels) == self.patch_size, f"{prefix}.stem_channels",
+              f"{len(self.stem_channels)} stride-2 stages reduce by {2 ** len(self.stem_channels)}, not by "
+              f"{prefix}.patch_size ({self.patch_size}); give log2(patch_size) channel counts or none")
         check(self.layer_norm_eps > 0, f"{prefix}.layer_norm_eps", f"must be positive, got {self.layer_norm_eps}")
         check(self.hidden_size % self.num_attention_heads == 0, f"{prefix}.hidden_size",
               f"must be divisible by {prefix}.num_attention_heads "
@@ -75,17 +83,50 @@ def resize_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[in
     return table.permute(0, 2, 3, 1).reshape(grid[0] * grid[1], dim)
 
 
+class ConvStem(nn.Module):
+    """Early convolutions (Xiao et al. 2021, "Early Convolutions Help Transformers See Better"): per stage a
+    stride-2 and a stride-1 3x3 convolution, each with GroupNorm and ReLU, then a 1x1 projection to the
+    encoder width. ``[N, C, S, S]`` -> ``[N, D, S / 2**stages, S / 2**stages]``. GroupNorm, not BatchNorm:
+    a sample's features never depend on the rest of its batch (an 8-image batch norm washed out the
+    day/night brightness the scene questions need)."""
+
+    def __init__(self, in_channels: int, channels: list[int], out_channels: int, groups: int = 4):
+        super().__init__()
+        layers: list[nn.Module] = []
+        for c in channels:
+            for stride in (2, 1):
+                layers += [nn.Conv2d(in_channels, c, 3, stride=stride, padding=1, bias=False),
+                           nn.GroupNorm(math.gcd(groups, c), c), nn.ReLU()]
+                in_channels = c
+        self.layers = nn.Sequential(*layers)
+        self.proj = nn.Conv2d(in_channels, out_channels, kernel_size=1)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.layers(pixel_values))
+
+    def reset_parameters(self) -> None:
+        """PyTorch's default (Kaiming-uniform) convolution init: the ViT's std 0.02 starves the stem."""
+        for module in self.modules():
+            if isinstance(module, (nn.Conv2d, nn.GroupNorm)):
+                module.reset_parameters()
+
+
 class SiglipVisionEmbeddings(nn.Module):
     def __init__(self, config: SiglipVisionConfig):
         super().__init__()
         self.patch_size = config.patch_size
         self.patch_embedding = nn.Conv2d(config.num_channels, config.hidden_size,
                                          kernel_size=config.patch_size, stride=config.patch_size)
+        self.conv_stem = ConvStem(config.num_channels, config.stem_channels, config.hidden_size) \
+            if config.stem_channels else None
         self.position_embedding = nn.Embedding(config.num_patches, config.hidden_size)
 
     def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
         _, _, height, width = pixel_values.shape
-        patch_embeds = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))  # [N, D, h, w]
+        pixel_values = pixel_values.to(self.patch_embedding.weight.dtype)
+        patch_embeds = self.patch_embedding(pixel_values)  # [N, D, h, w]
+        if self.conv_stem is not None:
+            patch_embeds = patch_embeds + self.conv_stem(pixel_values)  # [N, D, h, w]
         embeddings = patch_embeds.flatten(2).transpose(1, 2)  # [N, h*w, D]
         positions = self.position_embedding.weight  # [P, D]
         if interpolate_pos_encoding:
@@ -172,6 +213,8 @@ class SiglipVisionModel(nn.Module):
         self.encoder = SiglipEncoder(config)
         self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.apply(init_vit_weights)
+        if self.embeddings.conv_stem is not None:
+            self.embeddings.conv_stem.reset_parameters()
 
     def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False,
                 interpolate_pos_encoding: bool = False) -> SiglipVisionOutput:

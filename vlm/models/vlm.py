@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from vlm.data.grounding import GROUNDING_CHANNELS
 
 from vlm.models.connector import LinearConnector
 from vlm.models.gemma import GemmaConfig, GemmaForCausalLM, prefix_lm_mask, shifted_cross_entropy
@@ -46,6 +49,8 @@ class VLMConfig:
     connector: Literal["linear", "qformer"] = "linear"
     pixel_shuffle: int = 1  # linear connector: r x r neighbouring patches -> one image token (1 = PaliGemma)
     vision_checkpoint: str | None = None
+    # Weight of the auxiliary per-patch grounding loss (vlm.data.grounding) in training; 0 = no grounding head.
+    grounding_weight: float = 0.0
     siglip: SiglipVisionConfig = field(default_factory=SiglipVisionConfig)
     gemma: GemmaConfig = field(default_factory=GemmaConfig)
     qformer: QFormerConfig = field(default_factory=QFormerConfig)
@@ -64,6 +69,8 @@ class VLMConfig:
         check(self.vision in ("siglip", "none"), f"{prefix}.vision", f"must be 'siglip' or 'none', got {self.vision!r}")
         check(self.connector in ("linear", "qformer"), f"{prefix}.connector",
               f"must be 'linear' or 'qformer', got {self.connector!r}")
+        check(self.grounding_weight >= 0, f"{prefix}.grounding_weight",
+              f"must be >= 0 (0 = off), got {self.grounding_weight}")
         self.siglip.validate(f"{prefix}.siglip")
         grid = self.siglip.image_size // self.siglip.patch_size
         check(self.pixel_shuffle >= 1 and grid % self.pixel_shuffle == 0, f"{prefix}.pixel_shuffle",
@@ -139,7 +146,8 @@ def _pretrained_normalisation(checkpoint: Path) -> tuple[list[float], list[float
 @dataclass
 class VLMOutput:
     logits: torch.Tensor  # [B, L, V] at the text positions
-    loss: torch.Tensor | None = None  # mean cross-entropy over answer tokens
+    loss: torch.Tensor | None = None  # mean cross-entropy over answer tokens (+ weighted grounding loss)
+    grounding_loss: torch.Tensor | None = None  # mean per-patch binary cross-entropy, when targets are given
 
 
 class TrafficVLM(nn.Module):
@@ -155,6 +163,8 @@ class TrafficVLM(nn.Module):
             else:
                 self.multi_modal_projector = QFormerConnector(config.qformer, config.siglip.hidden_size,
                                                               config.gemma.hidden_size)
+            if config.grounding_weight > 0:  # training-time head: patch features -> grounding logits
+                self.grounding_head = nn.Linear(config.siglip.hidden_size, len(GROUNDING_CHANNELS))
         self.language_model = GemmaForCausalLM(config.gemma)
         mean = torch.tensor(config.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
         std = torch.tensor(config.image_std, dtype=torch.float32).view(1, 3, 1, 1)
@@ -168,19 +178,24 @@ class TrafficVLM(nn.Module):
 
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images ``[N, 3, S, S]`` -> image tokens ``[N, T, D]`` in the decoder's embedding space."""
+        return self.multi_modal_projector(self.image_features(images))
+
+    def image_features(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 images ``[N, 3, S, S]`` -> the encoder's patch features ``[N, P, Dv]``."""
         expected = (3, self.config.siglip.image_size, self.config.siglip.image_size)
         if images.dtype != torch.uint8 or images.dim() != 4 or tuple(images.shape[1:]) != expected:
             raise ValueError(f"images must be uint8 [N, {', '.join(map(str, expected))}], "
                              f"got {images.dtype} {list(images.shape)}")
         pixel_values = torch.addcmul(self.pixel_shift, images.float(), self.pixel_scale)  # [N, 3, S, S]
-        features = self.vision_tower(pixel_values).last_hidden_state  # [N, P, Dv]
-        return self.multi_modal_projector(features)  # [N, T, D]
+        return self.vision_tower(pixel_values).last_hidden_state  # [N, P, Dv]
 
-    def _embed(self, images, image_index, input_ids, attention_mask, prefix_lengths, prefix_only: bool):
+    def _embed(self, images, image_index, input_ids, attention_mask, prefix_lengths, prefix_only: bool,
+               grounding: torch.Tensor | None = None):
         """Image tokens (each distinct image encoded once, gathered per question) followed by the text.
 
         Returns ``inputs_embeds`` ``[B, T + L, D]``, ``key_valid`` ``[B, T + L]`` (False on padding, and
-        after the prefix when ``prefix_only``) and ``prefix_total`` ``[B]`` = T + prefix length.
+        after the prefix when ``prefix_only``), ``prefix_total`` ``[B]`` = T + prefix length and, given
+        ``grounding`` targets ``[N_img, P, C]`` and a grounding head, the grounding loss (else None).
         """
         text_embeds = self.language_model.model.embed_tokens(input_ids)  # [B, L, D]
         text_valid = attention_mask.bool()  # [B, L]
@@ -188,35 +203,43 @@ class TrafficVLM(nn.Module):
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)
             text_valid = text_valid & (positions < prefix_lengths[:, None])
         if self.config.vision == "none":
-            return text_embeds, text_valid, prefix_lengths
-        image_tokens = self.encode_images(images)[image_index].to(text_embeds.dtype)  # [B, T, D]
+            return text_embeds, text_valid, prefix_lengths, None
+        features = self.image_features(images)  # [N_img, P, Dv]
+        grounding_loss = None
+        if grounding is not None and hasattr(self, "grounding_head"):
+            logits = self.grounding_head(features).float()  # [N_img, P, C]
+            grounding_loss = F.binary_cross_entropy_with_logits(logits, grounding.to(logits.dtype))
+        image_tokens = self.multi_modal_projector(features)[image_index].to(text_embeds.dtype)  # [B, T, D]
         image_valid = text_valid.new_ones(image_tokens.shape[:2])
         return (torch.cat([image_tokens, text_embeds], dim=1), torch.cat([image_valid, text_valid], dim=1),
-                prefix_lengths + image_tokens.shape[1])
+                prefix_lengths + image_tokens.shape[1], grounding_loss)
 
     def forward(self, images: torch.Tensor | None, image_index: torch.Tensor | None, input_ids: torch.Tensor,
                 attention_mask: torch.Tensor, prefix_lengths: torch.Tensor,
-                labels: torch.Tensor | None = None) -> VLMOutput:
+                labels: torch.Tensor | None = None, grounding: torch.Tensor | None = None) -> VLMOutput:
         """The Batch contract: ``images`` uint8 ``[N_img, 3, S, S]``, ``image_index`` ``[B]``, right-padded
         ``input_ids``/``attention_mask``/``labels`` ``[B, L]``, ``prefix_lengths`` ``[B]`` (question tokens
-        up to [SEP]). Returns logits ``[B, L, V]`` for the text positions and, with labels, the loss."""
-        inputs_embeds, key_valid, prefix_total = self._embed(images, image_index, input_ids, attention_mask,
-                                                             prefix_lengths, prefix_only=False)
+        up to [SEP]). Returns logits ``[B, L, V]`` for the text positions and, with labels, the loss;
+        with ``grounding`` targets ``[N_img, P, C]`` too, the loss adds ``grounding_weight`` x their loss."""
+        inputs_embeds, key_valid, prefix_total, grounding_loss = self._embed(
+            images, image_index, input_ids, attention_mask, prefix_lengths, prefix_only=False, grounding=grounding)
         batch, length, _ = inputs_embeds.shape
         slots = torch.arange(length, device=inputs_embeds.device).expand(batch, length)  # [B, S]
         hidden, _ = self.language_model.model(inputs_embeds, slots, prefix_lm_mask(key_valid, slots, prefix_total),
                                               output_from=self.num_image_tokens)  # [B, L, D]: text positions
         logits = self.language_model.lm_head(hidden)  # [B, L, V]
         loss = None if labels is None else shifted_cross_entropy(logits, labels)
-        return VLMOutput(logits=logits, loss=loss)
+        if loss is not None and grounding_loss is not None:
+            loss = loss + self.config.grounding_weight * grounding_loss
+        return VLMOutput(logits=logits, loss=loss, grounding_loss=grounding_loss)
 
     @torch.no_grad()
     def generate(self, images, image_index, input_ids, attention_mask, prefix_lengths, *, eos_token_id: int,
                  max_new_tokens: int = 8, pad_token_id: int = 0, use_cache: bool = True) -> torch.Tensor:
         """Greedy answers ``[B, T]`` after each prefix (tokens after ``prefix_lengths`` are ignored), with the
         KV cache; each row ends at its first [EOS] and is padded after it."""
-        inputs_embeds, key_valid, prefix_total = self._embed(images, image_index, input_ids, attention_mask,
-                                                             prefix_lengths, prefix_only=True)
+        inputs_embeds, key_valid, prefix_total, _ = self._embed(images, image_index, input_ids, attention_mask,
+                                                                prefix_lengths, prefix_only=True)
         return self.language_model.generate(inputs_embeds, key_valid, prefix_total, max_new_tokens, eos_token_id,
                                             pad_token_id, prefix_lm=True, use_cache=use_cache)
 
@@ -231,8 +254,8 @@ class TrafficVLM(nn.Module):
         """
         if not candidates or any(len(c) == 0 for c in candidates):
             raise ValueError("answer(): candidates must be a non-empty list of non-empty token-id lists")
-        inputs_embeds, key_valid, prefix_total = self._embed(images, image_index, input_ids, attention_mask,
-                                                             prefix_lengths, prefix_only=True)
+        inputs_embeds, key_valid, prefix_total, _ = self._embed(images, image_index, input_ids, attention_mask,
+                                                                prefix_lengths, prefix_only=True)
         batch, prefix_length, dim = inputs_embeds.shape
         device = inputs_embeds.device
         num_candidates, cand_length = len(candidates), max(len(c) for c in candidates)
@@ -271,8 +294,8 @@ class TrafficVLM(nn.Module):
         is query t."""
         if self.config.vision == "none":
             raise ValueError("image_attention(): the blind model (vision: none) has no image tokens")
-        inputs_embeds, key_valid, prefix_total = self._embed(images, image_index, input_ids, attention_mask,
-                                                             prefix_lengths, prefix_only=True)
+        inputs_embeds, key_valid, prefix_total, _ = self._embed(images, image_index, input_ids, attention_mask,
+                                                                prefix_lengths, prefix_only=True)
         batch, length, _ = inputs_embeds.shape
         slots = torch.arange(length, device=inputs_embeds.device).expand(batch, length)
         _, attentions = self.language_model.model(inputs_embeds, slots,

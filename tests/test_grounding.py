@@ -1,0 +1,41 @@
+"""Grounding targets: per-patch category boxes, object centres and readable light colours."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vlm.data.grounding import GROUNDING_CHANNELS, grounding_targets, mirror_targets
+from vlm.scenes.schema import Scene, SceneObject
+
+
+def channel(name: str) -> int:
+    return GROUNDING_CHANNELS.index(name)
+
+
+def scene(*objects: SceneObject) -> Scene:
+    return Scene(name="a.jpg", timeofday="daytime", weather="clear", scene="city street", objects=tuple(objects))
+
+
+def test_boxes_centres_and_readable_lights_land_in_their_patches():
+    car = SceneObject(id="1", category="car", box=(0.0, 360.0, 330.0, 719.0))  # left half of a 1280x720 frame
+    red = SceneObject(id="2", category="traffic light", box=(1200.0, 10.0, 1270.0, 80.0), light_color="red")
+    hidden = SceneObject(id="3", category="traffic light", box=(700.0, 10.0, 760.0, 80.0), light_color="green",
+                         occluded=True)
+    t = grounding_targets(scene(car, red, hidden), 1280, 720, grid=4).reshape(4, 4, -1)
+    assert t.shape[-1] == len(GROUNDING_CHANNELS) == 23
+    box = t[..., channel("box/car")]
+    np.testing.assert_array_equal(box, [[0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]])
+    centre = t[..., channel("centre/car")]
+    assert centre.sum() == 1 and centre[2, 0] == 1  # centre (165, 539.5): row 2.997 -> 2, column 0.52 -> 0
+    assert t[0, 3, channel("light/red")] == 1 and t[..., channel("light/red")].sum() == 1
+    assert t[..., channel("light/green")].sum() == 0  # occluded: the answer rules cannot read it
+    assert t[..., channel("box/traffic light")].sum() == 2  # but it is still a traffic light
+
+
+def test_mirror_reverses_patch_columns():
+    car = SceneObject(id="1", category="car", box=(0.0, 0.0, 100.0, 100.0))
+    t = grounding_targets(scene(car), 1280, 720, grid=4)
+    flipped = grounding_targets(scene(SceneObject(id="1", category="car", box=(1180.0, 0.0, 1279.0, 100.0))),
+                                1280, 720, grid=4)
+    np.testing.assert_array_equal(mirror_targets(t, 4), flipped)
+

@@ -87,8 +87,8 @@ class ConvStem(nn.Module):
     """Early convolutions (Xiao et al. 2021, "Early Convolutions Help Transformers See Better"): per stage a
     stride-2 and a stride-1 3x3 convolution, each with GroupNorm and ReLU, then a 1x1 projection to the
     encoder width. ``[N, C, S, S]`` -> ``[N, D, S / 2**stages, S / 2**stages]``. GroupNorm, not BatchNorm:
-    a sample's features never depend on the rest of its batch (an 8-image batch norm washed out the
-    day/night brightness the scene questions need)."""
+    a sample's features never depend on the rest of its batch (a BatchNorm stem over the 8 images of a
+    step measured worse, scene questions the most)."""
 
     def __init__(self, in_channels: int, channels: list[int], out_channels: int, groups: int = 4):
         super().__init__()
@@ -105,7 +105,8 @@ class ConvStem(nn.Module):
         return self.proj(self.layers(pixel_values))
 
     def reset_parameters(self) -> None:
-        """PyTorch's default (Kaiming-uniform) convolution init: the ViT's std 0.02 starves the stem."""
+        """PyTorch's default (Kaiming-uniform) convolution init, with which the stem was measured,
+        rather than the ViT's std 0.02."""
         for module in self.modules():
             if isinstance(module, (nn.Conv2d, nn.GroupNorm)):
                 module.reset_parameters()

@@ -356,7 +356,7 @@ def test_grounding_loss_is_added_with_its_weight_and_trains_the_encoder(config, 
 
 
 def test_no_grounding_head_without_weight_or_image(config):
-    assert not hasattr(build(config), "grounding_head")
-    assert not hasattr(build(config, vision="none", grounding_weight=1.0), "grounding_head")
+    assert build(config).grounding_head is None
+    assert build(config, vision="none", grounding_weight=1.0).grounding_head is None
     with pytest.raises(ParamError, match="model.grounding_weight: must be >= 0"):
         VLMConfig.from_params({"grounding_weight": -1}, 57, 128)

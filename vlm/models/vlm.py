@@ -163,8 +163,9 @@ class TrafficVLM(nn.Module):
             else:
                 self.multi_modal_projector = QFormerConnector(config.qformer, config.siglip.hidden_size,
                                                               config.gemma.hidden_size)
-            if config.grounding_weight > 0:  # training-time head: patch features -> grounding logits
-                self.grounding_head = nn.Linear(config.siglip.hidden_size, len(GROUNDING_CHANNELS))
+        # training-time head (model.grounding_weight > 0): patch features -> grounding logits
+        self.grounding_head = nn.Linear(config.siglip.hidden_size, len(GROUNDING_CHANNELS)) \
+            if config.vision == "siglip" and config.grounding_weight > 0 else None
         self.language_model = GemmaForCausalLM(config.gemma)
         mean = torch.tensor(config.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
         std = torch.tensor(config.image_std, dtype=torch.float32).view(1, 3, 1, 1)
@@ -206,7 +207,7 @@ class TrafficVLM(nn.Module):
             return text_embeds, text_valid, prefix_lengths, None
         features = self.image_features(images)  # [N_img, P, Dv]
         grounding_loss = None
-        if grounding is not None and hasattr(self, "grounding_head"):
+        if grounding is not None and self.grounding_head is not None:
             logits = self.grounding_head(features).float()  # [N_img, P, C]
             grounding_loss = F.binary_cross_entropy_with_logits(logits, grounding.to(logits.dtype))
         image_tokens = self.multi_modal_projector(features)[image_index].to(text_embeds.dtype)  # [B, T, D]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from vlm.cli import run
 from vlm.params import build_config, load_params, section
+from vlm.scenes.generate import ScenesConfig
 from vlm.train import TrainConfig, TrainPaths, train
 
 
@@ -28,8 +29,8 @@ def main() -> None:
                        model=Path(args.models) / f"{name}.pt", checkpoint_dir=Path(args.models) / "checkpoints",
                        metrics=Path(args.metrics) / ("train_blind.json" if args.blind else "train.json"),
                        live_dir=Path(args.live) / name)
-    scenes = section(params, "scenes")  # the frame size that label boxes are in (grounding targets)
-    frame_size = (scenes.get("width", 1280), scenes.get("height", 720))
+    scenes = build_config(ScenesConfig, section(params, "scenes"), "scenes")  # frame size of the label boxes
+    frame_size = (scenes.width, scenes.height)
     metrics = train(section(params, "model"), config, paths, blind=args.blind, frame_size=frame_size)
     if metrics:
         print(", ".join(f"{k}: {v}" for k, v in metrics.items()))

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlm.data.grounding import GROUNDING_CHANNELS
-
 from vlm.models.connector import LinearConnector
 from vlm.models.gemma import GemmaConfig, GemmaForCausalLM, prefix_lm_mask, shifted_cross_entropy
 from vlm.models.qformer import QFormerConfig, QFormerConnector

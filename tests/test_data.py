@@ -14,6 +14,7 @@ from test_data_helpers import PACK_SIZE, SPLIT_SIZES, image_colours, write_scene
 from vlm.data.augment import AugmentConfig, sample_augment_params, swap_left_right
 from vlm.data.collate import IGNORE_INDEX, collate_questions
 from vlm.data.dataset import TrafficVQADataset
+from vlm.data.grounding import GROUNDING_CHANNELS
 from vlm.data.loader import build_loader, set_epoch
 from vlm.data.sampler import GroupedBatchSampler
 from vlm.params import ParamError, build_config
@@ -245,12 +246,12 @@ def test_grounding_targets_follow_the_image_and_its_mirror(project, tokenizer):
     some_object = False
     for index in range(len(plain)):
         targets, flipped = plain[index]["grounding"], mirrored[index]["grounding"]
-        assert targets.shape == (16, 23) and targets.dtype == np.float32
+        assert targets.shape == (16, len(GROUNDING_CHANNELS)) and targets.dtype == np.float32
         np.testing.assert_array_equal(flipped.reshape(4, 4, -1), targets.reshape(4, 4, -1)[:, ::-1])
         some_object |= bool(targets.any())
     assert some_object
     batch = collate_questions([plain[i] for i in range(6)])
-    assert batch["grounding"].shape == (batch["images"].shape[0], 16, 23)
+    assert batch["grounding"].shape == (batch["images"].shape[0], 16, len(GROUNDING_CHANNELS))
     first_of_image = {image_id: i for i, image_id in reversed(list(enumerate(batch["image_id"])))}
     for i in first_of_image.values():
         assert torch.equal(batch["grounding"][batch["image_index"][i]], torch.from_numpy(plain[i]["grounding"]))

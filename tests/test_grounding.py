@@ -1,10 +1,10 @@
-"""Grounding targets: per-patch category boxes, object centres and readable light colours."""
+"""Grounding targets: per-patch category boxes, object-centre counts, readable light colours, occlusion."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from vlm.data.grounding import GROUNDING_CHANNELS, grounding_targets, mirror_targets
+from vlm.data.grounding import GROUNDING_CHANNELS, GROUNDING_COUNT_CHANNELS, grounding_targets, mirror_targets
 from vlm.scenes.schema import Scene, SceneObject
 
 
@@ -22,7 +22,7 @@ def test_boxes_centres_and_readable_lights_land_in_their_patches():
     hidden = SceneObject(id="3", category="traffic light", box=(700.0, 10.0, 760.0, 80.0), light_color="green",
                          occluded=True)
     t = grounding_targets(scene(car, red, hidden), 1280, 720, grid=4).reshape(4, 4, -1)
-    assert t.shape[-1] == len(GROUNDING_CHANNELS) == 23
+    assert t.shape[-1] == len(GROUNDING_CHANNELS) == 24
     box = t[..., channel("box/car")]
     np.testing.assert_array_equal(box, [[0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]])
     centre = t[..., channel("centre/car")]
@@ -30,6 +30,15 @@ def test_boxes_centres_and_readable_lights_land_in_their_patches():
     assert t[0, 3, channel("light/red")] == 1 and t[..., channel("light/red")].sum() == 1
     assert t[..., channel("light/green")].sum() == 0  # occluded: the answer rules cannot read it
     assert t[..., channel("box/traffic light")].sum() == 2  # but it is still a traffic light
+    np.testing.assert_array_equal(t[..., channel("occluded")], t[..., channel("box/traffic light")] * [0, 0, 1, 0])
+
+
+def test_centres_sharing_a_patch_are_counted():
+    cars = [SceneObject(id=str(k), category="car", box=(10.0 + k, 10.0, 60.0 + k, 60.0)) for k in range(3)]
+    t = grounding_targets(scene(*cars), 1280, 720, grid=4).reshape(4, 4, -1)
+    assert t[0, 0, channel("centre/car")] == 3 and t[..., channel("centre/car")].sum() == 3
+    assert t[0, 0, channel("box/car")] == 1  # coverage stays 0/1
+    assert set(GROUNDING_COUNT_CHANNELS) == {name for name in GROUNDING_CHANNELS if name.startswith("centre/")}
 
 
 def test_mirror_reverses_patch_columns():

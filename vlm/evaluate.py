@@ -210,8 +210,8 @@ def attention_sheet(loaded: LoadedModel, dataset: TrafficVQADataset, table: pd.D
     for k, (index, sample) in enumerate(zip(picks, samples)):
         row = table.loc[index]
         image = _load_original(image_paths[sample["image_id"]], 640)
-        if config.connector == "linear" and weights.shape[1] == grid * grid:
-            heat = weights[k].reshape(grid, grid)
+        if config.connector == "linear":  # tokens 0 .. grid*grid - 1 are the patch grid's cells
+            heat = weights[k, : grid * grid].reshape(grid, grid)
             heat = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
             overlay = Image.fromarray((colormap(heat)[..., :3] * 255).astype(np.uint8)).resize(image.size, Image.BICUBIC)
             image = Image.blend(image, overlay, 0.45)

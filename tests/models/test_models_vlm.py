@@ -326,8 +326,8 @@ def test_pixel_shuffle_merges_neighbouring_patches():
     config = VLMConfig.from_params({"pixel_shuffle": 2, "siglip": {"patch_size": 16}}, 57, 128)
     assert config.num_image_tokens == 16
     model = TrafficVLM(config)
-    tokens = model.encode_images(torch.randint(0, 255, (3, 3, 128, 128), dtype=torch.uint8))
-    assert tokens.shape == (3, 16, config.gemma.hidden_size)
+    tokens, grounding_logits = model.encode_images(torch.randint(0, 255, (3, 3, 128, 128), dtype=torch.uint8))
+    assert grounding_logits is None and tokens.shape == (3, 16, config.gemma.hidden_size)
     with pytest.raises(ParamError, match="model.pixel_shuffle: must be >= 1 and divide the patch grid"):
         VLMConfig.from_params({"pixel_shuffle": 3, "siglip": {"patch_size": 16}}, 57, 128)
 
@@ -336,22 +336,27 @@ def test_pixel_shuffle_merges_neighbouring_patches():
 
 
 def test_grounding_loss_is_added_with_its_weight_and_trains_the_encoder(config, make_batch):
-    from vlm.data.grounding import GROUNDING_CHANNELS
+    from vlm.data.grounding import GROUNDING_CHANNELS, GROUNDING_COUNT_CHANNELS
 
     model = build(config, grounding_weight=2.0).train()
     batch = make_batch(model.config)
     num_images, patches = batch["images"].shape[0], model.config.siglip.num_patches
     targets = (torch.rand(num_images, patches, len(GROUNDING_CHANNELS),
                           generator=torch.Generator().manual_seed(1)) > 0.8).float()
+    is_count = torch.tensor([name in GROUNDING_COUNT_CHANNELS for name in GROUNDING_CHANNELS])
+    targets[..., is_count] *= 2  # count channels may exceed 1
     plain = model(**batch)
     grounded = model(**batch, grounding=targets)
     logits = model.grounding_head(model.image_features(batch["images"]))
-    expected = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets)
+    binary = torch.nn.functional.binary_cross_entropy_with_logits(logits[..., ~is_count], targets[..., ~is_count],
+                                                                  reduction="sum")
+    counts = (logits[..., is_count].exp() - targets[..., is_count] * logits[..., is_count]).sum()  # Poisson NLL
+    expected = (binary + counts) / targets.numel()
     torch.testing.assert_close(grounded.grounding_loss, expected)
     torch.testing.assert_close(grounded.loss, plain.loss + 2.0 * expected)
     assert plain.grounding_loss is None
     grounded.loss.backward()
-    assert model.grounding_head.weight.grad.abs().sum() > 0
+    assert model.grounding_head.linear.weight.grad.abs().sum() > 0
     assert model.vision_tower.embeddings.patch_embedding.weight.grad.abs().sum() > 0
 
 
@@ -360,3 +365,28 @@ def test_no_grounding_head_without_weight_or_image(config):
     assert build(config, vision="none", grounding_weight=1.0).grounding_head is None
     with pytest.raises(ParamError, match="model.grounding_weight: must be >= 0"):
         VLMConfig.from_params({"grounding_weight": -1}, 57, 128)
+    with pytest.raises(ParamError, match="model.grounding_tokens: needs a trained grounding head"):
+        VLMConfig.from_params({"grounding_tokens": True}, 57, 128)
+    blind = build(config, vision="none", grounding_tokens=True)  # no image: nothing to ground
+    assert blind.grounding_totals_projector is None and blind.num_image_tokens == 0
+
+
+def test_grounding_tokens_give_the_decoder_the_maps_and_their_totals(config, make_batch):
+    from vlm.models.grounding import NUM_THRESHOLDS
+
+    model = build(config, grounding_weight=1.0, grounding_tokens=True).eval()
+    assert model.num_image_tokens == model.config.siglip.num_patches + 1  # patch tokens, then the totals token
+    batch = make_batch(model.config)
+    tokens, logits = model.encode_images(batch["images"])
+    assert tokens.shape == (batch["images"].shape[0], model.num_image_tokens, model.config.gemma.hidden_size)
+    head = model.grounding_head
+    maps = head.maps(logits)
+    is_count = head.is_count
+    torch.testing.assert_close(maps[..., ~is_count], logits[..., ~is_count].sigmoid())
+    torch.testing.assert_close(maps[..., is_count], logits[..., is_count].exp())
+    # totals thermometer-coded: an image total of 2.0 turns the codes for > 0.5 and > 1.5 on, the rest off
+    codes = head.totals(torch.full((1, 4, 1), 0.5)).view(-1)
+    assert codes.shape == (NUM_THRESHOLDS,) and (codes[:2] > 0.8).all() and (codes[2:] < 0.2).all()
+    output = model.train()(**batch)
+    output.loss.backward()  # the answers reach the grounding head through the maps
+    assert head.linear.weight.grad.abs().sum() > 0

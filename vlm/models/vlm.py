@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vlm.data.grounding import GROUNDING_CHANNELS
 from vlm.models.connector import LinearConnector
 from vlm.models.gemma import GemmaConfig, GemmaForCausalLM, prefix_lm_mask, shifted_cross_entropy
+from vlm.models.grounding import NUM_THRESHOLDS, GroundingHead
 from vlm.models.qformer import QFormerConfig, QFormerConnector
 from vlm.models.siglip import SiglipVisionConfig, SiglipVisionModel, load_pretrained_siglip, \
     siglip_config_from_pretrained
@@ -50,6 +50,8 @@ class VLMConfig:
     vision_checkpoint: str | None = None
     # Weight of the auxiliary per-patch grounding loss (vlm.data.grounding) in training; 0 = no grounding head.
     grounding_weight: float = 0.0
+    # The decoder also reads the grounding head's maps (per patch, and their image totals as one more token).
+    grounding_tokens: bool = False
     siglip: SiglipVisionConfig = field(default_factory=SiglipVisionConfig)
     gemma: GemmaConfig = field(default_factory=GemmaConfig)
     qformer: QFormerConfig = field(default_factory=QFormerConfig)
@@ -61,8 +63,10 @@ class VLMConfig:
         if self.vision == "none":
             return 0
         if self.connector == "qformer":
-            return self.qformer.num_query_tokens
-        return self.siglip.num_patches // (self.pixel_shuffle * self.pixel_shuffle)
+            tokens = self.qformer.num_query_tokens
+        else:
+            tokens = self.siglip.num_patches // (self.pixel_shuffle * self.pixel_shuffle)
+        return tokens + int(self.grounding_tokens)
 
     def validate(self, prefix: str = "model") -> None:
         check(self.vision in ("siglip", "none"), f"{prefix}.vision", f"must be 'siglip' or 'none', got {self.vision!r}")
@@ -70,6 +74,8 @@ class VLMConfig:
               f"must be 'linear' or 'qformer', got {self.connector!r}")
         check(self.grounding_weight >= 0, f"{prefix}.grounding_weight",
               f"must be >= 0 (0 = off), got {self.grounding_weight}")
+        check(not (self.grounding_tokens and self.vision == "siglip" and self.grounding_weight == 0),
+              f"{prefix}.grounding_tokens", "needs a trained grounding head: set model.grounding_weight > 0")
         self.siglip.validate(f"{prefix}.siglip")
         grid = self.siglip.image_size // self.siglip.patch_size
         check(self.pixel_shuffle >= 1 and grid % self.pixel_shuffle == 0, f"{prefix}.pixel_shuffle",
@@ -154,17 +160,23 @@ class TrafficVLM(nn.Module):
         super().__init__()
         config.validate()
         self.config = config
-        if config.vision == "siglip":
+        vision = config.vision == "siglip"
+        grounding_tokens = vision and config.grounding_tokens
+        if vision:
             self.vision_tower = SiglipVisionModel(config.siglip)
+            # the connector reads the patch features, and the grounding maps beside them with grounding_tokens
+            connector_in = config.siglip.hidden_size + (len(GROUNDING_CHANNELS) if grounding_tokens else 0)
             if config.connector == "linear":
-                self.multi_modal_projector = LinearConnector(config.siglip.hidden_size, config.gemma.hidden_size,
+                self.multi_modal_projector = LinearConnector(connector_in, config.gemma.hidden_size,
                                                              config.pixel_shuffle)
             else:
-                self.multi_modal_projector = QFormerConnector(config.qformer, config.siglip.hidden_size,
-                                                              config.gemma.hidden_size)
-        # training-time head (model.grounding_weight > 0): patch features -> grounding logits
-        self.grounding_head = nn.Linear(config.siglip.hidden_size, len(GROUNDING_CHANNELS)) \
-            if config.vision == "siglip" and config.grounding_weight > 0 else None
+                self.multi_modal_projector = QFormerConnector(config.qformer, connector_in, config.gemma.hidden_size)
+        # patch features -> grounding logits (vlm.models.grounding), trained with model.grounding_weight > 0
+        self.grounding_head = GroundingHead(config.siglip.hidden_size) \
+            if vision and config.grounding_weight > 0 else None
+        # thermometer-coded totals of the grounding maps -> one more image token, after the connector's
+        self.grounding_totals_projector = nn.Linear(len(GROUNDING_CHANNELS) * NUM_THRESHOLDS,
+                                                    config.gemma.hidden_size) if grounding_tokens else None
         self.language_model = GemmaForCausalLM(config.gemma)
         mean = torch.tensor(config.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
         std = torch.tensor(config.image_std, dtype=torch.float32).view(1, 3, 1, 1)
@@ -176,9 +188,17 @@ class TrafficVLM(nn.Module):
     def num_image_tokens(self) -> int:
         return self.config.num_image_tokens
 
-    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 images ``[N, 3, S, S]`` -> image tokens ``[N, T, D]`` in the decoder's embedding space."""
-        return self.multi_modal_projector(self.image_features(images))
+    def encode_images(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """uint8 images ``[N, 3, S, S]`` -> image tokens ``[N, T, D]`` in the decoder's embedding space, and
+        the grounding logits ``[N, P, C]`` (None without a grounding head)."""
+        features = self.image_features(images)  # [N, P, Dv]
+        logits = None if self.grounding_head is None else self.grounding_head(features)  # [N, P, C]
+        if self.grounding_totals_projector is None:
+            return self.multi_modal_projector(features), logits
+        maps = self.grounding_head.maps(logits).to(features.dtype)  # [N, P, C]
+        tokens = self.multi_modal_projector(torch.cat([features, maps], dim=-1))  # [N, T - 1, D]
+        totals = self.grounding_totals_projector(self.grounding_head.totals(maps).to(features.dtype))  # [N, D]
+        return torch.cat([tokens, totals[:, None]], dim=1), logits
 
     def image_features(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images ``[N, 3, S, S]`` -> the encoder's patch features ``[N, P, Dv]``."""
@@ -204,12 +224,11 @@ class TrafficVLM(nn.Module):
             text_valid = text_valid & (positions < prefix_lengths[:, None])
         if self.config.vision == "none":
             return text_embeds, text_valid, prefix_lengths, None
-        features = self.image_features(images)  # [N_img, P, Dv]
+        image_tokens, logits = self.encode_images(images)  # [N_img, T, D], [N_img, P, C]
         grounding_loss = None
-        if grounding is not None and self.grounding_head is not None:
-            logits = self.grounding_head(features).float()  # [N_img, P, C]
-            grounding_loss = F.binary_cross_entropy_with_logits(logits, grounding.to(logits.dtype))
-        image_tokens = self.multi_modal_projector(features)[image_index].to(text_embeds.dtype)  # [B, T, D]
+        if grounding is not None and logits is not None:
+            grounding_loss = self.grounding_head.loss(logits, grounding)
+        image_tokens = image_tokens[image_index].to(text_embeds.dtype)  # [B, T, D]
         image_valid = text_valid.new_ones(image_tokens.shape[:2])
         return (torch.cat([image_tokens, text_embeds], dim=1), torch.cat([image_valid, text_valid], dim=1),
                 prefix_lengths + image_tokens.shape[1], grounding_loss)
@@ -291,7 +310,7 @@ class TrafficVLM(nn.Module):
         """Attention probabilities ``[B, num_layers, num_heads, T]`` from the position that predicts the
         first answer token ([SEP]) to the T image tokens (explicit attention path), for heat maps. With the
         linear connector token t is cell t of the row-major (pixel-shuffled) patch grid; with the Q-Former it
-        is query t."""
+        is query t; with ``grounding_tokens`` the last one is the grounding totals' token."""
         if self.config.vision == "none":
             raise ValueError("image_attention(): the blind model (vision: none) has no image tokens")
         inputs_embeds, key_valid, prefix_total, _ = self._embed(images, image_index, input_ids, attention_mask,

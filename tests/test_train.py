@@ -123,8 +123,9 @@ def test_early_stopping(processed, tmp_path):
 
 def test_gradient_accumulation_and_blind(processed, tmp_path):
     paths = paths_for(processed, tmp_path, "blind")
-    metrics = train(TINY_MODEL, tiny_train_config(epochs=1, grad_accum=2), paths, blind=True, progress=False)
-    assert metrics["steps"] == metrics["planned_steps"]
+    metrics = train(TINY_MODEL, tiny_train_config(epochs=3, blind_epochs=1, grad_accum=2), paths, blind=True,
+                    progress=False)
+    assert metrics["epochs"] == 1 and metrics["steps"] == metrics["planned_steps"]  # train.blind_epochs
     loaded = load_model(paths.model)
     assert loaded.model.config.vision == "none" and loaded.model.num_image_tokens == 0
 
@@ -138,6 +139,7 @@ def test_lr_schedule():
 
 @pytest.mark.parametrize("values, message", [
     ({"epochs": 0}, "train.epochs: must be >= 1"),
+    ({"blind_epochs": 0}, "train.blind_epochs: must be >= 1 or null"),
     ({"lr": -1.0}, "train.lr: must be > 0"),
     ({"augment": {"hue": 0.3}}, "train.augment.hue: must be in"),
     ({"optimizer": "sgd"}, "train.optimizer: unknown key"),

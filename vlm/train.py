@@ -23,7 +23,7 @@ import os
 import random
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,7 @@ class CurriculumConfig:
 class TrainConfig:
     seed: int = 0
     epochs: int = 8
+    blind_epochs: int | None = None  # epochs of the blind baseline (train_blind); None = epochs
     batch_size: int = 64  # questions per forward pass (per process under DDP)
     grad_accum: int = 1  # forward passes per optimizer step
     lr: float = 1e-3
@@ -92,6 +93,8 @@ class TrainConfig:
     def validate(self, prefix: str = "train") -> None:
         for name in ("epochs", "batch_size", "grad_accum", "checkpoint_every", "eval_batch_size"):
             check(getattr(self, name) >= 1, f"{prefix}.{name}", f"must be >= 1, got {getattr(self, name)}")
+        check(self.blind_epochs is None or self.blind_epochs >= 1, f"{prefix}.blind_epochs",
+              f"must be >= 1 or null (= epochs), got {self.blind_epochs}")
         check(self.lr > 0, f"{prefix}.lr", f"must be > 0, got {self.lr}")
         check(0 <= self.min_lr_ratio <= 1, f"{prefix}.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         for name in ("warmup_steps", "weight_decay", "grad_clip", "early_stopping_patience", "num_workers", "threads"):
@@ -234,6 +237,8 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
 
     ``frame_size``: width and height of the original frames, in which the label boxes behind the
     grounding targets are given (``model.grounding_weight`` > 0)."""
+    if blind and config.blind_epochs is not None:
+        config = replace(config, epochs=config.blind_epochs)
     dist_info = Distributed.from_env()
     name = paths.model.stem
     if dist_info.world_size > 1 and not dist.is_initialized():

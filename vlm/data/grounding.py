@@ -9,7 +9,7 @@ still come only from the decoder (which may read the predicted maps: ``model.gro
 
 Channels of a target map ``[G*G, C]`` (row-major patches, C = ``len(GROUNDING_CHANNELS)``):
 ``box/{category}`` (1 where the patch overlaps a box of that category), ``centre/{category}`` (how many
-box centres of that category fall in the patch: a count, as neighbouring objects share patches) and
+box centres of that category fall in the patch: a count, as neighbouring objects share patches),
 ``light/{colour}`` (1 where the patch overlaps a readable light of that colour) and ``occluded`` (1 where
 the patch overlaps the box of an object labelled occluded: the safety rule's "maybe").
 Frame attributes (night, rain, fog, highway) are left out: as extra targets in every patch they cost

@@ -1,10 +1,14 @@
-"""Grounding targets: per-patch category boxes, object-centre counts, readable light colours, occlusion."""
+"""Grounding targets: per-patch category boxes, object-centre counts, readable light colours, occlusion,
+and the frame attributes once per image."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from vlm.data.grounding import GROUNDING_CHANNELS, GROUNDING_COUNT_CHANNELS, grounding_targets, mirror_targets
+import torch
+
+from vlm.data.grounding import (FRAME_CHANNELS, GROUNDING_CHANNELS, GROUNDING_COUNT_CHANNELS, PATCH_CHANNELS,
+                                grounding_targets, mirror_targets, pool_targets)
 from vlm.scenes.schema import Scene, SceneObject
 
 
@@ -22,7 +26,7 @@ def test_boxes_centres_and_readable_lights_land_in_their_patches():
     hidden = SceneObject(id="3", category="traffic light", box=(700.0, 10.0, 760.0, 80.0), light_color="green",
                          occluded=True)
     t = grounding_targets(scene(car, red, hidden), 1280, 720, grid=4).reshape(4, 4, -1)
-    assert t.shape[-1] == len(GROUNDING_CHANNELS) == 24
+    assert t.shape[-1] == len(GROUNDING_CHANNELS) == 38
     box = t[..., channel("box/car")]
     np.testing.assert_array_equal(box, [[0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]])
     centre = t[..., channel("centre/car")]
@@ -44,7 +48,31 @@ def test_centres_sharing_a_patch_are_counted():
 def test_mirror_reverses_patch_columns():
     car = SceneObject(id="1", category="car", box=(0.0, 0.0, 100.0, 100.0))
     t = grounding_targets(scene(car), 1280, 720, grid=4)
-    flipped = grounding_targets(scene(SceneObject(id="1", category="car", box=(1180.0, 0.0, 1279.0, 100.0))),
+    flipped = grounding_targets(scene(SceneObject(id="1", category="car", box=(1180.0, 0.0, 1280.0, 100.0))),
                                 1280, 720, grid=4)
-    np.testing.assert_array_equal(mirror_targets(t, 4), flipped)
+    np.testing.assert_allclose(mirror_targets(t, 4), flipped, atol=1e-6)
 
+
+
+def test_frame_attributes_fill_every_patch_and_undefined_ones_are_minus_one():
+    foggy_night = Scene(name="a.jpg", timeofday="night", weather="foggy", scene="undefined", objects=())
+    t = grounding_targets(foggy_night, 1280, 720, grid=4)
+    assert GROUNDING_CHANNELS[-len(FRAME_CHANNELS):] == FRAME_CHANNELS == (
+        "frame/night", "frame/rain", "frame/fog", "frame/highway")
+    frame = t[:, -len(FRAME_CHANNELS):]
+    np.testing.assert_array_equal(frame, np.tile([1, 0, 1, -1], (16, 1)))  # highway: the scene is undefined
+    assert t[:, :-len(FRAME_CHANNELS)].sum() == 0  # no objects
+
+
+def test_heatmaps_peak_at_each_centre_and_pool_back_to_the_patch_grid():
+    near = SceneObject(id="1", category="car", box=(0.0, 360.0, 330.0, 719.0))
+    far = SceneObject(id="2", category="car", box=(600.0, 300.0, 640.0, 340.0))
+    t = grounding_targets(scene(near, far), 1280, 720, grid=16).reshape(16, 16, -1)
+    heat = t[..., channel("heat/car")]
+    assert heat.max() == 1 and (heat == 1).sum() == 2  # one peak cell per object
+    assert heat[int(539.5 / 720 * 16), int(165 / 1280 * 16)] == 1 and heat[7, 7] == 1
+    assert 0 < heat[8, 7] < 0.5 and heat[0, 15] < 1e-3  # a Gaussian around the small car, ~0 far away
+    assert t[..., channel("heat/pedestrian")].sum() == 0
+    coarse = grounding_targets(scene(near, far), 1280, 720, grid=4)
+    pooled = pool_targets(torch.from_numpy(t.reshape(1, 256, -1)), grid=4)[0].numpy()
+    np.testing.assert_array_equal(pooled, coarse[:, :len(PATCH_CHANNELS)])  # boxes by max, centre counts by sum

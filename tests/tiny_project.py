@@ -18,6 +18,7 @@ from vlm.train import TrainConfig, TrainPaths
 TINY_MODEL = {
     "grounding_weight": 1.0,
     "grounding_tokens": True,
+    "object_centres": True,
     "siglip": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                "patch_size": 8, "stem_channels": [4, 8, 8]},
     "gemma": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,

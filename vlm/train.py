@@ -42,6 +42,7 @@ from vlm.data.loader import build_loader, set_epoch
 from vlm.inference import predict_dataset, to_device
 from vlm.io import write_json
 from vlm.models import VLMConfig, build_vlm
+from vlm.models.centres import STRIDE as CENTRE_STRIDE
 from vlm.params import check
 from vlm.tokenizer import TrafficCommandTokenizer
 
@@ -259,8 +260,10 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
                                          header.mean.tolist(), header.std.tolist())
     resample = header.resample
     header.close()
-    grounding_grid = model_config.siglip.image_size // model_config.siglip.patch_size \
-        if model_config.vision == "siglip" and model_config.grounding_weight > 0 else None
+    grounding_grid = None  # targets on the patch grid, or finer for the object-centre heatmaps
+    if model_config.vision == "siglip" and model_config.grounding_weight > 0:
+        grounding_grid = model_config.siglip.image_size // (
+            CENTRE_STRIDE if model_config.object_centres else model_config.siglip.patch_size)
     train_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
                                   in_memory=config.in_memory, seed=config.seed, grounding_grid=grounding_grid,
                                   frame_size=frame_size)

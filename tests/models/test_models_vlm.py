@@ -326,7 +326,7 @@ def test_pixel_shuffle_merges_neighbouring_patches():
     config = VLMConfig.from_params({"pixel_shuffle": 2, "siglip": {"patch_size": 16}}, 57, 128)
     assert config.num_image_tokens == 16
     model = TrafficVLM(config)
-    tokens, grounding_logits = model.encode_images(torch.randint(0, 255, (3, 3, 128, 128), dtype=torch.uint8))
+    tokens, grounding_logits, heat = model.encode_images(torch.randint(0, 255, (3, 3, 128, 128), dtype=torch.uint8))
     assert grounding_logits is None and tokens.shape == (3, 16, config.gemma.hidden_size)
     with pytest.raises(ParamError, match="model.pixel_shuffle: must be >= 1 and divide the patch grid"):
         VLMConfig.from_params({"pixel_shuffle": 3, "siglip": {"patch_size": 16}}, 57, 128)
@@ -336,27 +336,38 @@ def test_pixel_shuffle_merges_neighbouring_patches():
 
 
 def test_grounding_loss_is_added_with_its_weight_and_trains_the_encoder(config, make_batch):
-    from vlm.data.grounding import GROUNDING_CHANNELS, GROUNDING_COUNT_CHANNELS
+    from vlm.data.grounding import FRAME_CHANNELS, GROUNDING_CHANNELS, GROUNDING_COUNT_CHANNELS, PATCH_CHANNELS
+    from vlm.models.grounding import FRAME_LOSS_WEIGHT
 
     model = build(config, grounding_weight=2.0).train()
     batch = make_batch(model.config)
     num_images, patches = batch["images"].shape[0], model.config.siglip.num_patches
-    targets = (torch.rand(num_images, patches, len(GROUNDING_CHANNELS),
-                          generator=torch.Generator().manual_seed(1)) > 0.8).float()
+    generator = torch.Generator().manual_seed(1)
+    targets = (torch.rand(num_images, patches, len(GROUNDING_CHANNELS), generator=generator) > 0.8).float()
     is_count = torch.tensor([name in GROUNDING_COUNT_CHANNELS for name in GROUNDING_CHANNELS])
     targets[..., is_count] *= 2  # count channels may exceed 1
+    frame_targets = torch.randint(-1, 2, (num_images, len(FRAME_CHANNELS)), generator=generator).float()
+    frame_targets[0] = 1.0  # at least one defined attribute
+    targets[..., -len(FRAME_CHANNELS):] = frame_targets[:, None]  # once per image, -1 = undefined
     plain = model(**batch)
     grounded = model(**batch, grounding=targets)
-    logits = model.grounding_head(model.image_features(batch["images"]))
-    binary = torch.nn.functional.binary_cross_entropy_with_logits(logits[..., ~is_count], targets[..., ~is_count],
-                                                                  reduction="sum")
-    counts = (logits[..., is_count].exp() - targets[..., is_count] * logits[..., is_count]).sum()  # Poisson NLL
-    expected = (binary + counts) / targets.numel()
+    logits = model.grounding_head(model.image_features(batch["images"]))  # [N, P, C]
+    patch, patch_targets = logits[..., :len(PATCH_CHANNELS)], targets[..., :len(PATCH_CHANNELS)]
+    patch_count = is_count[:len(PATCH_CHANNELS)]
+    binary = torch.nn.functional.binary_cross_entropy_with_logits(patch[..., ~patch_count],
+                                                                  patch_targets[..., ~patch_count], reduction="sum")
+    counts = (patch[..., patch_count].exp() - patch_targets[..., patch_count] * patch[..., patch_count]).sum()
+    frame_logits = logits[..., -len(FRAME_CHANNELS):]
+    assert torch.equal(frame_logits, frame_logits[:, :1].expand_as(frame_logits))  # one prediction per image
+    known = frame_targets >= 0
+    frame = torch.nn.functional.binary_cross_entropy_with_logits(frame_logits[:, 0][known], frame_targets[known])
+    expected = (binary + counts) / patch_targets.numel() + FRAME_LOSS_WEIGHT * frame
     torch.testing.assert_close(grounded.grounding_loss, expected)
     torch.testing.assert_close(grounded.loss, plain.loss + 2.0 * expected)
     assert plain.grounding_loss is None
     grounded.loss.backward()
     assert model.grounding_head.linear.weight.grad.abs().sum() > 0
+    assert model.grounding_head.frame.weight.grad.abs().sum() > 0
     assert model.vision_tower.embeddings.patch_embedding.weight.grad.abs().sum() > 0
 
 
@@ -372,12 +383,14 @@ def test_no_grounding_head_without_weight_or_image(config):
 
 
 def test_grounding_tokens_give_the_decoder_the_maps_and_their_totals(config, make_batch):
-    from vlm.models.grounding import NUM_THRESHOLDS
+    from vlm.data.grounding import FRAME_CHANNELS
+    from vlm.models.grounding import HEAD_CHANNELS, NUM_THRESHOLDS
 
     model = build(config, grounding_weight=1.0, grounding_tokens=True).eval()
     assert model.num_image_tokens == model.config.siglip.num_patches + 1  # patch tokens, then the totals token
     batch = make_batch(model.config)
-    tokens, logits = model.encode_images(batch["images"])
+    tokens, logits, heat = model.encode_images(batch["images"])
+    assert heat is None  # no object-centre head
     assert tokens.shape == (batch["images"].shape[0], model.num_image_tokens, model.config.gemma.hidden_size)
     head = model.grounding_head
     maps = head.maps(logits)
@@ -385,8 +398,45 @@ def test_grounding_tokens_give_the_decoder_the_maps_and_their_totals(config, mak
     torch.testing.assert_close(maps[..., ~is_count], logits[..., ~is_count].sigmoid())
     torch.testing.assert_close(maps[..., is_count], logits[..., is_count].exp())
     # totals thermometer-coded: an image total of 2.0 turns the codes for > 0.5 and > 1.5 on, the rest off
-    codes = head.totals(torch.full((1, 4, 1), 0.5)).view(-1)
-    assert codes.shape == (NUM_THRESHOLDS,) and (codes[:2] > 0.8).all() and (codes[2:] < 0.2).all()
+    codes = head.totals(torch.full((1, 4, len(HEAD_CHANNELS)), 0.5)).view(-1, NUM_THRESHOLDS)
+    assert codes.shape == (len(HEAD_CHANNELS) - len(FRAME_CHANNELS), NUM_THRESHOLDS)  # no frame totals
+    assert (codes[:, :2] > 0.8).all() and (codes[:, 2:] < 0.2).all()
     output = model.train()(**batch)
     output.loss.backward()  # the answers reach the grounding head through the maps
     assert head.linear.weight.grad.abs().sum() > 0
+
+
+def test_object_centres_add_heatmaps_their_focal_loss_and_peak_counts(config, make_batch):
+    from vlm.data.grounding import GROUNDING_CHANNELS, HEAT_CHANNELS, PATCH_CHANNELS
+    from vlm.models.centres import CENTRE_LOSS_WEIGHT, NUM_COUNT_THRESHOLDS, REGIONS, STRIDE
+    from vlm.models.siglip import SiglipVisionConfig
+
+    siglip = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=32, patch_size=8, stem_channels=[8, 8, 16])
+    with pytest.raises(ParamError, match="model.object_centres: needs model.grounding_tokens"):
+        config(siglip=siglip, grounding_weight=1.0, object_centres=True).validate()
+    with pytest.raises(ParamError, match="model.object_centres: needs a conv stem of at least 3 stages"):
+        config(grounding_weight=1.0, grounding_tokens=True, object_centres=True).validate()
+    model = build(config, siglip=siglip, grounding_weight=1.0, grounding_tokens=True, object_centres=True).train()
+    batch = make_batch(model.config)
+    cells = (32 // STRIDE) ** 2
+    targets = torch.zeros(batch["images"].shape[0], cells, len(GROUNDING_CHANNELS))
+    targets[0, 5, len(PATCH_CHANNELS) + 2] = 1.0  # one car centre in image 0
+    tokens, logits, heat = model.encode_images(batch["images"])
+    assert heat.shape == (batch["images"].shape[0], cells, len(HEAT_CHANNELS))
+    output = model(**batch, grounding=targets)
+    expected = model.grounding_head.loss(logits, targets) + CENTRE_LOSS_WEIGHT * model.centre_head.loss(heat, targets)
+    torch.testing.assert_close(output.grounding_loss, expected)
+    output.loss.backward()
+    assert model.centre_head.out.weight.grad.abs().sum() > 0
+
+    # two peaks above 0.5 in the left third of an 8 x 8 heatmap, one in the right third; a lower neighbour
+    # of a peak is not a peak
+    prob = torch.full((1, 8, 8, len(HEAT_CHANNELS)), 0.01)
+    prob[0, 1, 0, 2], prob[0, 5, 1, 2], prob[0, 5, 2, 2], prob[0, 3, 7, 2] = 0.9, 0.8, 0.7, 0.6
+    counts = model.centre_head.peak_counts(torch.logit(prob.view(1, 64, -1)))
+    assert counts.shape == (1, len(HEAT_CHANNELS), len(REGIONS))
+    assert counts[0, 2].tolist() == [3, 2, 1] and counts[0, :, 0].sum() == 3  # image, left third, right third
+    codes = model.centre_head.count_features(torch.logit(prob.view(1, 64, -1)))
+    codes = codes.view(len(HEAT_CHANNELS), len(REGIONS), -1)
+    assert codes.shape[-1] == NUM_COUNT_THRESHOLDS and codes[2, 0].tolist()[:4] == [1, 1, 1, 0]

@@ -81,10 +81,14 @@ def safety(scene: Scene, manoeuvre: str, width: float, height: float) -> str:
     return YES
 
 
+# Frame attributes asked about: attribute -> (scene field, value that makes the answer yes).
+FRAME_ATTRIBUTES = {"night": ("timeofday", "night"), "rain": ("weather", "rainy"),
+                    "fog": ("weather", "foggy"), "highway": ("scene", "highway")}
+
+
 def scene_attribute(scene: Scene, attribute: str) -> str | None:
     """Answers for frame-attribute questions; None when the attribute is undefined (no question)."""
-    field, value = {"night": ("timeofday", "night"), "rain": ("weather", "rainy"),
-                    "fog": ("weather", "foggy"), "highway": ("scene", "highway")}[attribute]
+    field, value = FRAME_ATTRIBUTES[attribute]
     actual = getattr(scene, field)
     if actual == UNDEFINED:
         return None

@@ -122,7 +122,7 @@ def candidates(scene: Scene, width: float, height: float, options: TemplateOptio
             out.append(Candidate("safety/manoeuvre", (("manoeuvre", manoeuvre),),
                                  rules.safety(scene, manoeuvre, width, height)))
     if "scene" in types:
-        for attribute in ("night", "rain", "fog", "highway"):
+        for attribute in rules.FRAME_ATTRIBUTES:
             answer = rules.scene_attribute(scene, attribute)
             if answer is not None:
                 out.append(Candidate(f"scene/{attribute}", (), answer))

@@ -10,10 +10,14 @@ still come only from the decoder (which may read the predicted maps: ``model.gro
 Channels of a target map ``[G*G, C]`` (row-major patches, C = ``len(GROUNDING_CHANNELS)``):
 ``box/{category}`` (1 where the patch overlaps a box of that category), ``centre/{category}`` (how many
 box centres of that category fall in the patch: a count, as neighbouring objects share patches),
-``light/{colour}`` (1 where the patch overlaps a readable light of that colour) and ``occluded`` (1 where
-the patch overlaps the box of an object labelled occluded: the safety rule's "maybe").
-Frame attributes (night, rain, fog, highway) are left out: as extra targets in every patch they cost
-the object channels (validation 0.59 instead of 0.64 after 1800 steps).
+``light/{colour}`` (1 where the patch overlaps a readable light of that colour), ``occluded`` (1 where
+the patch overlaps the box of an object labelled occluded: the safety rule's "maybe"), ``heat/{category}``
+(CenterNet's object-centre heatmap: 1 in the cell of each box centre, a Gaussian of a sixth of the box's
+smaller side around it, the maximum where objects meet) and, last, ``frame/{attribute}`` (night, rain,
+fog, highway: 1 or 0 as the scene questions' answer, -1 where the labels leave it undefined), the same
+in every patch: the head predicts these once per image. The grid may be finer than the encoder's patch
+grid (``model.object_centres``: the heatmaps at a quarter of the image size); the grounding head then
+pools the patch channels to its grid (:func:`pool_targets`).
 """
 
 from __future__ import annotations
@@ -22,12 +26,18 @@ import json
 from collections.abc import Sequence
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
+from vlm.commands import rules
 from vlm.scenes.schema import CATEGORIES, LIGHT_COLORS, Scene, scene_from_frame
 
-GROUNDING_CHANNELS = (*(f"box/{c}" for c in CATEGORIES), *(f"centre/{c}" for c in CATEGORIES),
-                      *(f"light/{c}" for c in LIGHT_COLORS), "occluded")
-GROUNDING_COUNT_CHANNELS = frozenset(f"centre/{c}" for c in CATEGORIES)  # counts; the others are 0/1
+PATCH_CHANNELS = (*(f"box/{c}" for c in CATEGORIES), *(f"centre/{c}" for c in CATEGORIES),
+                  *(f"light/{c}" for c in LIGHT_COLORS), "occluded")  # what the grounding head maps per patch
+HEAT_CHANNELS = tuple(f"heat/{c}" for c in CATEGORIES)  # object-centre heatmaps (vlm.models.centres)
+FRAME_CHANNELS = tuple(f"frame/{a}" for a in rules.FRAME_ATTRIBUTES)  # image-level
+GROUNDING_CHANNELS = (*PATCH_CHANNELS, *HEAT_CHANNELS, *FRAME_CHANNELS)
+GROUNDING_COUNT_CHANNELS = frozenset(f"centre/{c}" for c in CATEGORIES)  # counts; the others are 0/1 (or heat)
 
 
 def grounding_targets(scene: Scene, width: float, height: float, grid: int) -> np.ndarray:
@@ -47,7 +57,17 @@ def grounding_targets(scene: Scene, width: float, height: float, grid: int) -> n
         if obj.light_color and not obj.occluded:  # the lights the answer rules can read
             targets[r0:r1 + 1, c0:c1 + 1, 2 * num + LIGHT_COLORS.index(obj.light_color)] = 1
         if obj.occluded:
-            targets[r0:r1 + 1, c0:c1 + 1, -1] = 1
+            targets[r0:r1 + 1, c0:c1 + 1, GROUNDING_CHANNELS.index("occluded")] = 1
+        heat = targets[:, :, len(PATCH_CHANNELS) + k]  # [G, G] view
+        centre_x, centre_y = (x1 + x2) / 2 / width * grid, (y1 + y2) / 2 / height * grid  # in cells
+        sigma = max(0.5, min((x2 - x1) / width, (y2 - y1) / height) * grid / 6)
+        cells = np.arange(grid) + 0.5
+        gaussian = np.exp(-((cells[None, :] - centre_x) ** 2 + (cells[:, None] - centre_y) ** 2) / (2 * sigma ** 2))
+        np.maximum(heat, gaussian, out=heat)
+        heat[cell((y1 + y2) / 2, height), cell((x1 + x2) / 2, width)] = 1
+    for k, attribute in enumerate(rules.FRAME_ATTRIBUTES, start=len(GROUNDING_CHANNELS) - len(FRAME_CHANNELS)):
+        answer = rules.scene_attribute(scene, attribute)
+        targets[:, :, k] = -1 if answer is None else float(answer == rules.YES)
     return targets.reshape(grid * grid, -1)
 
 
@@ -63,3 +83,18 @@ def targets_from_annotations(annotations: Sequence[str], width: float, height: f
 def mirror_targets(targets: np.ndarray, grid: int) -> np.ndarray:
     """The targets of the horizontally flipped image: patch columns reversed, ``[G*G, C]``."""
     return targets.reshape(grid, grid, -1)[:, ::-1].reshape(grid * grid, -1)
+
+
+def pool_targets(targets: torch.Tensor, grid: int) -> torch.Tensor:
+    """Patch channels of targets ``[N, F*F, C]`` on a finer grid -> ``[N, grid*grid, len(PATCH_CHANNELS)]``:
+    boxes, lights and occlusion by maximum, centre counts by sum over the F/grid x F/grid cells of a patch."""
+    num, cells, _ = targets.shape
+    fine = round(cells ** 0.5)
+    patch = targets[..., :len(PATCH_CHANNELS)]
+    if fine == grid:
+        return patch
+    k = fine // grid
+    maps = patch.transpose(1, 2).reshape(num, len(PATCH_CHANNELS), fine, fine)  # [N, C, F, F]
+    is_count = torch.tensor([name in GROUNDING_COUNT_CHANNELS for name in PATCH_CHANNELS], device=targets.device)
+    pooled = torch.where(is_count[:, None, None], F.avg_pool2d(maps, k) * (k * k), F.max_pool2d(maps, k))
+    return pooled.flatten(2).transpose(1, 2)  # [N, grid*grid, C_patch]

@@ -68,6 +68,7 @@ class SiglipVisionConfig:
 class SiglipVisionOutput:
     last_hidden_state: torch.Tensor  # [N, P, D]
     attentions: tuple[torch.Tensor, ...] | None = None  # per layer [N, H, P, P], explicit path only
+    stem_features: list[torch.Tensor] | None = None  # each conv stem stage's output, with a stem
 
 
 def resize_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -86,23 +87,31 @@ def resize_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[in
 class ConvStem(nn.Module):
     """Early convolutions (Xiao et al. 2021, "Early Convolutions Help Transformers See Better"): per stage a
     stride-2 and a stride-1 3x3 convolution, each with GroupNorm and ReLU, then a 1x1 projection to the
-    encoder width. ``[N, C, S, S]`` -> ``[N, D, S / 2**stages, S / 2**stages]``. GroupNorm, not BatchNorm:
+    encoder width. ``[N, C, S, S]`` -> ``[N, D, S / 2**stages, S / 2**stages]``, and each stage's output
+    (``[N, channels[i], S / 2**(i+1), S / 2**(i+1)]``: an object-centre head reads them). GroupNorm, not BatchNorm:
     a sample's features never depend on the rest of its batch (a BatchNorm stem over the 8 images of a
     step measured worse, scene questions the most)."""
 
     def __init__(self, in_channels: int, channels: list[int], out_channels: int, groups: int = 4):
         super().__init__()
         layers: list[nn.Module] = []
+        self.stage_ends: list[int] = []  # index in self.layers after which each stage's output is ready
         for c in channels:
             for stride in (2, 1):
                 layers += [nn.Conv2d(in_channels, c, 3, stride=stride, padding=1, bias=False),
                            nn.GroupNorm(math.gcd(groups, c), c), nn.ReLU()]
                 in_channels = c
+            self.stage_ends.append(len(layers) - 1)
         self.layers = nn.Sequential(*layers)
         self.proj = nn.Conv2d(in_channels, out_channels, kernel_size=1)
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.layers(pixel_values))
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        stages, hidden = [], pixel_values
+        for index, layer in enumerate(self.layers):
+            hidden = layer(hidden)
+            if index in self.stage_ends:
+                stages.append(hidden)
+        return self.proj(hidden), stages
 
     def reset_parameters(self) -> None:
         """PyTorch's default (Kaiming-uniform) convolution init, with which the stem was measured,
@@ -122,12 +131,16 @@ class SiglipVisionEmbeddings(nn.Module):
             if config.stem_channels else None
         self.position_embedding = nn.Embedding(config.num_patches, config.hidden_size)
 
-    def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
+    def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False
+                ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """-> embeddings ``[N, P, D]`` and the conv stem's stage outputs (None without a stem)."""
         _, _, height, width = pixel_values.shape
         pixel_values = pixel_values.to(self.patch_embedding.weight.dtype)
         patch_embeds = self.patch_embedding(pixel_values)  # [N, D, h, w]
+        stem_features = None
         if self.conv_stem is not None:
-            patch_embeds = patch_embeds + self.conv_stem(pixel_values)  # [N, D, h, w]
+            stem_embeds, stem_features = self.conv_stem(pixel_values)
+            patch_embeds = patch_embeds + stem_embeds  # [N, D, h, w]
         embeddings = patch_embeds.flatten(2).transpose(1, 2)  # [N, h*w, D]
         positions = self.position_embedding.weight  # [P, D]
         if interpolate_pos_encoding:
@@ -135,7 +148,7 @@ class SiglipVisionEmbeddings(nn.Module):
         elif embeddings.shape[1] != positions.shape[0]:
             raise ValueError(f"image of {height}x{width} px gives {embeddings.shape[1]} patches but the encoder "
                              f"has {positions.shape[0]} positions; pass interpolate_pos_encoding=True")
-        return embeddings + positions
+        return embeddings + positions, stem_features
 
 
 class SiglipAttention(nn.Module):
@@ -221,9 +234,9 @@ class SiglipVisionModel(nn.Module):
                 interpolate_pos_encoding: bool = False) -> SiglipVisionOutput:
         """``pixel_values`` float ``[N, C, S, S]`` already normalised; ``output_attentions`` takes the
         explicit softmax path and returns each layer's attention probabilities."""
-        hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding)  # [N, P, D]
+        hidden_states, stem_features = self.embeddings(pixel_values, interpolate_pos_encoding)  # [N, P, D]
         hidden_states, attentions = self.encoder(hidden_states, output_attentions)
-        return SiglipVisionOutput(self.post_layernorm(hidden_states), attentions)
+        return SiglipVisionOutput(self.post_layernorm(hidden_states), attentions, stem_features)
 
 
 def init_vit_weights(module: nn.Module, std: float = 0.02) -> None:

@@ -24,12 +24,12 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from vlm.data.grounding import GROUNDING_CHANNELS
+from vlm.models.centres import CENTRE_LOSS_WEIGHT, CentreHead
 from vlm.models.connector import LinearConnector
 from vlm.models.gemma import GemmaConfig, GemmaForCausalLM, prefix_lm_mask, shifted_cross_entropy
-from vlm.models.grounding import NUM_THRESHOLDS, GroundingHead
+from vlm.models.grounding import HEAD_CHANNELS, GroundingHead
 from vlm.models.qformer import QFormerConfig, QFormerConnector
-from vlm.models.siglip import SiglipVisionConfig, SiglipVisionModel, load_pretrained_siglip, \
+from vlm.models.siglip import SiglipVisionConfig, SiglipVisionModel, SiglipVisionOutput, load_pretrained_siglip, \
     siglip_config_from_pretrained
 from vlm.params import ParamError, build_config, check
 
@@ -52,6 +52,9 @@ class VLMConfig:
     grounding_weight: float = 0.0
     # The decoder also reads the grounding head's maps (per patch, and their image totals as one more token).
     grounding_tokens: bool = False
+    # CenterNet-style object-centre heatmaps from the conv stem (vlm.models.centres), trained with the grounding
+    # loss; their peak counts join the grounding totals' token.
+    object_centres: bool = False
     siglip: SiglipVisionConfig = field(default_factory=SiglipVisionConfig)
     gemma: GemmaConfig = field(default_factory=GemmaConfig)
     qformer: QFormerConfig = field(default_factory=QFormerConfig)
@@ -76,6 +79,12 @@ class VLMConfig:
               f"must be >= 0 (0 = off), got {self.grounding_weight}")
         check(not (self.grounding_tokens and self.vision == "siglip" and self.grounding_weight == 0),
               f"{prefix}.grounding_tokens", "needs a trained grounding head: set model.grounding_weight > 0")
+        if self.object_centres and self.vision == "siglip":
+            check(self.grounding_tokens, f"{prefix}.object_centres", "needs model.grounding_tokens: true (the "
+                  "decoder reads the centre counts in the grounding totals' token)")
+            check(len(self.siglip.stem_channels) >= 3, f"{prefix}.object_centres",
+                  f"needs a conv stem of at least 3 stages (model.siglip.stem_channels), got "
+                  f"{self.siglip.stem_channels}")
         self.siglip.validate(f"{prefix}.siglip")
         grid = self.siglip.image_size // self.siglip.patch_size
         check(self.pixel_shuffle >= 1 and grid % self.pixel_shuffle == 0, f"{prefix}.pixel_shuffle",
@@ -165,7 +174,7 @@ class TrafficVLM(nn.Module):
         if vision:
             self.vision_tower = SiglipVisionModel(config.siglip)
             # the connector reads the patch features, and the grounding maps beside them with grounding_tokens
-            connector_in = config.siglip.hidden_size + (len(GROUNDING_CHANNELS) if grounding_tokens else 0)
+            connector_in = config.siglip.hidden_size + (len(HEAD_CHANNELS) if grounding_tokens else 0)
             if config.connector == "linear":
                 self.multi_modal_projector = LinearConnector(connector_in, config.gemma.hidden_size,
                                                              config.pixel_shuffle)
@@ -175,8 +184,11 @@ class TrafficVLM(nn.Module):
         self.grounding_head = GroundingHead(config.siglip.hidden_size) \
             if vision and config.grounding_weight > 0 else None
         # thermometer-coded totals of the grounding maps -> one more image token, after the connector's
-        self.grounding_totals_projector = nn.Linear(len(GROUNDING_CHANNELS) * NUM_THRESHOLDS,
-                                                    config.gemma.hidden_size) if grounding_tokens else None
+        self.centre_head = CentreHead(config.siglip.stem_channels) if grounding_tokens and config.object_centres \
+            else None
+        totals_in = (self.grounding_head.num_total_features if grounding_tokens else 0) + \
+            (self.centre_head.num_count_features if self.centre_head is not None else 0)
+        self.grounding_totals_projector = nn.Linear(totals_in, config.gemma.hidden_size) if grounding_tokens else None
         self.language_model = GemmaForCausalLM(config.gemma)
         mean = torch.tensor(config.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
         std = torch.tensor(config.image_std, dtype=torch.float32).view(1, 3, 1, 1)
@@ -188,26 +200,35 @@ class TrafficVLM(nn.Module):
     def num_image_tokens(self) -> int:
         return self.config.num_image_tokens
 
-    def encode_images(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """uint8 images ``[N, 3, S, S]`` -> image tokens ``[N, T, D]`` in the decoder's embedding space, and
-        the grounding logits ``[N, P, C]`` (None without a grounding head)."""
-        features = self.image_features(images)  # [N, P, Dv]
-        logits = None if self.grounding_head is None else self.grounding_head(features)  # [N, P, C]
+    def encode_images(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """uint8 images ``[N, 3, S, S]`` -> image tokens ``[N, T, D]`` in the decoder's embedding space, the
+        grounding logits ``[N, P, C_head]`` (None without a grounding head) and the object-centre heatmap
+        logits ``[N, S/4 * S/4, C_heat]`` (None without ``model.object_centres``)."""
+        vision = self._vision(images)
+        features = vision.last_hidden_state  # [N, P, Dv]
+        logits = None if self.grounding_head is None else self.grounding_head(features)  # [N, P, C_head]
+        heat = None if self.centre_head is None else self.centre_head(vision.stem_features)  # [N, S/4*S/4, C_heat]
         if self.grounding_totals_projector is None:
-            return self.multi_modal_projector(features), logits
-        maps = self.grounding_head.maps(logits).to(features.dtype)  # [N, P, C]
+            return self.multi_modal_projector(features), logits, heat
+        maps = self.grounding_head.maps(logits).to(features.dtype)  # [N, P, C_head]
         tokens = self.multi_modal_projector(torch.cat([features, maps], dim=-1))  # [N, T - 1, D]
-        totals = self.grounding_totals_projector(self.grounding_head.totals(maps).to(features.dtype))  # [N, D]
-        return torch.cat([tokens, totals[:, None]], dim=1), logits
+        totals = self.grounding_head.totals(maps)  # [N, C_patch * K]
+        if heat is not None:
+            totals = torch.cat([totals, self.centre_head.count_features(heat)], dim=-1)
+        totals = self.grounding_totals_projector(totals.to(features.dtype))  # [N, D]
+        return torch.cat([tokens, totals[:, None]], dim=1), logits, heat
 
     def image_features(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images ``[N, 3, S, S]`` -> the encoder's patch features ``[N, P, Dv]``."""
+        return self._vision(images).last_hidden_state
+
+    def _vision(self, images: torch.Tensor) -> SiglipVisionOutput:
         expected = (3, self.config.siglip.image_size, self.config.siglip.image_size)
         if images.dtype != torch.uint8 or images.dim() != 4 or tuple(images.shape[1:]) != expected:
             raise ValueError(f"images must be uint8 [N, {', '.join(map(str, expected))}], "
                              f"got {images.dtype} {list(images.shape)}")
         pixel_values = torch.addcmul(self.pixel_shift, images.float(), self.pixel_scale)  # [N, 3, S, S]
-        return self.vision_tower(pixel_values).last_hidden_state  # [N, P, Dv]
+        return self.vision_tower(pixel_values)
 
     def _embed(self, images, image_index, input_ids, attention_mask, prefix_lengths, prefix_only: bool,
                grounding: torch.Tensor | None = None):
@@ -224,10 +245,12 @@ class TrafficVLM(nn.Module):
             text_valid = text_valid & (positions < prefix_lengths[:, None])
         if self.config.vision == "none":
             return text_embeds, text_valid, prefix_lengths, None
-        image_tokens, logits = self.encode_images(images)  # [N_img, T, D], [N_img, P, C]
+        image_tokens, logits, heat = self.encode_images(images)  # [N_img, T, D], [N_img, P, C_head], heatmaps
         grounding_loss = None
         if grounding is not None and logits is not None:
             grounding_loss = self.grounding_head.loss(logits, grounding)
+            if heat is not None:
+                grounding_loss = grounding_loss + CENTRE_LOSS_WEIGHT * self.centre_head.loss(heat, grounding)
         image_tokens = image_tokens[image_index].to(text_embeds.dtype)  # [B, T, D]
         image_valid = text_valid.new_ones(image_tokens.shape[:2])
         return (torch.cat([image_tokens, text_embeds], dim=1), torch.cat([image_valid, text_valid], dim=1),

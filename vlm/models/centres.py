@@ -1,0 +1,78 @@
+"""Object-centre heatmaps for counting (CenterNet: Zhou et al. 2019, "Objects as Points").
+
+The grounding head's per-patch centre counts (16 px patches) count cars exactly in only about 0.4 of
+images: neighbouring objects share a patch. This head reads the convolutional stem's stage outputs in a
+small feature pyramid (stride 16 -> 8 -> 4) and predicts, per category, a heatmap at a quarter of the
+image size (``heat/*`` targets of :mod:`vlm.data.grounding`), trained with CenterNet's focal loss. An
+object is a local maximum above 0.5; the counts of those peaks per category (in the whole image, its left
+and its right third) are what the decoder reads, thermometer-coded, in the grounding totals' token.
+Measured alone (1800 steps of 8 images, val): exact car counts 0.68 (0.40 with the patch counts),
+pedestrians 0.63 (0.48).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlm.data.grounding import HEAT_CHANNELS, PATCH_CHANNELS
+
+STRIDE = 4  # heatmap cells per image side = image size / STRIDE
+PEAK_THRESHOLD = 0.5
+PRIOR = 0.1  # initial heatmap probability (CenterNet's bias init -2.19)
+REGIONS = ((0.0, 1.0), (0.0, 1 / 3), (2 / 3, 1.0))  # column bands counted: image, left third, right third
+NUM_COUNT_THRESHOLDS = 10  # peak counts thermometer-coded: > 0, > 1, ..., > 9
+CENTRE_LOSS_WEIGHT = 0.1  # of the focal loss (per object, ~0.3 trained) in the grounding loss
+
+
+class CentreHead(nn.Module):
+    def __init__(self, stem_channels: list[int], width: int = 64):
+        super().__init__()
+        c4, c8, top = stem_channels[1], stem_channels[2], stem_channels[-1]  # strides 4, 8 and the stem's last
+        self.lateral = nn.Conv2d(top, c8, kernel_size=1)
+        self.smooth8 = nn.Sequential(nn.Conv2d(c8, width, 3, padding=1), nn.ReLU())
+        self.smooth4 = nn.Sequential(nn.Conv2d(width + c4, width, 3, padding=1), nn.ReLU(),
+                                     nn.Conv2d(width, width, 3, padding=1), nn.ReLU())
+        self.out = nn.Conv2d(width, len(HEAT_CHANNELS), kernel_size=1)
+        nn.init.constant_(self.out.bias, -torch.log(torch.tensor((1 - PRIOR) / PRIOR)).item())
+        self.register_buffer("thresholds", torch.arange(NUM_COUNT_THRESHOLDS) + 0.5, persistent=False)
+
+    @property
+    def num_count_features(self) -> int:
+        return len(HEAT_CHANNELS) * len(REGIONS) * NUM_COUNT_THRESHOLDS
+
+    def forward(self, stem_features: list[torch.Tensor]) -> torch.Tensor:
+        """Stem stage outputs -> heatmap logits ``[N, S/4 * S/4, C_heat]`` (row-major cells)."""
+        f4, f8, top = stem_features[1], stem_features[2], stem_features[-1]
+        hidden = f8 + F.interpolate(self.lateral(top), size=f8.shape[-2:], mode="nearest")  # [N, c8, S/8, S/8]
+        hidden = self.smooth8(hidden)  # [N, W, S/8, S/8]
+        hidden = F.interpolate(hidden, size=f4.shape[-2:], mode="nearest")  # [N, W, S/4, S/4]
+        logits = self.out(self.smooth4(torch.cat([hidden, f4], dim=1)))  # [N, C_heat, S/4, S/4]
+        return logits.flatten(2).transpose(1, 2)
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """CenterNet's focal loss (alpha 2, beta 4) per object against the ``heat/*`` channels of targets
+        ``[N, S/4 * S/4, C]`` (all grounding channels)."""
+        start = len(PATCH_CHANNELS)
+        heat = targets[..., start:start + len(HEAT_CHANNELS)].float()
+        prob = logits.float().sigmoid().clamp(1e-4, 1 - 1e-4)
+        centre = heat == 1
+        positive = -((1 - prob) ** 2) * torch.log(prob) * centre
+        negative = -((1 - heat) ** 4) * prob ** 2 * torch.log(1 - prob) * ~centre
+        return (positive.sum() + negative.sum()) / centre.sum().clamp(min=1)
+
+    def peak_counts(self, logits: torch.Tensor) -> torch.Tensor:
+        """Peaks (3x3 local maxima above 0.5) per category and column band: ``[N, C_heat, len(REGIONS)]``."""
+        num, cells, channels = logits.shape
+        side = round(cells ** 0.5)
+        prob = logits.detach().float().sigmoid().transpose(1, 2).reshape(num, channels, side, side)
+        peaks = (prob > PEAK_THRESHOLD) & (prob == F.max_pool2d(prob, 3, stride=1, padding=1))
+        columns = (torch.arange(side, device=logits.device) + 0.5) / side  # [side] cell centres, 0..1
+        counts = [(peaks & ((columns >= lo) & (columns <= hi))).sum(dim=(2, 3)) for lo, hi in REGIONS]
+        return torch.stack(counts, dim=-1).float()
+
+    def count_features(self, logits: torch.Tensor) -> torch.Tensor:
+        """Peak counts thermometer-coded (count > k for k = 0 ... 9): ``[N, num_count_features]``."""
+        counts = self.peak_counts(logits)  # [N, C_heat, R]
+        return (counts[..., None] > self.thresholds).flatten(1).float()

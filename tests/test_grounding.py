@@ -26,7 +26,7 @@ def test_boxes_centres_and_readable_lights_land_in_their_patches():
     hidden = SceneObject(id="3", category="traffic light", box=(700.0, 10.0, 760.0, 80.0), light_color="green",
                          occluded=True)
     t = grounding_targets(scene(car, red, hidden), 1280, 720, grid=4).reshape(4, 4, -1)
-    assert t.shape[-1] == len(GROUNDING_CHANNELS) == 38
+    assert t.shape[-1] == len(GROUNDING_CHANNELS) == 41
     box = t[..., channel("box/car")]
     np.testing.assert_array_equal(box, [[0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]])
     centre = t[..., channel("centre/car")]
@@ -73,6 +73,18 @@ def test_heatmaps_peak_at_each_centre_and_pool_back_to_the_patch_grid():
     assert heat[int(539.5 / 720 * 16), int(165 / 1280 * 16)] == 1 and heat[7, 7] == 1
     assert 0 < heat[8, 7] < 0.5 and heat[0, 15] < 1e-3  # a Gaussian around the small car, ~0 far away
     assert t[..., channel("heat/pedestrian")].sum() == 0
+    foot = t[..., channel("foot/road_user")]  # around the bottom-centres: (165, 719) and (620, 340)
+    assert foot[15, 2] == 1 and foot[7, 7] == 1 and (foot == 1).sum() == 2
+    assert t[..., channel("foot/vulnerable")].sum() == 0 and t[..., channel("foot/occluded")].sum() == 0
     coarse = grounding_targets(scene(near, far), 1280, 720, grid=4)
     pooled = pool_targets(torch.from_numpy(t.reshape(1, 256, -1)), grid=4)[0].numpy()
     np.testing.assert_array_equal(pooled, coarse[:, :len(PATCH_CHANNELS)])  # boxes by max, centre counts by sum
+
+
+def test_footpoints_of_pedestrians_and_occluded_road_users():
+    walker = SceneObject(id="1", category="pedestrian", box=(600.0, 500.0, 640.0, 700.0), occluded=True)
+    sign = SceneObject(id="2", category="traffic sign", box=(100.0, 100.0, 140.0, 140.0), occluded=True)
+    t = grounding_targets(scene(walker, sign), 1280, 720, grid=16).reshape(16, 16, -1)
+    for group in ("road_user", "vulnerable", "occluded"):  # a sign is not a road user
+        heat = t[..., channel(f"foot/{group}")]
+        assert heat[15, 7] == 1 and (heat == 1).sum() == 1, group

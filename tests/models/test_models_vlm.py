@@ -408,7 +408,7 @@ def test_grounding_tokens_give_the_decoder_the_maps_and_their_totals(config, mak
 
 def test_object_centres_add_heatmaps_their_focal_loss_and_peak_counts(config, make_batch):
     from vlm.data.grounding import GROUNDING_CHANNELS, HEAT_CHANNELS, PATCH_CHANNELS
-    from vlm.models.centres import CENTRE_LOSS_WEIGHT, NUM_COUNT_THRESHOLDS, REGIONS, STRIDE
+    from vlm.models.centres import CENTRE_LOSS_WEIGHT, NUM_COUNT_THRESHOLDS, NUM_REGIONS, STRIDE
     from vlm.models.siglip import SiglipVisionConfig
 
     siglip = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -434,9 +434,13 @@ def test_object_centres_add_heatmaps_their_focal_loss_and_peak_counts(config, ma
     # of a peak is not a peak
     prob = torch.full((1, 8, 8, len(HEAT_CHANNELS)), 0.01)
     prob[0, 1, 0, 2], prob[0, 5, 1, 2], prob[0, 5, 2, 2], prob[0, 3, 7, 2] = 0.9, 0.8, 0.7, 0.6
+    # footpoints count in the near part (rows below 0.6) of the left / straight / right paths
+    vulnerable = HEAT_CHANNELS.index("foot/vulnerable")
+    prob[0, 6, 3, vulnerable], prob[0, 2, 3, vulnerable] = 0.9, 0.9  # near, in left and straight; far
     counts = model.centre_head.peak_counts(torch.logit(prob.view(1, 64, -1)))
-    assert counts.shape == (1, len(HEAT_CHANNELS), len(REGIONS))
-    assert counts[0, 2].tolist() == [3, 2, 1] and counts[0, :, 0].sum() == 3  # image, left third, right third
+    assert counts.shape == (1, len(HEAT_CHANNELS), NUM_REGIONS)
+    assert counts[0, 2].tolist() == [3, 2, 1] and counts[0, :, 0].sum() == 3 + 1  # image, left third, right third
+    assert counts[0, vulnerable].tolist() == [1, 1, 0]  # column 3.5 / 8 = 0.44: left and straight paths
     codes = model.centre_head.count_features(torch.logit(prob.view(1, 64, -1)))
-    codes = codes.view(len(HEAT_CHANNELS), len(REGIONS), -1)
+    codes = codes.view(len(HEAT_CHANNELS), NUM_REGIONS, -1)
     assert codes.shape[-1] == NUM_COUNT_THRESHOLDS and codes[2, 0].tolist()[:4] == [1, 1, 1, 0]

@@ -13,7 +13,9 @@ box centres of that category fall in the patch: a count, as neighbouring objects
 ``light/{colour}`` (1 where the patch overlaps a readable light of that colour), ``occluded`` (1 where
 the patch overlaps the box of an object labelled occluded: the safety rule's "maybe"), ``heat/{category}``
 (CenterNet's object-centre heatmap: 1 in the cell of each box centre, a Gaussian of a sixth of the box's
-smaller side around it, the maximum where objects meet) and, last, ``frame/{attribute}`` (night, rain,
+smaller side around it, the maximum where objects meet), ``foot/{group}`` (the same around the bottom-centre
+of the boxes of road users, of pedestrians and riders, and of occluded road users: where the safety rule
+looks) and, last, ``frame/{attribute}`` (night, rain,
 fog, highway: 1 or 0 as the scene questions' answer, -1 where the labels leave it undefined), the same
 in every patch: the head predicts these once per image. The grid may be finer than the encoder's patch
 grid (``model.object_centres``: the heatmaps at a quarter of the image size); the grounding head then
@@ -34,9 +36,13 @@ from vlm.scenes.schema import CATEGORIES, LIGHT_COLORS, Scene, scene_from_frame
 
 PATCH_CHANNELS = (*(f"box/{c}" for c in CATEGORIES), *(f"centre/{c}" for c in CATEGORIES),
                   *(f"light/{c}" for c in LIGHT_COLORS), "occluded")  # what the grounding head maps per patch
-HEAT_CHANNELS = tuple(f"heat/{c}" for c in CATEGORIES)  # object-centre heatmaps (vlm.models.centres)
+# Object-centre heatmaps (vlm.models.centres) per category, then footpoint heatmaps (the bottom-centre of
+# a box, where the safety rule looks) of road users, of pedestrians and riders, and of occluded road users.
+FOOT_GROUPS = ("road_user", "vulnerable", "occluded")
+HEAT_CHANNELS = (*(f"heat/{c}" for c in CATEGORIES), *(f"foot/{g}" for g in FOOT_GROUPS))
 FRAME_CHANNELS = tuple(f"frame/{a}" for a in rules.FRAME_ATTRIBUTES)  # image-level
 GROUNDING_CHANNELS = (*PATCH_CHANNELS, *HEAT_CHANNELS, *FRAME_CHANNELS)
+_HEAT = len(PATCH_CHANNELS)  # index of the first heatmap channel
 GROUNDING_COUNT_CHANNELS = frozenset(f"centre/{c}" for c in CATEGORIES)  # counts; the others are 0/1 (or heat)
 
 
@@ -58,17 +64,27 @@ def grounding_targets(scene: Scene, width: float, height: float, grid: int) -> n
             targets[r0:r1 + 1, c0:c1 + 1, 2 * num + LIGHT_COLORS.index(obj.light_color)] = 1
         if obj.occluded:
             targets[r0:r1 + 1, c0:c1 + 1, GROUNDING_CHANNELS.index("occluded")] = 1
-        heat = targets[:, :, len(PATCH_CHANNELS) + k]  # [G, G] view
-        centre_x, centre_y = (x1 + x2) / 2 / width * grid, (y1 + y2) / 2 / height * grid  # in cells
-        sigma = max(0.5, min((x2 - x1) / width, (y2 - y1) / height) * grid / 6)
-        cells = np.arange(grid) + 0.5
-        gaussian = np.exp(-((cells[None, :] - centre_x) ** 2 + (cells[:, None] - centre_y) ** 2) / (2 * sigma ** 2))
-        np.maximum(heat, gaussian, out=heat)
-        heat[cell((y1 + y2) / 2, height), cell((x1 + x2) / 2, width)] = 1
+        sigma = max(0.5, min((x2 - x1) / width, (y2 - y1) / height) * grid / 6)  # in cells
+        _splat(targets[:, :, _HEAT + k], (x1 + x2) / 2 / width * grid, (y1 + y2) / 2 / height * grid, sigma)
+        road_user = obj.category in rules.ROAD_USERS
+        in_group = {"road_user": road_user, "vulnerable": obj.category in rules.VULNERABLE,
+                    "occluded": road_user and obj.occluded}
+        for index, group in enumerate(FOOT_GROUPS, start=_HEAT + len(CATEGORIES)):
+            if in_group[group]:
+                _splat(targets[:, :, index], (x1 + x2) / 2 / width * grid, y2 / height * grid, sigma)
     for k, attribute in enumerate(rules.FRAME_ATTRIBUTES, start=len(GROUNDING_CHANNELS) - len(FRAME_CHANNELS)):
         answer = rules.scene_attribute(scene, attribute)
         targets[:, :, k] = -1 if answer is None else float(answer == rules.YES)
     return targets.reshape(grid * grid, -1)
+
+
+def _splat(heat: np.ndarray, x: float, y: float, sigma: float) -> None:
+    """Draws into ``heat`` ``[G, G]`` (in place, keeping the maximum) a Gaussian around the point ``(x, y)``
+    in cells, and 1 in the point's cell."""
+    grid = heat.shape[0]
+    cells = np.arange(grid) + 0.5
+    np.maximum(heat, np.exp(-((cells[None, :] - x) ** 2 + (cells[:, None] - y) ** 2) / (2 * sigma ** 2)), out=heat)
+    heat[min(grid - 1, max(0, int(y))), min(grid - 1, max(0, int(x)))] = 1
 
 
 def targets_from_annotations(annotations: Sequence[str], width: float, height: float, grid: int) -> np.ndarray:

@@ -15,6 +15,7 @@ pedestrians 0.63 (0.48).
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +47,7 @@ class CentreHead(nn.Module):
         self.smooth4 = nn.Sequential(nn.Conv2d(width + c4, width, 3, padding=1), nn.ReLU(),
                                      nn.Conv2d(width, width, 3, padding=1), nn.ReLU())
         self.out = nn.Conv2d(width, len(HEAT_CHANNELS), kernel_size=1)
-        nn.init.constant_(self.out.bias, -torch.log(torch.tensor((1 - PRIOR) / PRIOR)).item())
+        nn.init.constant_(self.out.bias, math.log(PRIOR / (1 - PRIOR)))
         self.register_buffer("thresholds", torch.arange(NUM_COUNT_THRESHOLDS) + 0.5, persistent=False)
 
     @property

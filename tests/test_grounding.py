@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from vlm.data.grounding import (FRAME_CHANNELS, GROUNDING_CHANNELS, GROUNDING_COUNT_CHANNELS, PATCH_CHANNELS,
-                                grounding_targets, mirror_targets, pool_targets)
+                                grounding_targets, mirror_targets)
+from vlm.models.grounding import GroundingHead
 from vlm.scenes.schema import Scene, SceneObject
 
 
@@ -77,7 +78,7 @@ def test_heatmaps_peak_at_each_centre_and_pool_back_to_the_patch_grid():
     assert foot[15, 2] == 1 and foot[7, 7] == 1 and (foot == 1).sum() == 2
     assert t[..., channel("foot/vulnerable")].sum() == 0 and t[..., channel("foot/occluded")].sum() == 0
     coarse = grounding_targets(scene(near, far), 1280, 720, grid=4)
-    pooled = pool_targets(torch.from_numpy(t.reshape(1, 256, -1)), grid=4)[0].numpy()
+    pooled = GroundingHead(8).patch_targets(torch.from_numpy(t.reshape(1, 256, -1)), grid=4)[0].numpy()
     np.testing.assert_array_equal(pooled, coarse[:, :len(PATCH_CHANNELS)])  # boxes by max, centre counts by sum
 
 

@@ -19,7 +19,7 @@ looks) and, last, ``frame/{attribute}`` (night, rain,
 fog, highway: 1 or 0 as the scene questions' answer, -1 where the labels leave it undefined), the same
 in every patch: the head predicts these once per image. The grid may be finer than the encoder's patch
 grid (``model.object_centres``: the heatmaps at a quarter of the image size); the grounding head then
-pools the patch channels to its grid (:func:`pool_targets`).
+pools the patch channels to its grid (``GroundingHead.patch_targets``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ import json
 from collections.abc import Sequence
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from vlm.commands import rules
 from vlm.scenes.schema import CATEGORIES, LIGHT_COLORS, Scene, scene_from_frame
@@ -99,18 +97,3 @@ def targets_from_annotations(annotations: Sequence[str], width: float, height: f
 def mirror_targets(targets: np.ndarray, grid: int) -> np.ndarray:
     """The targets of the horizontally flipped image: patch columns reversed, ``[G*G, C]``."""
     return targets.reshape(grid, grid, -1)[:, ::-1].reshape(grid * grid, -1)
-
-
-def pool_targets(targets: torch.Tensor, grid: int) -> torch.Tensor:
-    """Patch channels of targets ``[N, F*F, C]`` on a finer grid -> ``[N, grid*grid, len(PATCH_CHANNELS)]``:
-    boxes, lights and occlusion by maximum, centre counts by sum over the F/grid x F/grid cells of a patch."""
-    num, cells, _ = targets.shape
-    fine = round(cells ** 0.5)
-    patch = targets[..., :len(PATCH_CHANNELS)]
-    if fine == grid:
-        return patch
-    k = fine // grid
-    maps = patch.transpose(1, 2).reshape(num, len(PATCH_CHANNELS), fine, fine)  # [N, C, F, F]
-    is_count = torch.tensor([name in GROUNDING_COUNT_CHANNELS for name in PATCH_CHANNELS], device=targets.device)
-    pooled = torch.where(is_count[:, None, None], F.avg_pool2d(maps, k) * (k * k), F.max_pool2d(maps, k))
-    return pooled.flatten(2).transpose(1, 2)  # [N, grid*grid, C_patch]

@@ -33,7 +33,7 @@ PRIOR = 0.1  # initial heatmap probability (CenterNet's bias init -2.19)
 # manoeuvre's path (the safety rule's bands, bottom below PATH_MIN_Y).
 CENTRE_REGIONS = ((0.0, 1.0, 0.0), *((lo, hi, 0.0) for lo, hi in rules.SIDES.values()))
 FOOT_REGIONS = tuple((lo, hi, rules.PATH_MIN_Y) for lo, hi in rules.PATHS.values())
-NUM_REGIONS = 3
+NUM_REGIONS = len(CENTRE_REGIONS)  # = len(FOOT_REGIONS)
 NUM_COUNT_THRESHOLDS = 10  # peak counts thermometer-coded: > 0, > 1, ..., > 9
 CENTRE_LOSS_WEIGHT = 0.1  # of the focal loss (per object, ~0.3 trained) in the grounding loss
 

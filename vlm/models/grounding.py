@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlm.data.grounding import FRAME_CHANNELS, GROUNDING_COUNT_CHANNELS, PATCH_CHANNELS, pool_targets
+from vlm.data.grounding import FRAME_CHANNELS, GROUNDING_COUNT_CHANNELS, PATCH_CHANNELS
 
 NUM_THRESHOLDS = 10  # totals thermometer-coded at 0.5, 1.5, ..., 9.5
 MAX_LOG_COUNT = 4.0  # count logits are log-rates: clamped before exp in the maps (at most e^4 ~ 55 per patch)
@@ -55,7 +55,7 @@ class GroundingHead(nn.Module):
         channels) on the patch grid or a finer one (then pooled to the patch grid)."""
         logits, targets = logits.float(), targets.float()
         patch_logits = logits[..., :NUM_PATCH_CHANNELS]  # [N, P, C_patch]
-        patch_targets = pool_targets(targets, round(logits.shape[1] ** 0.5))  # [N, P, C_patch]
+        patch_targets = self.patch_targets(targets, round(logits.shape[1] ** 0.5))  # [N, P, C_patch]
         is_count = self.is_count[:NUM_PATCH_CHANNELS]
         binary = F.binary_cross_entropy_with_logits(patch_logits, patch_targets.clamp(max=1.0), reduction="none")
         counts = F.poisson_nll_loss(patch_logits, patch_targets, log_input=True, full=False, reduction="none")
@@ -64,6 +64,20 @@ class GroundingHead(nn.Module):
         frame = F.binary_cross_entropy_with_logits(frame_logits, frame_targets.clamp(min=0.0), reduction="none")
         frame = (frame * known).sum() / known.sum().clamp(min=1)
         return torch.where(is_count, counts, binary).mean() + FRAME_LOSS_WEIGHT * frame
+
+    def patch_targets(self, targets: torch.Tensor, grid: int) -> torch.Tensor:
+        """Patch channels of targets ``[N, F*F, C]`` on a grid F a multiple of ``grid`` -> ``[N, grid*grid,
+        C_patch]``: boxes, lights and occlusion by maximum, centre counts by sum over each patch's cells."""
+        num, cells, _ = targets.shape
+        fine = round(cells ** 0.5)
+        patch = targets[..., :NUM_PATCH_CHANNELS]
+        if fine == grid:
+            return patch
+        k = fine // grid
+        maps = patch.transpose(1, 2).reshape(num, NUM_PATCH_CHANNELS, fine, fine)  # [N, C_patch, F, F]
+        is_count = self.is_count[:NUM_PATCH_CHANNELS, None, None]
+        pooled = torch.where(is_count, F.avg_pool2d(maps, k) * (k * k), F.max_pool2d(maps, k))
+        return pooled.flatten(2).transpose(1, 2)  # [N, grid*grid, C_patch]
 
     def maps(self, logits: torch.Tensor) -> torch.Tensor:
         """``[N, P, C]``: probabilities on the binary and frame channels, expected counts on the count channels."""

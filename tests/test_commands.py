@@ -85,6 +85,20 @@ def test_answers_balanced_per_type(splits):
             assert top <= 1.1 * second, (split, t, answers)
 
 
+def test_traffic_lights_asked_as_often_as_other_types_though_only_half_the_images_have_one():
+    """Traffic-light questions need a light; the images with one give that type more of their slots."""
+    def one_light_in_every_other(scene: Scene, i: int) -> Scene:
+        objects = tuple(o for o in scene.objects if o.category != "traffic light")
+        if i % 2:
+            objects += (SceneObject("light", "traffic light", (600, 100, 620, 160),
+                                    light_color=("red", "yellow", "green")[i // 2 % 3]),)
+        return Scene(scene.name, scene.weather, scene.scene, scene.timeofday, objects)
+
+    scenes = [one_light_in_every_other(s, i) for i, s in enumerate(random_scenes(600, seed=1))]
+    per_type = Counter(r["command_type"] for r in generate_commands(scenes, W, H, CommandsConfig())["train"])
+    assert per_type["traffic_light"] >= 0.9 * max(per_type.values()), per_type
+
+
 def _key(record: dict) -> tuple:
     """Recover the question key (template + parameters) from the phrased command."""
     for phrasing in TEMPLATES[record["template"]].phrasings:

@@ -1,8 +1,9 @@
 """Turning labelled scenes into balanced question/answer records, split by image.
 
 Balancing follows CLEVR: questions are picked so that, within every question key (template plus
-parameters) and within every command type, no answer dominates. Picking is greedy (for each slot of
-an image, the candidate whose answer is furthest behind in its key and type), then a rejection pass
+parameters) and within every command type, no answer dominates. Picking is greedy (each slot of an
+image goes to the command type asked least so far, and within it to the candidate whose answer is
+furthest behind in its key and type), then a rejection pass
 drops questions until no answer is more than ``balance_tolerance`` times the next most common one, in
 every key and every type. Keys whose answer never varies (``Is there a train?`` on data without
 trains) are dropped entirely: a text-only model must not be able to answer from the question.
@@ -84,10 +85,11 @@ def _pick(scene_candidates: list[Candidate], n: int, key_counts, type_counts, ty
     for c in scene_candidates:
         by_type[c.command_type].append(c)
     chosen: list[Candidate] = []
-    order = [str(t) for t in rng.permutation(types) if by_type[str(t)]]
-    slot = 0
+    order = [str(t) for t in rng.permutation(types) if by_type[str(t)]]  # tie-break between types
     while len(chosen) < n and order:
-        t = order[slot % len(order)]
+        # The slot goes to the type asked least so far: types that only some images can answer (traffic
+        # lights) get more of those images' slots, so every type ends up with about as many questions.
+        t = min(order, key=lambda name: sum(type_counts[name].values()))
         pool = by_type[t]
 
         def deficit(c: Candidate) -> tuple[int, int]:
@@ -103,8 +105,6 @@ def _pick(scene_candidates: list[Candidate], n: int, key_counts, type_counts, ty
         type_counts[t][c.answer] += 1
         if not pool:
             order.remove(t)
-            continue
-        slot += 1
     return chosen
 
 

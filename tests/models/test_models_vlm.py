@@ -351,7 +351,7 @@ def test_grounding_loss_is_added_with_its_weight_and_trains_the_encoder(config, 
     targets[..., -len(FRAME_CHANNELS):] = frame_targets[:, None]  # once per image, -1 = undefined
     plain = model(**batch)
     grounded = model(**batch, grounding=targets)
-    logits = model.grounding_head(model.image_features(batch["images"]))  # [N, P, C]
+    logits = model.encode_images(batch["images"])[1]  # [N, P, C_head]
     patch, patch_targets = logits[..., :len(PATCH_CHANNELS)], targets[..., :len(PATCH_CHANNELS)]
     patch_count = is_count[:len(PATCH_CHANNELS)]
     binary = torch.nn.functional.binary_cross_entropy_with_logits(patch[..., ~patch_count],

@@ -218,10 +218,6 @@ class TrafficVLM(nn.Module):
         totals = self.grounding_totals_projector(totals.to(features.dtype))  # [N, D]
         return torch.cat([tokens, totals[:, None]], dim=1), logits, heat
 
-    def image_features(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 images ``[N, 3, S, S]`` -> the encoder's patch features ``[N, P, Dv]``."""
-        return self._vision(images).last_hidden_state
-
     def _vision(self, images: torch.Tensor) -> SiglipVisionOutput:
         expected = (3, self.config.siglip.image_size, self.config.siglip.image_size)
         if images.dtype != torch.uint8 or images.dim() != 4 or tuple(images.shape[1:]) != expected:

@@ -1,6 +1,6 @@
 """Stage train (and train_blind with --blind): the VLM on the train split, best model on val.
 
-Runs the same under torchrun for DDP: `torchrun --nproc_per_node=2 stages/train.py`.
+Runs the same under torchrun for DDP: `torchrun --nproc_per_node=2 -m stages.train ...`.
 """
 
 import argparse
@@ -16,22 +16,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--blind", action="store_true", help="train the text-only baseline (no image)")
-    parser.add_argument("--data", default="data/processed", help="folder with commands/, vocab.json, *_images.h5")
-    parser.add_argument("--models", default="models")
-    parser.add_argument("--metrics", default="metrics")
-    parser.add_argument("--live", default="dvclive")
+    parser.add_argument("--data", type=Path, required=True, help="folder with commands/, vocab.json, *_images.h5")
+    parser.add_argument("--model", type=Path, required=True, help="the best model's file")
+    parser.add_argument("--checkpoints", type=Path, required=True, help="folder of the resume checkpoints")
+    parser.add_argument("--metrics", type=Path, required=True, help="JSON file of the run's metrics")
+    parser.add_argument("--live", type=Path, required=True, help="dvclive folder of the training curves")
     args = parser.parse_args()
     params = load_params(args.params)
     config = build_config(TrainConfig, section(params, "train"), "train")
-    name = "blind" if args.blind else "vlm"
-    data = Path(args.data)
-    paths = TrainPaths(commands_dir=data / "commands", vocab=data / "vocab.json", images_dir=data,
-                       model=Path(args.models) / f"{name}.pt", checkpoint_dir=Path(args.models) / "checkpoints",
-                       metrics=Path(args.metrics) / ("train_blind.json" if args.blind else "train.json"),
-                       live_dir=Path(args.live) / name)
-    scenes = build_config(ScenesConfig, section(params, "scenes"), "scenes")  # frame size of the label boxes
-    frame_size = (scenes.width, scenes.height)
-    metrics = train(section(params, "model"), config, paths, blind=args.blind, frame_size=frame_size)
+    paths = TrainPaths(data=args.data, model=args.model, checkpoints=args.checkpoints, metrics=args.metrics,
+                       live=args.live)
+    if args.blind:  # the text-only decoder reads no image: no frame size, no vision params
+        metrics = train(section(params, "model"), config, paths, blind=True)
+    else:
+        scenes = section(params, "scenes")  # the frame size the label boxes are given in, and nothing else
+        frame = build_config(ScenesConfig, {key: scenes[key] for key in ("width", "height") if key in scenes},
+                             "scenes")
+        metrics = train(section(params, "model"), config, paths, frame_size=(frame.width, frame.height))
     if metrics:
         print(", ".join(f"{k}: {v}" for k, v in metrics.items()))
 

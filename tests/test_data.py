@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from collections import Counter
 
@@ -14,11 +15,12 @@ from test_data_helpers import PACK_SIZE, SPLIT_SIZES, image_colours, write_scene
 from vlm.data.augment import AugmentConfig, sample_augment_params, swap_left_right
 from vlm.data.collate import IGNORE_INDEX, collate_questions
 from vlm.data.dataset import TrafficVQADataset
-from vlm.data.grounding import GROUNDING_CHANNELS
+from vlm.data.grounding import GROUNDING_CHANNELS, HeadTargets
 from vlm.data.loader import build_loader, set_epoch
 from vlm.data.sampler import GroupedBatchSampler
 from vlm.params import ParamError, build_config
 
+FRAME = (1280, 720)  # the tiny project's frames
 MIRROR_ONLY = AugmentConfig(hflip_prob=1.0, brightness=0.0, contrast=0.0, saturation=0.0, rotation_degrees=0.0)
 
 
@@ -80,24 +82,24 @@ def test_collate_pads_dynamically_and_stores_each_image_once(project, tokenizer)
     samples = data.__getitems__(indices)
     batch = collate_questions(samples, pad_token_id=tokenizer.pad_token_id)
     distinct = list(dict.fromkeys(s["image_id"] for s in samples))
-    assert batch["images"].shape == (len(distinct), 3, PACK_SIZE, PACK_SIZE) and batch["images"].dtype == torch.uint8
+    assert batch.images.shape == (len(distinct), 3, PACK_SIZE, PACK_SIZE) and batch.images.dtype == torch.uint8
     assert len(distinct) < len(indices)
     for i, sample in enumerate(samples):
-        assert torch.equal(batch["images"][batch["image_index"][i]], sample["image"])
+        assert torch.equal(batch.images[batch.image_index[i]], sample["image"])
         q, a = sample["question_ids"].tolist(), sample["answer_ids"].tolist()
         length = len(q) + len(a)
-        assert batch["input_ids"][i, :length].tolist() == q + a
-        assert batch["input_ids"][i, length:].eq(tokenizer.pad_token_id).all()
-        assert batch["attention_mask"][i].tolist() == [1] * length + [0] * (batch["input_ids"].shape[1] - length)
-        assert batch["prefix_lengths"][i] == len(q) and batch["input_ids"][i, len(q) - 1] == tokenizer.sep_token_id
-        assert batch["labels"][i, len(q):length].tolist() == a
-        assert batch["labels"][i, :len(q)].eq(IGNORE_INDEX).all() and batch["labels"][i, length:].eq(IGNORE_INDEX).all()
+        assert batch.input_ids[i, :length].tolist() == q + a
+        assert batch.input_ids[i, length:].eq(tokenizer.pad_token_id).all()
+        assert batch.attention_mask[i].tolist() == [1] * length + [0] * (batch.input_ids.shape[1] - length)
+        assert batch.prefix_lengths[i] == len(q) and batch.input_ids[i, len(q) - 1] == tokenizer.sep_token_id
+        assert batch.labels[i, len(q):length].tolist() == a
+        assert batch.labels[i, :len(q)].eq(IGNORE_INDEX).all() and batch.labels[i, length:].eq(IGNORE_INDEX).all()
     longest = max(len(s["question_ids"]) + len(s["answer_ids"]) for s in samples)
-    assert batch["input_ids"].shape == (len(indices), longest)
+    assert batch.input_ids.shape == (len(indices), longest)
     for key in ("image_index", "input_ids", "attention_mask", "prefix_lengths", "labels"):
-        assert batch[key].dtype == torch.int64
-    assert batch["question_id"] == [s["question_id"] for s in samples]
-    assert batch["answer"] == [s["answer"] for s in samples]
+        assert getattr(batch, key).dtype == torch.int64
+    assert batch.question_id == [s["question_id"] for s in samples]
+    assert batch.answer == [s["answer"] for s in samples]
 
 
 def check_epoch(batches, image_rows, batch_size):
@@ -160,10 +162,10 @@ def test_loader_with_two_workers_gives_the_batches_of_zero_workers(project, toke
     for epoch_0w, epoch_2w in zip(*runs):
         assert len(epoch_0w) == len(epoch_2w) > 1
         for a, b in zip(epoch_0w, epoch_2w):
-            assert a.keys() == b.keys()
-            for key in a:
-                assert torch.equal(a[key], b[key]) if torch.is_tensor(a[key]) else a[key] == b[key]
-    assert not torch.equal(runs[0][0][0]["images"], runs[0][1][0]["images"])  # a new draw each epoch
+            for field in dataclasses.fields(a):
+                x, y = getattr(a, field.name), getattr(b, field.name)
+                assert torch.equal(x, y) if torch.is_tensor(x) else x == y, field.name
+    assert not torch.equal(runs[0][0][0].images, runs[0][1][0].images)  # a new draw each epoch
 
 
 def test_dataset_pickles_without_its_hdf5_handle(project, tokenizer):
@@ -239,19 +241,19 @@ def test_a_file_that_is_not_a_packed_split_is_rejected_naming_it(project, tokeni
         TrafficVQADataset(project.commands("train"), old_format, tokenizer)
 
 
-def test_grounding_targets_follow_the_image_and_its_mirror(project, tokenizer):
-    plain = dataset(project, tokenizer, grounding_grid=4)
-    mirrored = dataset(project, tokenizer, augment=MIRROR_ONLY, grounding_grid=4)
-    assert "grounding" not in dataset(project, tokenizer)[0]
+def test_head_targets_follow_the_image_and_its_mirror(project, tokenizer):
+    plain = dataset(project, tokenizer, targets=HeadTargets(4, FRAME))
+    mirrored = dataset(project, tokenizer, augment=MIRROR_ONLY, targets=HeadTargets(4, FRAME))
+    assert "targets" not in dataset(project, tokenizer)[0]
     some_object = False
     for index in range(len(plain)):
-        targets, flipped = plain[index]["grounding"], mirrored[index]["grounding"]
+        targets, flipped = plain[index]["targets"], mirrored[index]["targets"]
         assert targets.shape == (16, len(GROUNDING_CHANNELS)) and targets.dtype == np.float32
         np.testing.assert_array_equal(flipped.reshape(4, 4, -1), targets.reshape(4, 4, -1)[:, ::-1])
         some_object |= bool(targets.any())
     assert some_object
     batch = collate_questions([plain[i] for i in range(6)])
-    assert batch["grounding"].shape == (batch["images"].shape[0], 16, len(GROUNDING_CHANNELS))
-    first_of_image = {image_id: i for i, image_id in reversed(list(enumerate(batch["image_id"])))}
+    assert batch.targets.shape == (batch.images.shape[0], 16, len(GROUNDING_CHANNELS))
+    first_of_image = {image_id: i for i, image_id in reversed(list(enumerate(batch.image_id)))}
     for i in first_of_image.values():
-        assert torch.equal(batch["grounding"][batch["image_index"][i]], torch.from_numpy(plain[i]["grounding"]))
+        assert torch.equal(batch.targets[batch.image_index[i]], torch.from_numpy(plain[i]["targets"]))

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 from sklearn.metrics import f1_score
 
-from tiny_project import TINY_MODEL, build_project, paths_for, tiny_train_config
+from tiny_project import FRAME_SIZE, TINY_MODEL, build_project, paths_for, tiny_train_config
 from vlm import predict
 from vlm.evaluate import EvaluateConfig, EvaluatePaths, evaluate, summarize
 from vlm.params import ParamError, build_config
@@ -22,7 +22,7 @@ def trained(tmp_path_factory):
     models = root / "models"
     for blind in (False, True):
         name = "blind" if blind else "vlm"
-        train(TINY_MODEL, tiny_train_config(epochs=2), paths_for(processed, models, name), blind=blind, progress=False)
+        train(TINY_MODEL, tiny_train_config(epochs=2), paths_for(processed, models, name), blind=blind, progress=False, frame_size=FRAME_SIZE)
     return root, processed, models
 
 

@@ -8,8 +8,10 @@ import numpy as np
 import torch
 
 from vlm.data.grounding import (FRAME_CHANNELS, GROUNDING_CHANNELS, GROUNDING_COUNT_CHANNELS, PATCH_CHANNELS,
-                                grounding_targets, mirror_targets)
-from vlm.models.grounding import GroundingHead
+                                HeadTargets, grounding_targets, head_layout)
+from vlm.models.heads import HeadsConfig
+from vlm.models.heads.grounding import GroundingHead
+from vlm.models.siglip import SiglipVisionConfig
 from vlm.scenes.schema import Scene, SceneObject
 
 
@@ -51,7 +53,7 @@ def test_mirror_reverses_patch_columns():
     t = grounding_targets(scene(car), 1280, 720, grid=4)
     flipped = grounding_targets(scene(SceneObject(id="1", category="car", box=(1180.0, 0.0, 1280.0, 100.0))),
                                 1280, 720, grid=4)
-    np.testing.assert_allclose(mirror_targets(t, 4), flipped, atol=1e-6)
+    np.testing.assert_allclose(HeadTargets(4, (1280, 720)).mirror(t), flipped, atol=1e-6)
 
 
 
@@ -78,7 +80,8 @@ def test_heatmaps_peak_at_each_centre_and_pool_back_to_the_patch_grid():
     assert foot[15, 2] == 1 and foot[7, 7] == 1 and (foot == 1).sum() == 2
     assert t[..., channel("foot/vulnerable")].sum() == 0 and t[..., channel("foot/occluded")].sum() == 0
     coarse = grounding_targets(scene(near, far), 1280, 720, grid=4)
-    pooled = GroundingHead(8).patch_targets(torch.from_numpy(t.reshape(1, 256, -1)), grid=4)[0].numpy()
+    head = GroundingHead(HeadsConfig(**head_layout()), SiglipVisionConfig(hidden_size=8, num_attention_heads=2))
+    pooled = head.patch_targets(torch.from_numpy(t.reshape(1, 256, -1)), grid=4)[0].numpy()
     np.testing.assert_array_equal(pooled, coarse[:, :len(PATCH_CHANNELS)])  # boxes by max, centre counts by sum
 
 

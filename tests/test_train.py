@@ -3,12 +3,12 @@ import json
 import pytest
 import torch
 
-from tiny_project import TINY_MODEL, build_project, paths_for, tiny_train_config
+from tiny_project import FRAME_SIZE, TINY_MODEL, build_project, paths_for, tiny_train_config
 from vlm import checkpoint
 from vlm.checkpoint import load_model
 from vlm.models import TrafficVLM
 from vlm.params import ParamError, build_config
-from vlm.train import CurriculumConfig, NonFiniteLossError, TrainConfig, lr_factor, train
+from vlm.train import NonFiniteLossError, TrainConfig, lr_factor, train
 
 pytestmark = pytest.mark.xdist_group("train")
 
@@ -19,19 +19,19 @@ def processed(tmp_path_factory):
 
 
 def _last(paths):
-    return checkpoint.read(paths.checkpoint_dir / f"{paths.model.stem}-last.pt")
+    return checkpoint.read(paths.checkpoints / f"{paths.model.stem}-last.pt")
 
 
 def test_trains_writes_model_metrics_and_curves(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
-    metrics = train(TINY_MODEL, tiny_train_config(), paths, progress=False)
+    metrics = train(TINY_MODEL, tiny_train_config(), paths, progress=False, frame_size=FRAME_SIZE)
     assert metrics["epochs"] == 2 and metrics["steps"] == metrics["planned_steps"]
     assert 0 <= metrics["val_accuracy"] <= 1 and metrics["best_epoch"] in (1, 2)
     assert json.loads(paths.metrics.read_text()) == metrics
     loaded = load_model(paths.model, processed / "vocab.json")
     assert loaded.model.config.vision == "siglip" and loaded.image_size == 32
     assert set(loaded.answers) >= {"yes", "no"}
-    curves = paths.live_dir / "plots" / "metrics"
+    curves = paths.live / "plots" / "metrics"
     loss_rows = (curves / "train" / "loss.tsv").read_text().splitlines()
     assert len(loss_rows) == 1 + metrics["steps"]  # header + one row per optimizer step
     assert len((curves / "val" / "accuracy.tsv").read_text().splitlines()) == 1 + 2
@@ -39,17 +39,17 @@ def test_trains_writes_model_metrics_and_curves(processed, tmp_path):
 
 def test_training_reduces_the_loss(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
-    train(TINY_MODEL, tiny_train_config(epochs=4), paths, progress=False)
+    train(TINY_MODEL, tiny_train_config(epochs=4), paths, progress=False, frame_size=FRAME_SIZE)
     history = _last(paths)["state"]["history"]
     first, last = history[0]["train/loss"], history[-1]["train/loss"]
     assert last < 0.6 * first
-    # the grounding loss (model.grounding_weight) is part of it, logged on its own curve, and learns too
-    assert history[-1]["train/grounding_loss"] < 0.8 * history[0]["train/grounding_loss"]
+    # the heads' auxiliary loss (model.heads) is part of it, logged on its own curve, and learns too
+    assert history[-1]["train/aux_loss"] < 0.8 * history[0]["train/aux_loss"]
 
 
 def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkeypatch):
     straight = paths_for(processed, tmp_path / "straight")
-    train(TINY_MODEL, tiny_train_config(), straight, progress=False)
+    train(TINY_MODEL, tiny_train_config(), straight, progress=False, frame_size=FRAME_SIZE)
 
     resumed = paths_for(processed, tmp_path / "resumed")
     original_step = torch.optim.AdamW.step
@@ -63,10 +63,10 @@ def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkey
 
     monkeypatch.setattr(torch.optim.AdamW, "step", dying_step)
     with pytest.raises(KeyboardInterrupt):
-        train(TINY_MODEL, tiny_train_config(), resumed, progress=False)
+        train(TINY_MODEL, tiny_train_config(), resumed, progress=False, frame_size=FRAME_SIZE)
     assert _last(resumed)["state"]["step"] == 6
     monkeypatch.setattr(torch.optim.AdamW, "step", original_step)
-    metrics = train(TINY_MODEL, tiny_train_config(), resumed, progress=False)
+    metrics = train(TINY_MODEL, tiny_train_config(), resumed, progress=False, frame_size=FRAME_SIZE)
 
     a, b = _last(straight), _last(resumed)
     assert a["state"]["step"] == b["state"]["step"] == metrics["steps"]
@@ -75,24 +75,24 @@ def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkey
     assert [r["train/loss"] for r in a["state"]["history"]] == [r["train/loss"] for r in b["state"]["history"]]
     assert torch.load(straight.model, weights_only=False)["metrics"] == torch.load(resumed.model, weights_only=False)["metrics"]
     # The curves of the resumed run are complete, not restarted at the interruption.
-    rows = (resumed.live_dir / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()
+    rows = (resumed.live / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()
     assert len(rows) == 1 + metrics["steps"]
 
 
 def test_checkpoint_of_other_params_is_not_resumed(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
-    train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False)
-    metrics = train(TINY_MODEL, tiny_train_config(epochs=1, lr=1e-3), paths, progress=False)
+    train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE)
+    metrics = train(TINY_MODEL, tiny_train_config(epochs=1, lr=1e-3), paths, progress=False, frame_size=FRAME_SIZE)
     assert metrics["steps"] == metrics["planned_steps"]  # trained from scratch, not resumed at the end
 
 
 def test_finished_run_rewrites_a_deleted_model(processed, tmp_path):
     """`dvc repro` deletes outputs before running: a finished run restores the best model from its checkpoint."""
     paths = paths_for(processed, tmp_path)
-    train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False)
+    train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE)
     before = torch.load(paths.model, weights_only=False)["state_dict"]
     paths.model.unlink()
-    train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False)
+    train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE)
     after = torch.load(paths.model, weights_only=False)["state_dict"]
     assert all(torch.equal(before[k], after[k]) for k in before)
 
@@ -110,21 +110,21 @@ def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(proce
         return output
 
     monkeypatch.setattr(TrafficVLM, "forward", poisoned)
-    with pytest.raises(NonFiniteLossError, match=r"loss is nan at train epoch 1, batch 5 \(step 4\).*last good checkpoint"):
-        train(TINY_MODEL, tiny_train_config(), paths, progress=False)
+    with pytest.raises(NonFiniteLossError, match=r"loss is nan at epoch 1, batch 5 \(step 4\).*last good checkpoint"):
+        train(TINY_MODEL, tiny_train_config(), paths, progress=False, frame_size=FRAME_SIZE)
     assert _last(paths)["state"]["step"] == 3  # checkpoint_every=3: the last good one survives
 
 
 def test_early_stopping(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
-    metrics = train(TINY_MODEL, tiny_train_config(epochs=6, lr=1e-9, early_stopping_patience=1), paths, progress=False)
+    metrics = train(TINY_MODEL, tiny_train_config(epochs=6, lr=1e-9, early_stopping_patience=1), paths, progress=False, frame_size=FRAME_SIZE)
     assert metrics["stopped_early"] and metrics["epochs"] == 2
 
 
 def test_gradient_accumulation_and_blind(processed, tmp_path):
     paths = paths_for(processed, tmp_path, "blind")
     metrics = train(TINY_MODEL, tiny_train_config(epochs=3, blind_epochs=1, grad_accum=2), paths, blind=True,
-                    progress=False)
+                    progress=False, frame_size=FRAME_SIZE)
     assert metrics["epochs"] == 1 and metrics["steps"] == metrics["planned_steps"]  # train.blind_epochs
     loaded = load_model(paths.model)
     assert loaded.model.config.vision == "none" and loaded.model.num_image_tokens == 0
@@ -153,32 +153,5 @@ def test_bad_model_params_fail_before_training(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
     bad = {**TINY_MODEL, "siglip": {**TINY_MODEL["siglip"], "patch_size": 5}}
     with pytest.raises(ParamError, match="model.siglip.patch_size: must divide the image size"):
-        train(bad, tiny_train_config(), paths, progress=False)
-    assert not paths.model.exists() and not paths.checkpoint_dir.exists()
-
-
-def test_curriculum_steps_come_first_and_resume(processed, tmp_path, monkeypatch):
-    config = tiny_train_config(curriculum=CurriculumConfig(command_types=["scene"], steps=4))
-    straight = paths_for(processed, tmp_path / "straight")
-    metrics = train(TINY_MODEL, config, straight, progress=False)
-    history = _last(straight)["state"]["history"]
-    assert [r["epoch"] for r in history[:4]] == [0, 0, 0, 0] and history[4]["epoch"] == 1
-    assert metrics["steps"] == metrics["planned_steps"]
-
-    resumed = paths_for(processed, tmp_path / "resumed")
-    original_step = torch.optim.AdamW.step
-    calls = {"n": 0}
-
-    def dying_step(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 4:  # inside the curriculum, after the checkpoint at step 3
-            raise KeyboardInterrupt("killed")
-        return original_step(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", dying_step)
-    with pytest.raises(KeyboardInterrupt):
-        train(TINY_MODEL, config, resumed, progress=False)
-    monkeypatch.setattr(torch.optim.AdamW, "step", original_step)
-    train(TINY_MODEL, config, resumed, progress=False)
-    a, b = _last(straight), _last(resumed)
-    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
+        train(bad, tiny_train_config(), paths, progress=False, frame_size=FRAME_SIZE)
+    assert not paths.model.exists() and not paths.checkpoints.exists()

@@ -16,9 +16,7 @@ from vlm.tokenizer import TrafficCommandTokenizer
 from vlm.train import TrainConfig, TrainPaths
 
 TINY_MODEL = {
-    "grounding_weight": 1.0,
-    "grounding_tokens": True,
-    "object_centres": True,
+    "heads": {"grounding": True, "centres": True, "loss_weight": 1.0, "to_decoder": True},
     "siglip": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                "patch_size": 8, "stem_channels": [4, 8, 8]},
     "gemma": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -26,6 +24,9 @@ TINY_MODEL = {
     "qformer": {"num_query_tokens": 4, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
                 "intermediate_size": 64},
 }
+
+
+FRAME_SIZE = (ScenesConfig().width, ScenesConfig().height)  # the frames build_project renders
 
 
 def build_project(root: Path, num_images: int = 40) -> Path:
@@ -50,6 +51,5 @@ def tiny_train_config(**overrides) -> TrainConfig:
 
 
 def paths_for(processed: Path, out: Path, name: str = "vlm") -> TrainPaths:
-    return TrainPaths(commands_dir=processed / "commands", vocab=processed / "vocab.json", images_dir=processed,
-                      model=out / f"{name}.pt", checkpoint_dir=out / "checkpoints",
-                      metrics=out / f"train_{name}.json", live_dir=out / "dvclive" / name)
+    return TrainPaths(data=processed, model=out / f"{name}.pt", checkpoints=out / "checkpoints",
+                      metrics=out / f"train_{name}.json", live=out / "dvclive" / name)

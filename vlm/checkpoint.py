@@ -12,13 +12,15 @@ A checkpoint is a ``torch.save`` dict::
     resample        the resampling filter the images were packed with
     metrics         what training measured (epoch, step, val accuracy, ...)
 
-Training state for resuming (optimizer, scheduler, history) lives in separate files under
-``models/checkpoints/``; see :mod:`vlm.train`.
+Training state for resuming (optimizer, scheduler, :class:`vlm.train.TrainState`) lives in separate
+files (``models/checkpoints/{name}-last.pt``): :func:`save_resume` and :func:`read_resume`.
+Every checkpoint file is written and read here.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,9 @@ from vlm.io import atomic_path
 from vlm.models import TrafficVLM, VLMConfig
 from vlm.tokenizer import TrafficCommandTokenizer
 
-FORMAT_VERSION = 1
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 2  # 2: the auxiliary heads under heads.* (model.heads)
 REQUIRED = ("format_version", "config", "state_dict", "vocab", "vocab_sha256", "answers", "image_size", "resample")
 
 
@@ -43,9 +47,35 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def save(path: str | os.PathLike, payload: dict[str, Any]) -> None:
-    """``torch.save`` atomically: a killed run never leaves a truncated file that looks valid."""
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    """``torch.save`` atomically: a killed run never leaves a truncated file that looks valid. Through a file
+    handle, so the archive does not record the temporary file's random name (same payload, same bytes)."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(payload, f)
+
+
+def model_payload(model: TrafficVLM, info: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+    """The model checkpoint of ``model``'s current weights: ``info`` holds the fields beside them (config,
+    vocab, vocab_sha256, answers, image_size, resample, blind)."""
+    state_dict = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return {"format_version": FORMAT_VERSION, **info, "state_dict": state_dict, "metrics": metrics}
+
+
+def save_resume(path: str | os.PathLike, fingerprint: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                scheduler: Any, state: dict[str, Any]) -> None:
+    """Everything a run needs to go on from here: weights, optimizer, scheduler, torch's RNG and ``state``."""
+    save(path, {"fingerprint": fingerprint, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(), "state": state})
+
+
+def read_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The resume checkpoint at ``path`` if it belongs to the run ``fingerprint``, else None."""
+    if not path.is_file():
+        return None
+    saved = read(path, "resume checkpoint")
+    if saved.get("fingerprint") != fingerprint:
+        log.info("ignoring %s: it belongs to a run with other params or data", path)
+        return None
+    return saved
 
 
 def read(path: str | os.PathLike, what: str = "checkpoint") -> dict[str, Any]:

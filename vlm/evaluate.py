@@ -28,7 +28,7 @@ from vlm.checkpoint import LoadedModel, load_model  # noqa: E402
 from vlm.commands.templates import COMMAND_TYPES  # noqa: E402
 from vlm.data.collate import collate_questions  # noqa: E402
 from vlm.data.dataset import TrafficVQADataset  # noqa: E402
-from vlm.inference import predict_dataset, to_device  # noqa: E402
+from vlm.inference import predict_dataset  # noqa: E402
 from vlm.io import atomic_path, write_json  # noqa: E402
 from vlm.params import check  # noqa: E402
 from vlm.viz import contact_sheet  # noqa: E402
@@ -199,9 +199,8 @@ def attention_sheet(loaded: LoadedModel, dataset: TrafficVQADataset, table: pd.D
                     image_paths: dict[str, Path], device: torch.device) -> Image.Image:
     """Each picked question's image with the attention from [SEP] to the image tokens as a heat map."""
     samples = dataset.__getitems__(picks)
-    batch = to_device(collate_questions(samples, dataset.pad_token_id), device)
-    attention = loaded.model.image_attention(batch["images"], batch["image_index"], batch["input_ids"],
-                                             batch["attention_mask"], batch["prefix_lengths"])  # [B, layers, heads, T]
+    batch = collate_questions(samples, dataset.pad_token_id).to(device)
+    attention = loaded.model.image_attention(batch)  # [B, layers, heads, T]
     weights = attention.float().mean(dim=(1, 2)).cpu().numpy()  # [B, T]
     config = loaded.model.config
     grid = (config.siglip.image_size // config.siglip.patch_size) // (config.pixel_shuffle if config.connector == "linear" else 1)

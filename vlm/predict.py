@@ -15,6 +15,7 @@ import argparse
 import numpy as np
 import torch
 
+from vlm.batch import Batch
 from vlm.checkpoint import LoadedModel, load_model
 from vlm.cli import run
 from vlm.data.pack import decode_image
@@ -27,14 +28,12 @@ def answer_images(loaded: LoadedModel, image_paths: list[str], question: str) ->
     device = next(loaded.model.parameters()).device
     question_ids = torch.tensor(loaded.tokenizer.encode_question(question), device=device)
     n = len(image_paths)
-    probs = loaded.model.answer(
-        torch.from_numpy(images).permute(0, 3, 1, 2).contiguous().to(device),  # uint8 [N, 3, S, S]
-        torch.arange(n, device=device),
-        question_ids.expand(n, -1),
-        torch.ones(n, len(question_ids), dtype=torch.long, device=device),
-        torch.full((n,), len(question_ids), device=device),
-        loaded.candidates(),
-    )  # [N, C]
+    batch = Batch(images=torch.from_numpy(images).permute(0, 3, 1, 2).contiguous().to(device),  # uint8 [N, 3, S, S]
+                  image_index=torch.arange(n, device=device),
+                  input_ids=question_ids.expand(n, -1),
+                  attention_mask=torch.ones(n, len(question_ids), dtype=torch.long, device=device),
+                  prefix_lengths=torch.full((n,), len(question_ids), device=device))
+    probs = loaded.model.answer(batch, loaded.candidates())  # [N, C]
     ranked = []
     for row in probs.float().cpu().numpy():
         order = np.argsort(-row, kind="stable")

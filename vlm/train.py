@@ -1,13 +1,15 @@
 """The training loop: AdamW, warmup + cosine, clipping, accumulation, checkpoints, resume, DDP.
 
-Read it top to bottom in :func:`train`. One run writes:
+Read it top to bottom in :func:`train`: :func:`setup` (inputs checked, data, model, optimizer),
+:func:`resume` (the last checkpoint of the same run, if any), :func:`train_epoch` and :func:`end_epoch`
+for each epoch, :func:`finish`. One run writes:
 
-- ``models/{name}.pt``: the best model on the val split (see :mod:`vlm.checkpoint`);
-- ``models/checkpoints/{name}-last.pt``: everything needed to resume (model, optimizer, scheduler,
-  position in the data, history), written every ``checkpoint_every`` optimizer steps and at the end
-  of each epoch. A rerun with the same params and data resumes from it and ends with the same
-  weights as an uninterrupted run (the data order and augmentation are functions of seed and epoch);
-- ``metrics/train.json`` and per-step curves through dvclive (``dvclive/{name}/plots``).
+- ``{model}``: the best model on the val split (see :mod:`vlm.checkpoint`);
+- ``{checkpoints}/{name}-last.pt``: everything needed to resume (model, optimizer, scheduler, the
+  :class:`TrainState`), written every ``checkpoint_every`` optimizer steps and at the end of each epoch.
+  A rerun with the same params and data resumes from it and ends with the same weights as an
+  uninterrupted run (the data order and augmentation are functions of seed and epoch);
+- ``{metrics}`` and per-step curves through dvclive (``{live}/plots``).
 
 Under ``torchrun`` (``WORLD_SIZE`` > 1) each process trains on its share of the images with
 DistributedDataParallel (NCCL on GPUs, gloo on CPU); rank 0 evaluates and writes every file.
@@ -23,6 +25,7 @@ import os
 import random
 import time
 from contextlib import nullcontext
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,15 +37,14 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from vlm import checkpoint
-from vlm.commands.templates import COMMAND_TYPES
 from vlm.data.augment import AugmentConfig
 from vlm.data.dataset import TrafficVQADataset
+from vlm.data.grounding import HeadTargets, head_layout
 from vlm.data.h5file import PackedImageReader
 from vlm.data.loader import build_loader, set_epoch
-from vlm.inference import predict_dataset, to_device
+from vlm.inference import predict_dataset
 from vlm.io import write_json
-from vlm.models import VLMConfig, build_vlm
-from vlm.models.centres import STRIDE as CENTRE_STRIDE
+from vlm.models import TrafficVLM, VLMConfig, build_vlm
 from vlm.params import check
 from vlm.tokenizer import TrafficCommandTokenizer
 
@@ -50,31 +52,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class CurriculumConfig:
-    """Optimizer steps on easy, globally visible questions before the full mix.
-
-    Trained from scratch on the full mix, the decoder first learns each question's answer prior from
-    the text alone; the image tokens then only add noise to that prior, and the vision tower learns
-    to make them constant (measured: the spread of image features across images collapses and the
-    vision gradients vanish). A few hundred steps on questions that a global look answers (night,
-    rain, fog, highway) make the image tokens useful first, and the pathway stays open.
-    """
-
-    command_types: list[str] = field(default_factory=lambda: ["scene"])
-    steps: int = 0  # 0: no curriculum
-
-    def validate(self, prefix: str = "train.curriculum") -> None:
-        check(self.steps >= 0, f"{prefix}.steps", f"must be >= 0, got {self.steps}")
-        for t in self.command_types:
-            check(t in COMMAND_TYPES, f"{prefix}.command_types", f"unknown type {t!r} (known: {', '.join(COMMAND_TYPES)})")
-        check(bool(self.command_types) or not self.steps, f"{prefix}.command_types", "must not be empty")
-
-
-@dataclass
 class TrainConfig:
     seed: int = 0
-    epochs: int = 8
-    blind_epochs: int | None = None  # epochs of the blind baseline (train_blind); None = epochs
+    epochs: int = 7
+    blind_epochs: int | None = 1  # epochs of the blind baseline (train_blind); None = epochs
     batch_size: int = 64  # questions per forward pass (per process under DDP)
     grad_accum: int = 1  # forward passes per optimizer step
     lr: float = 1e-3
@@ -89,7 +70,6 @@ class TrainConfig:
     in_memory: bool = True  # hold the packed splits in RAM
     threads: int = 0  # torch CPU threads per process; 0 = the cores shared among processes
     augment: AugmentConfig = field(default_factory=AugmentConfig)
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
     def validate(self, prefix: str = "train") -> None:
         for name in ("epochs", "batch_size", "grad_accum", "checkpoint_every", "eval_batch_size"):
@@ -101,35 +81,42 @@ class TrainConfig:
         for name in ("warmup_steps", "weight_decay", "grad_clip", "early_stopping_patience", "num_workers", "threads"):
             check(getattr(self, name) >= 0, f"{prefix}.{name}", f"must be >= 0, got {getattr(self, name)}")
         self.augment.validate(f"{prefix}.augment")
-        self.curriculum.validate(f"{prefix}.curriculum")
 
 
 @dataclass
 class TrainPaths:
-    commands_dir: Path = Path("data/processed/commands")
-    vocab: Path = Path("data/processed/vocab.json")
-    images_dir: Path = Path("data/processed")  # {split}_images.h5
-    model: Path = Path("models/vlm.pt")
-    checkpoint_dir: Path = Path("models/checkpoints")
-    metrics: Path = Path("metrics/train.json")
-    live_dir: Path = Path("dvclive/vlm")
+    data: Path  # commands/{split}.json, vocab.json and {split}_images.h5
+    model: Path  # the best model; its stem names the run
+    checkpoints: Path  # resume checkpoints
+    metrics: Path
+    live: Path  # dvclive folder
+
+    @property
+    def vocab(self) -> Path:
+        return self.data / "vocab.json"
 
     def split(self, name: str) -> tuple[Path, Path]:
-        return self.commands_dir / f"{name}.json", self.images_dir / f"{name}_images.h5"
+        return self.data / "commands" / f"{name}.json", self.data / f"{name}_images.h5"
+
+
+@dataclass
+class TrainState:
+    """A run's progress: what a resume checkpoint restores besides the weights and the optimizer."""
+
+    epoch: int = 0  # epochs finished
+    batch: int = 0  # batches of the current epoch already trained
+    step: int = 0  # optimizer steps
+    best_accuracy: float = -1.0
+    best: dict[str, Any] | None = None  # the best model's checkpoint payload (vlm.checkpoint.model_payload)
+    bad_epochs: int = 0  # epochs since the best
+    stopped_early: bool = False
+    history: list[dict[str, Any]] = field(default_factory=list)  # one record per optimizer step
+    seconds: float = 0.0  # training time, validation excluded
+    samples: int = 0  # questions trained on, all processes
 
 
 class NonFiniteLossError(FloatingPointError):
     pass
-
-
-@dataclass
-class Phase:
-    """A stretch of training over one loader: a number of epochs, or a number of optimizer steps."""
-
-    name: str
-    loader: Any
-    epochs: int | None = None
-    max_steps: int | None = None  # the phase ends when the global step count reaches this
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -195,16 +182,6 @@ def first_answer_accuracy(logits: torch.Tensor, labels: torch.Tensor, prefix_len
     return (predicted == labels[rows, prefix_lengths]).float().mean().item()
 
 
-def fingerprint(model_config: VLMConfig, config: TrainConfig, paths: TrainPaths, world_size: int,
-                frame_size: tuple[float, float] = (1280, 720)) -> str:
-    """Identifies a run: a resume checkpoint is used only by a run with the same fingerprint."""
-    files = [paths.vocab, *paths.split("train"), *paths.split("val")]
-    payload = {"model": model_config.to_dict(), "train": asdict(config), "world_size": world_size,
-               "frame_size": list(frame_size),
-               "files": {str(p): checkpoint.file_sha256(p) for p in files}}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-
-
 class CurveLogger:
     """Per-step curves through dvclive, rebuilt from the history on resume."""
 
@@ -228,20 +205,59 @@ class CurveLogger:
             self.live.end()
 
 
+@dataclass
+class Run:
+    """Everything :func:`setup` builds for one training run."""
+
+    name: str  # "vlm" or "blind": the model file's stem
+    config: TrainConfig
+    paths: TrainPaths
+    dist: Distributed
+    device: torch.device
+    model: TrafficVLM
+    ddp_model: torch.nn.Module  # the model, wrapped in DistributedDataParallel under torchrun
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loader: torch.utils.data.DataLoader
+    val_set: TrafficVQADataset
+    answers: list[str]  # the answer set of constrained decoding
+    candidates: list[list[int]]  # their token ids
+    total_steps: int  # what the LR schedule spans
+    fingerprint: str  # a resume checkpoint is used only by a run with the same
+    model_info: dict[str, Any]  # what the model checkpoint stores beside the weights
+    curves: CurveLogger
+
+    @property
+    def last_path(self) -> Path:
+        return self.paths.checkpoints / f"{self.name}-last.pt"
+
+
 # ----------------------------------------------------------------------------------------------------
 # The loop
 
 
-def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPaths(), *, blind: bool = False,
-          progress: bool = True, frame_size: tuple[float, float] = (1280, 720)) -> dict[str, Any]:
-    """Train a VLM (or, with ``blind``, the same decoder without an image) and return its metrics.
+def train(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPaths, *, blind: bool = False,
+          progress: bool = True, frame_size: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Train a VLM (or, with ``blind``, the same decoder without an image and only ``model_params``' gemma
+    section) and return its metrics.
 
     ``frame_size``: width and height of the original frames, in which the label boxes behind the
-    grounding targets are given (``model.grounding_weight`` > 0)."""
+    heads' targets are given (needed when the model has heads)."""
+    run = setup(model_params, config, paths, blind=blind, frame_size=frame_size)
+    state = resume(run)
+    run.model.train()
+    while state.epoch < run.config.epochs and not state.stopped_early:
+        train_epoch(run, state, progress)
+        end_epoch(run, state)
+    return finish(run, state)
+
+
+def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPaths, *, blind: bool,
+          frame_size: tuple[float, float] | None) -> Run:
+    """Processes, inputs (checked before any weight is built), data, model and optimizer."""
     if blind and config.blind_epochs is not None:
         config = replace(config, epochs=config.blind_epochs)
     dist_info = Distributed.from_env()
-    name = paths.model.stem
     if dist_info.world_size > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     device = pick_device(dist_info)
@@ -250,217 +266,220 @@ def train(model_params: dict, config: TrainConfig, paths: TrainPaths = TrainPath
     torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // dist_info.world_size))
     seed_everything(config.seed)
 
-    # Everything that can be wrong with the inputs is checked before any weight is built.
     tokenizer = TrafficCommandTokenizer.from_file(paths.vocab)
     train_commands, train_h5 = paths.split("train")
     val_commands, val_h5 = paths.split("val")
     header = PackedImageReader(train_h5)
-    model_params = {**model_params, "vision": "none"} if blind else model_params
+    model_params = {"vision": "none", "gemma": model_params.get("gemma", {})} if blind else model_params
     model_config = VLMConfig.from_params(model_params, tokenizer.vocab_size, header.image_size,
-                                         header.mean.tolist(), header.std.tolist())
+                                         header.mean.tolist(), header.std.tolist(), head_layout())
     resample = header.resample
     header.close()
-    grounding_grid = None  # targets on the patch grid, or finer for the object-centre heatmaps
-    if model_config.vision == "siglip" and model_config.grounding_weight > 0:
-        grounding_grid = model_config.siglip.image_size // (
-            CENTRE_STRIDE if model_config.object_centres else model_config.siglip.patch_size)
+    model = build_vlm(model_config).to(device)
+    grid = model.heads.target_grid(model_config.siglip.image_size) if model_config.vision == "siglip" else None
+    if grid is not None and frame_size is None:
+        raise ValueError("train(): a model with heads needs the frame size its labels' boxes are given in")
+    targets = None if grid is None else HeadTargets(grid, frame_size)
     train_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
-                                  in_memory=config.in_memory, seed=config.seed, grounding_grid=grounding_grid,
-                                  frame_size=frame_size)
+                                  in_memory=config.in_memory, seed=config.seed, targets=targets)
     val_set = TrafficVQADataset(val_commands, val_h5, tokenizer, in_memory=config.in_memory)
     answers = sorted({r["answer"] for r in train_set.records})
-    candidates = [tokenizer.encode_answer(a) for a in answers]
     loader = build_loader(train_set, config.batch_size, shuffle=True, num_workers=config.num_workers,
                           seed=config.seed, rank=dist_info.rank, world_size=dist_info.world_size)
-    phases = [Phase("train", loader, epochs=config.epochs)]
-    if config.curriculum.steps and not blind:
-        easy_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
-                                     in_memory=config.in_memory, seed=config.seed,
-                                     command_types=config.curriculum.command_types,
-                                     grounding_grid=grounding_grid, frame_size=frame_size)
-        easy_loader = build_loader(easy_set, config.batch_size, shuffle=True, num_workers=config.num_workers,
-                                   seed=config.seed, rank=dist_info.rank, world_size=dist_info.world_size)
-        phases.insert(0, Phase("curriculum", easy_loader, max_steps=config.curriculum.steps))
-    total_steps = sum(p.max_steps or 0 for p in phases)
+    total_steps = 0
     for epoch in range(config.epochs):  # an image's questions share a batch: batch counts vary by epoch
         set_epoch(loader, epoch)
         total_steps += math.ceil(len(loader) / config.grad_accum)
 
-    model = build_vlm(model_config).to(device)
     optimizer = make_optimizer(model, config)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup_steps, total_steps, config.min_lr_ratio))
-    run_id = fingerprint(model_config, config, paths, dist_info.world_size, frame_size)
-    vocab_payload = json.loads(paths.vocab.read_text(encoding="utf-8"))
-    vocab_sha = checkpoint.file_sha256(paths.vocab)
-
-    # Resume from the last checkpoint of the same run, if any.
-    state = {"phase": 0, "epoch": 0, "batch": 0, "step": 0, "best_accuracy": -1.0, "best": None, "bad_epochs": 0,
-             "history": [], "seconds": 0.0, "samples": 0, "stopped_early": False}
-    last_path = paths.checkpoint_dir / f"{name}-last.pt"
-    if last_path.is_file():
-        saved = checkpoint.read(last_path, "resume checkpoint")
-        if saved.get("fingerprint") == run_id:
-            model.load_state_dict(saved["model"])
-            optimizer.load_state_dict(saved["optimizer"])
-            scheduler.load_state_dict(saved["scheduler"])
-            torch.set_rng_state(saved["torch_rng"])
-            state = saved["state"]
-            log.info("resuming %s from %s: %s epoch %d, batch %d, step %d", name, last_path,
-                     phases[min(state["phase"], len(phases) - 1)].name, state["epoch"] + 1, state["batch"],
-                     state["step"])
-        else:
-            log.info("ignoring %s: it belongs to a run with other params or data", last_path)
-
     ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
         if dist_info.world_size > 1 else model
-    curves = CurveLogger(paths.live_dir if dist_info.is_main else None)
-    for record in state["history"]:
-        curves.log(record)
+    model_info = {"config": model_config.to_dict(), "vocab": json.loads(paths.vocab.read_text(encoding="utf-8")),
+                  "vocab_sha256": checkpoint.file_sha256(paths.vocab), "answers": answers,
+                  "image_size": model_config.siglip.image_size, "resample": resample, "blind": blind}
+    return Run(name=paths.model.stem, config=config, paths=paths, dist=dist_info, device=device, model=model,
+               ddp_model=ddp_model, optimizer=optimizer, scheduler=scheduler, loader=loader, val_set=val_set,
+               answers=answers, candidates=[tokenizer.encode_answer(a) for a in answers], total_steps=total_steps,
+               fingerprint=fingerprint(model_config, config, paths, dist_info.world_size, frame_size),
+               model_info=model_info, curves=CurveLogger(paths.live if dist_info.is_main else None))
 
-    def best_payload(epoch: int, val_accuracy: float) -> dict[str, Any]:
-        return {"format_version": checkpoint.FORMAT_VERSION, "config": model_config.to_dict(),
-                "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
-                "vocab": vocab_payload, "vocab_sha256": vocab_sha, "answers": answers,
-                "image_size": model_config.siglip.image_size, "resample": resample,
-                "metrics": {"epoch": epoch, "step": state["step"], "val_accuracy": val_accuracy},
-                "blind": blind}
 
-    def save_last() -> None:
-        if dist_info.is_main:
-            checkpoint.save(last_path, {"fingerprint": run_id, "model": model.state_dict(),
-                                        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                                        "torch_rng": torch.get_rng_state(), "state": state})
+def resume(run: Run) -> TrainState:
+    """The state of the last checkpoint of the same run (weights, optimizer and RNG restored), else a new one."""
+    saved = checkpoint.read_resume(run.last_path, run.fingerprint)
+    if saved is None:
+        return TrainState()
+    run.model.load_state_dict(saved["model"])
+    run.optimizer.load_state_dict(saved["optimizer"])
+    run.scheduler.load_state_dict(saved["scheduler"])
+    torch.set_rng_state(saved["torch_rng"])
+    state = TrainState(**saved["state"])
+    log.info("resuming %s from %s: epoch %d, batch %d, step %d", run.name, run.last_path, state.epoch + 1,
+             state.batch, state.step)
+    for record in state.history:
+        run.curves.log(record)
+    return state
 
-    model.train()
-    while state["phase"] < len(phases) and not state["stopped_early"]:
-        phase = phases[state["phase"]]
-        epoch = state["epoch"]
-        set_epoch(phase.loader, epoch)
-        label = f"{name} {phase.name}" + (f" epoch {epoch + 1}/{config.epochs}" if phase.epochs else "")
-        bar = tqdm(total=len(phase.loader), initial=state["batch"], desc=label, unit="batch",
-                   disable=not (progress and dist_info.is_main), leave=False)
-        started = time.perf_counter()
-        window_loss, window_acc, window_grounding, window_n = 0.0, 0.0, 0.0, 0
-        for index, batch in enumerate(phase.loader):
-            if index < state["batch"]:  # already trained before the interruption
-                continue
-            tensors = to_device(batch, device)
-            last_batch = index + 1 == len(phase.loader)
-            boundary = (index + 1) % config.grad_accum == 0 or last_batch
-            sync = nullcontext() if boundary or dist_info.world_size == 1 else ddp_model.no_sync()
-            with sync, autocast(device):
-                output = ddp_model(tensors["images"], tensors["image_index"], tensors["input_ids"],
-                                   tensors["attention_mask"], tensors["prefix_lengths"], labels=tensors["labels"],
-                                   grounding=tensors.get("grounding"))
-            loss = output.loss
-            if not torch.isfinite(loss):
-                raise NonFiniteLossError(
-                    f"{name}: loss is {loss.item()} at {phase.name} epoch {epoch + 1}, batch {index + 1} "
-                    f"(step {state['step']}); stopped. The last good checkpoint is kept at {last_path} and the "
-                    f"best model at {paths.model}; lower train.lr or raise train.warmup_steps")
-            (loss / config.grad_accum).backward()
-            window_loss += loss.item()
-            if output.grounding_loss is not None:
-                window_grounding += output.grounding_loss.item()
-            window_acc += first_answer_accuracy(output.logits.detach(), tensors["labels"], tensors["prefix_lengths"])
-            window_n += 1
-            state["samples"] += len(batch["answer"]) * dist_info.world_size
-            if not boundary:
-                continue
-            if config.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            state["step"] += 1
-            state["batch"] = index + 1
-            record = {"step": state["step"], "epoch": epoch + 1 if phase.epochs else 0,
-                      "train/loss": window_loss / window_n, "train/accuracy": window_acc / window_n,
-                      "lr": scheduler.get_last_lr()[0]}
-            if grounding_grid is not None:
-                record["train/grounding_loss"] = window_grounding / window_n
-            window_loss, window_acc, window_grounding, window_n = 0.0, 0.0, 0.0, 0
-            bar.update(index + 1 - bar.n)
-            bar.set_postfix(loss=f"{record['train/loss']:.3f}", acc=f"{record['train/accuracy']:.2f}")
-            phase_over = phase.max_steps is not None and state["step"] >= phase.max_steps
-            if phase.epochs and last_batch:  # an epoch of the full mix ends: evaluate on val
-                state["seconds"] += time.perf_counter() - started
-                record["val/accuracy"] = _val_accuracy(model, val_set, candidates, answers, config, device, dist_info)
-                _end_of_epoch(state, record, config, paths, best_payload, dist_info)
-                started = time.perf_counter()
-            state["history"].append(record)
-            curves.log(record)
-            if last_batch or phase_over:
-                state["epoch"], state["batch"] = epoch + 1, 0
-                if phase_over or (phase.epochs and state["epoch"] == phase.epochs):
-                    state["phase"], state["epoch"] = state["phase"] + 1, 0
-                save_last()
-                break
-            if state["step"] % config.checkpoint_every == 0:
-                save_last()
-        if not phase.epochs:  # (main epochs count their time before evaluating)
-            state["seconds"] += time.perf_counter() - started
-        bar.close()
 
-    if dist_info.is_main:
-        if not paths.model.exists():  # a finished run resumed after models/ was cleaned (dvc repro)
-            checkpoint.save(paths.model, state["best"])
-        metrics = _metrics(state, model, total_steps)
-        write_json(paths.metrics, metrics)
+def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
+    """The optimizer steps of epoch ``state.epoch``, from batch ``state.batch`` on (a resumed run skips the
+    batches it trained before); a resume checkpoint every ``checkpoint_every`` steps."""
+    config, loader = run.config, run.loader
+    set_epoch(loader, state.epoch)
+    bar = tqdm(total=len(loader), initial=state.batch, desc=f"{run.name} epoch {state.epoch + 1}/{config.epochs}",
+               unit="batch", disable=not (progress and run.dist.is_main), leave=False)
+    started = time.perf_counter()
+    window = StepWindow()
+    for index, batch in enumerate(loader):
+        if index < state.batch:  # already trained before the interruption
+            continue
+        batch = batch.to(run.device)
+        last_batch = index + 1 == len(loader)
+        boundary = (index + 1) % config.grad_accum == 0 or last_batch
+        sync = nullcontext() if boundary or run.dist.world_size == 1 else run.ddp_model.no_sync()
+        with sync, autocast(run.device):
+            output = run.ddp_model(batch)
+        if not torch.isfinite(output.loss):
+            raise NonFiniteLossError(
+                f"{run.name}: loss is {output.loss.item()} at epoch {state.epoch + 1}, batch {index + 1} (step "
+                f"{state.step}); stopped. The last good checkpoint is kept at {run.last_path} and the best model "
+                f"at {run.paths.model}; lower train.lr or raise train.warmup_steps")
+        (output.loss / config.grad_accum).backward()
+        window.add(output, batch)
+        state.samples += len(batch) * run.dist.world_size
+        if not boundary:
+            continue
+        if config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(run.model.parameters(), config.grad_clip)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.batch = index + 1
+        record = {"step": state.step, "epoch": state.epoch + 1, **window.pop(), "lr": run.scheduler.get_last_lr()[0]}
+        bar.update(index + 1 - bar.n)
+        bar.set_postfix(loss=f"{record['train/loss']:.3f}", acc=f"{record['train/accuracy']:.2f}")
+        if last_batch:  # end_epoch completes the record with the val accuracy
+            state.history.append(record)
+            break
+        state.history.append(record)
+        run.curves.log(record)
+        if state.step % config.checkpoint_every == 0:
+            state.seconds += time.perf_counter() - started
+            started = time.perf_counter()
+            save_resume(run, state)
+    state.seconds += time.perf_counter() - started
+    bar.close()
+
+
+def end_epoch(run: Run, state: TrainState) -> None:
+    """Val accuracy, the best model so far, early stopping, the resume checkpoint."""
+    record = state.history[-1]
+    record["val/accuracy"] = accuracy = val_accuracy(run)
+    run.curves.log(record)
+    if accuracy > state.best_accuracy:
+        state.best_accuracy, state.bad_epochs = accuracy, 0
+        state.best = checkpoint.model_payload(run.model, run.model_info,
+                                              {"epoch": record["epoch"], "step": state.step, "val_accuracy": accuracy})
+        if run.dist.is_main:
+            checkpoint.save(run.paths.model, state.best)
     else:
-        metrics = {}
-    curves.close()
-    if dist_info.world_size > 1:
+        state.bad_epochs += 1
+        patience = run.config.early_stopping_patience
+        if patience and state.bad_epochs >= patience:
+            state.stopped_early = True
+            log.info("early stopping after epoch %d: no better val accuracy for %d epochs", record["epoch"],
+                     state.bad_epochs)
+    state.epoch, state.batch = state.epoch + 1, 0
+    save_resume(run, state)
+
+
+def finish(run: Run, state: TrainState) -> dict[str, Any]:
+    """Metrics (and the best model, when a finished run resumed after models/ was cleaned by dvc repro)."""
+    metrics = {}
+    if run.dist.is_main:
+        if not run.paths.model.exists():
+            checkpoint.save(run.paths.model, state.best)
+        metrics = train_metrics(state, run.model, run.total_steps)
+        write_json(run.paths.metrics, metrics)
+    run.curves.close()
+    if run.dist.world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
     return metrics
 
 
-def _val_accuracy(model, val_set, candidates, answers, config, device, dist_info: Distributed) -> float:
+# ----------------------------------------------------------------------------------------------------
+# The loop's helpers
+
+
+class StepWindow:
+    """Means over the forward passes of one optimizer step, for its record."""
+
+    def __init__(self):
+        self.loss, self.accuracy, self.aux_loss, self.count = 0.0, 0.0, None, 0
+
+    def add(self, output, batch) -> None:
+        self.loss += output.loss.item()
+        if output.aux_loss is not None:
+            self.aux_loss = (self.aux_loss or 0.0) + output.aux_loss.item()
+        self.accuracy += first_answer_accuracy(output.logits.detach(), batch.labels, batch.prefix_lengths)
+        self.count += 1
+
+    def pop(self) -> dict[str, float]:
+        record = {"train/loss": self.loss / self.count, "train/accuracy": self.accuracy / self.count}
+        if self.aux_loss is not None:
+            record["train/aux_loss"] = self.aux_loss / self.count
+        self.__init__()
+        return record
+
+
+def save_resume(run: Run, state: TrainState) -> None:
+    if run.dist.is_main:
+        checkpoint.save_resume(run.last_path, run.fingerprint, run.model, run.optimizer, run.scheduler, asdict(state))
+
+
+def val_accuracy(run: Run) -> float:
     """Exact-match accuracy on val (rank 0 computes, every rank receives it)."""
-    accuracy = torch.zeros(1, device=device)
-    if dist_info.is_main:
-        model.eval()
-        with autocast(device):
-            predicted, _ = predict_dataset(model, val_set, candidates, config.eval_batch_size, device)
-        model.train()
-        truth = [r["answer"] for r in val_set.records]
-        accuracy[0] = float(np.mean([answers[p] == t for p, t in zip(predicted, truth)]))
-    if dist_info.world_size > 1:
+    accuracy = torch.zeros(1, device=run.device)
+    if run.dist.is_main:
+        run.model.eval()
+        with autocast(run.device):
+            predicted, _ = predict_dataset(run.model, run.val_set, run.candidates, run.config.eval_batch_size,
+                                           run.device)
+        run.model.train()
+        truth = [r["answer"] for r in run.val_set.records]
+        accuracy[0] = float(np.mean([run.answers[p] == t for p, t in zip(predicted, truth)]))
+    if run.dist.world_size > 1:
         dist.broadcast(accuracy, src=0)
     return float(accuracy.item())
 
 
-def _end_of_epoch(state, record, config: TrainConfig, paths: TrainPaths, best_payload, dist_info) -> None:
-    accuracy = record["val/accuracy"]
-    if accuracy > state["best_accuracy"]:
-        state["best_accuracy"] = accuracy
-        state["bad_epochs"] = 0
-        state["best"] = best_payload(record["epoch"], accuracy)
-        if dist_info.is_main:
-            checkpoint.save(paths.model, state["best"])
-    else:
-        state["bad_epochs"] += 1
-        if config.early_stopping_patience and state["bad_epochs"] >= config.early_stopping_patience:
-            state["stopped_early"] = True
-            log.info("early stopping after epoch %d: no better val accuracy for %d epochs", record["epoch"],
-                     state["bad_epochs"])
+def fingerprint(model_config: VLMConfig, config: TrainConfig, paths: TrainPaths, world_size: int,
+                frame_size: tuple[float, float] | None) -> str:
+    """Identifies a run: a resume checkpoint is used only by a run with the same fingerprint."""
+    files = [paths.vocab, *paths.split("train"), *paths.split("val")]
+    payload = {"model": model_config.to_dict(), "train": asdict(config), "world_size": world_size,
+               "frame_size": frame_size,
+               "files": {str(p): checkpoint.file_sha256(p) for p in files}}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _metrics(state, model: torch.nn.Module, planned_steps: int) -> dict[str, Any]:
-    evals = [r for r in state["history"] if "val/accuracy" in r]
-    last_epoch = [r for r in state["history"] if r["epoch"] == state["history"][-1]["epoch"]]
+def train_metrics(state: TrainState, model: torch.nn.Module, planned_steps: int) -> dict[str, Any]:
+    evals = [r for r in state.history if "val/accuracy" in r]
+    last_epoch = [r for r in state.history if r["epoch"] == state.history[-1]["epoch"]]
     return {
         "epochs": evals[-1]["epoch"] if evals else 0,
-        "steps": state["step"],
-        "best_epoch": state["best"]["metrics"]["epoch"] if state["best"] else None,
-        "val_accuracy": round(state["best_accuracy"], 4),
+        "steps": state.step,
+        "best_epoch": state.best["metrics"]["epoch"] if state.best else None,
+        "val_accuracy": round(state.best_accuracy, 4),
         "train_loss": round(float(np.mean([r["train/loss"] for r in last_epoch])), 4),
         "train_accuracy": round(float(np.mean([r["train/accuracy"] for r in last_epoch])), 4),
-        "stopped_early": state["stopped_early"],
+        "stopped_early": state.stopped_early,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "planned_steps": planned_steps,  # curriculum + every epoch: what the LR schedule spans
-        "seconds": round(state["seconds"], 1),
-        "questions_per_s": round(state["samples"] / max(state["seconds"], 1e-9), 1),
+        "planned_steps": planned_steps,  # every epoch: what the LR schedule spans
+        "seconds": round(state.seconds, 1),
+        "questions_per_s": round(state.samples / max(state.seconds, 1e-9), 1),
     }

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from vlm.batch import Batch
 from vlm.models import GemmaConfig, QFormerConfig, SiglipVisionConfig, VLMConfig
 
 VOCAB_SIZE = 40
@@ -36,7 +37,7 @@ def config():
     return tiny_config
 
 
-def random_batch(config: VLMConfig, batch: int = 5, num_images: int = 3, seed: int = 0) -> dict:
+def random_batch(config: VLMConfig, batch: int = 5, num_images: int = 3, seed: int = 0) -> Batch:
     """A right-padded batch as the collate function builds it: [SOS] question [SEP] answer [EOS],
     questions and answers of different lengths, several questions per image."""
     g = torch.Generator().manual_seed(seed)
@@ -58,8 +59,8 @@ def random_batch(config: VLMConfig, batch: int = 5, num_images: int = 3, seed: i
         attention_mask[b, : len(ids)] = 1
         start, end = answer_spans[b]
         labels[b, start:end] = input_ids[b, start:end]
-    return {"images": images, "image_index": torch.arange(batch) % num_images, "input_ids": input_ids,
-            "attention_mask": attention_mask, "prefix_lengths": torch.tensor(prefix_lengths), "labels": labels}
+    return Batch(images=images, image_index=torch.arange(batch) % num_images, input_ids=input_ids,
+                 attention_mask=attention_mask, prefix_lengths=torch.tensor(prefix_lengths), labels=labels)
 
 
 @pytest.fixture
@@ -67,15 +68,12 @@ def make_batch():
     return random_batch
 
 
-def select_row(batch: dict, b: int) -> dict:
+def select_row(batch: Batch, b: int) -> Batch:
     """Row ``b`` of a batch on its own, without padding and with only its image."""
-    length = int(batch["attention_mask"][b].sum())
-    return {"images": batch["images"][batch["image_index"][b]][None],
-            "image_index": torch.zeros(1, dtype=torch.long),
-            "input_ids": batch["input_ids"][b:b + 1, :length],
-            "attention_mask": batch["attention_mask"][b:b + 1, :length],
-            "prefix_lengths": batch["prefix_lengths"][b:b + 1],
-            "labels": batch["labels"][b:b + 1, :length]}
+    length = int(batch.attention_mask[b].sum())
+    return Batch(images=batch.images[batch.image_index[b]][None], image_index=torch.zeros(1, dtype=torch.long),
+                 input_ids=batch.input_ids[b:b + 1, :length], attention_mask=batch.attention_mask[b:b + 1, :length],
+                 prefix_lengths=batch.prefix_lengths[b:b + 1], labels=batch.labels[b:b + 1, :length])
 
 
 @pytest.fixture

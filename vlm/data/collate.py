@@ -1,8 +1,4 @@
-"""Collate samples into the Batch of the shared contract, with dynamic padding.
-
-Each distinct image of the batch is stored once (``images``) and every question points at its
-image through ``image_index``, so the vision encoder runs once per image.
-"""
+"""Collate samples into a :class:`vlm.batch.Batch`, with dynamic padding and one copy per image."""
 
 from __future__ import annotations
 
@@ -11,10 +7,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-IGNORE_INDEX = -100  # label of positions that carry no loss (HF convention)
+from vlm.batch import IGNORE_INDEX, Batch
 
 
-def collate_questions(samples: Sequence[dict[str, Any]], pad_token_id: int = 0) -> dict[str, Any]:
+def collate_questions(samples: Sequence[dict[str, Any]], pad_token_id: int = 0) -> Batch:
     """Samples of ``TrafficVQADataset`` -> Batch.
 
     ``input_ids`` = question ids + answer ids, right-padded to the longest sequence of the batch;
@@ -46,19 +42,20 @@ def collate_questions(samples: Sequence[dict[str, Any]], pad_token_id: int = 0) 
     is_answer = attention_mask & (positions[None, :] >= question_lengths[:, None])  # [B, L]
     labels = torch.where(is_answer, input_ids, IGNORE_INDEX)  # [B, L]
 
-    batch = {
+    targets = None
+    if "targets" in samples[0]:
+        targets = torch.from_numpy(np.stack([s["targets"] for s in distinct]))  # float32 [N_img, G*G, C]
+    return Batch(
         # numpy's copy runs on this thread; torch.stack's intra-op threads contend with training.
-        "images": torch.from_numpy(np.stack([s["image"].numpy() for s in distinct])),  # uint8 [N_img, 3, S, S]
-        "image_index": torch.tensor(image_index, dtype=torch.int64),  # [B]
-        "input_ids": input_ids,
-        "attention_mask": attention_mask.to(torch.int64),
-        "prefix_lengths": question_lengths,  # [B] text tokens up to and including [SEP]
-        "labels": labels,
-        "question_id": [s["question_id"] for s in samples],
-        "image_id": [s["image_id"] for s in samples],
-        "command_type": [s["command_type"] for s in samples],
-        "answer": [s["answer"] for s in samples],
-    }
-    if "grounding" in samples[0]:
-        batch["grounding"] = torch.from_numpy(np.stack([s["grounding"] for s in distinct]))  # [N_img, G*G, C]
-    return batch
+        images=torch.from_numpy(np.stack([s["image"].numpy() for s in distinct])),  # uint8 [N_img, 3, S, S]
+        image_index=torch.tensor(image_index, dtype=torch.int64),  # [B]
+        input_ids=input_ids,
+        attention_mask=attention_mask.to(torch.int64),
+        prefix_lengths=question_lengths,  # [B] text tokens up to and including [SEP]
+        labels=labels,
+        targets=targets,
+        question_id=[s["question_id"] for s in samples],
+        image_id=[s["image_id"] for s in samples],
+        command_type=[s["command_type"] for s in samples],
+        answer=[s["answer"] for s in samples],
+    )

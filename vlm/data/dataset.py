@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 from vlm.data.augment import (AugmentConfig, augment_image, sample_augment_params, single_threaded_torch,
                               swap_left_right)
 from vlm.data.commands import read_commands
-from vlm.data.grounding import mirror_targets, targets_from_annotations
+from vlm.data.grounding import HeadTargets
 from vlm.data.h5file import PackedImageReader
 
 _RECORD_FIELDS = ("question_id", "image_id", "command", "answer", "command_type", "metadata")
@@ -70,16 +70,13 @@ class TrafficVQADataset(Dataset):
     ``set_epoch`` each epoch), None for evaluation. ``in_memory``: read the whole split into RAM
     once (shared copy-on-write with forked workers). Otherwise the HDF5 file is opened lazily in
     each process. Questions whose image the pack stage skipped as corrupt are dropped
-    (``num_dropped``); any other question without its image is an error. ``command_types``: keep
-    only questions of these types (a training curriculum). ``grounding_grid``: also give each sample
-    its image's grounding targets ``[G*G, C]`` (:mod:`vlm.data.grounding`) on a G x G patch grid, with
-    boxes read in frames of ``frame_size`` (width, height) pixels.
+    (``num_dropped``); any other question without its image is an error. ``targets``: also give each
+    sample its image's targets ``[G*G, C]`` for the model's auxiliary heads (:mod:`vlm.data.grounding`).
     """
 
     def __init__(self, commands_path: str | os.PathLike, h5_path: str | os.PathLike, tokenizer: QATokenizer,
                  augment: AugmentConfig | None = None, in_memory: bool = False, seed: int = 0,
-                 command_types: Sequence[str] | None = None, grounding_grid: int | None = None,
-                 frame_size: tuple[float, float] = (1280, 720)):
+                 targets: HeadTargets | None = None):
         self.commands_path = Path(commands_path)
         self.images = PackedImageReader(h5_path)
         self.augment = augment
@@ -93,8 +90,6 @@ class TrafficVQADataset(Dataset):
         rows = []
         self.num_dropped = 0
         for index, record in enumerate(read_commands(self.commands_path, _RECORD_FIELDS)):
-            if command_types is not None and record["command_type"] not in command_types:
-                continue
             row = row_of_image.get(record["image_id"])
             if row is None:
                 if record["image_id"] in skipped:
@@ -117,10 +112,10 @@ class TrafficVQADataset(Dataset):
             self._mirrored_question_ids = TokenTable(self._mirrored_commands, tokenizer.encode_question)
             self._mirrored_answer_ids = TokenTable(self._mirrored_answers, tokenizer.encode_answer)
 
-        self.grounding_grid = grounding_grid
-        self._grounding: np.ndarray | None = None  # float32 [N, G*G, C]
-        if grounding_grid is not None:
-            self._grounding = targets_from_annotations(self.images.read_annotations(), *frame_size, grounding_grid)
+        self.targets = targets
+        self._targets: np.ndarray | None = None  # float32 [N, G*G, C]
+        if targets is not None:
+            self._targets = targets.from_annotations(self.images.read_annotations())
 
         self._ram_images: np.ndarray | None = None  # uint8 [N, 3, S, S] when held in RAM
         if in_memory:
@@ -156,7 +151,7 @@ class TrafficVQADataset(Dataset):
         distinct_rows, slot_of_question = np.unique(rows, return_inverse=True)  # sorted: sequential reads
         chw_images = torch.from_numpy(self._read_images(distinct_rows))  # uint8 [n, 3, S, S]
         mirrored = [False] * len(distinct_rows)
-        grounding = None if self._grounding is None else list(self._grounding[distinct_rows])  # n x [G*G, C]
+        targets = None if self._targets is None else list(self._targets[distinct_rows])  # n x [G*G, C]
         if self.augment is not None:
             augmented = []
             with single_threaded_torch():
@@ -164,8 +159,8 @@ class TrafficVQADataset(Dataset):
                     params = sample_augment_params(self.augment, self.seed, self.epoch, row)
                     augmented.append(augment_image(chw_images[slot], params))
                     mirrored[slot] = params.hflip
-                    if params.hflip and grounding is not None:
-                        grounding[slot] = mirror_targets(grounding[slot], self.grounding_grid)
+                    if params.hflip and targets is not None:
+                        targets[slot] = self.targets.mirror(targets[slot])
             chw_images = augmented
 
         samples = []
@@ -188,8 +183,8 @@ class TrafficVQADataset(Dataset):
                 "command_type": record["command_type"],
                 "metadata": record["metadata"],
             }
-            if grounding is not None:
-                sample["grounding"] = grounding[slot]  # float32 numpy [G*G, C], shared by the image's questions
+            if targets is not None:
+                sample["targets"] = targets[slot]  # float32 numpy [G*G, C], shared by the image's questions
             samples.append(sample)
         return samples
 

@@ -4,8 +4,8 @@ The question-answer loss alone reaches the vision encoder as a weak, indirect si
 encoder then learns where the objects are far too slowly. The labels behind every answer also say,
 for each patch of the encoder's grid, which categories cover it, where each object's centre lies,
 which colour a readable traffic light there shows and whether an occluded object is there.
-Predicting these per patch (``model.grounding_weight``) trains the encoder densely; the answers
-still come only from the decoder (which may read the predicted maps: ``model.grounding_tokens``).
+Predicting these per patch (the auxiliary heads, :mod:`vlm.models.heads`) trains the encoder densely;
+the answers still come only from the decoder (which may read the predicted maps: ``model.heads.to_decoder``).
 
 Channels of a target map ``[G*G, C]`` (row-major patches, C = ``len(GROUNDING_CHANNELS)``):
 ``box/{category}`` (1 where the patch overlaps a box of that category), ``centre/{category}`` (how many
@@ -18,14 +18,18 @@ of the boxes of road users, of pedestrians and riders, and of occluded road user
 looks) and, last, ``frame/{attribute}`` (night, rain,
 fog, highway: 1 or 0 as the scene questions' answer, -1 where the labels leave it undefined), the same
 in every patch: the head predicts these once per image. The grid may be finer than the encoder's patch
-grid (``model.object_centres``: the heatmaps at a quarter of the image size); the grounding head then
+grid (``model.heads.centres``: the heatmaps at a quarter of the image size); the grounding head then
 pools the patch channels to its grid (``GroundingHead.patch_targets``).
+
+The heads never import the rules: :func:`head_layout` hands them the channel names and the regions in
+which the object-centre head counts peaks, and the model config stores them.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,6 +46,38 @@ FRAME_CHANNELS = tuple(f"frame/{a}" for a in rules.FRAME_ATTRIBUTES)  # image-le
 GROUNDING_CHANNELS = (*PATCH_CHANNELS, *HEAT_CHANNELS, *FRAME_CHANNELS)
 _HEAT = len(PATCH_CHANNELS)  # index of the first heatmap channel
 GROUNDING_COUNT_CHANNELS = frozenset(f"centre/{c}" for c in CATEGORIES)  # counts; the others are 0/1 (or heat)
+# Regions (x from, x to, y from; fractions of the image) in which the object-centre head counts peaks: for
+# the object centres the image and its left and right thirds ("on the left side"), for the footpoints the
+# near part of each manoeuvre's path (the safety rule's bands, bottom below PATH_MIN_Y).
+CENTRE_REGIONS = ((0.0, 1.0, 0.0), *((lo, hi, 0.0) for lo, hi in rules.SIDES.values()))
+FOOT_REGIONS = tuple((lo, hi, rules.PATH_MIN_Y) for lo, hi in rules.PATHS.values())
+
+
+def head_layout() -> dict[str, list]:
+    """What the auxiliary heads need to know of the targets (``model.heads``' data-given fields)."""
+    return {"channels": list(GROUNDING_CHANNELS), "centre_regions": [list(r) for r in CENTRE_REGIONS],
+            "foot_regions": [list(r) for r in FOOT_REGIONS]}
+
+
+@dataclass(frozen=True)
+class HeadTargets:
+    """The targets a model's heads learn: ``grid`` x ``grid`` cells (``VisionHeads.target_grid``), label
+    boxes given in frames of ``frame_size`` (width, height) pixels."""
+
+    grid: int
+    frame_size: tuple[float, float]
+
+    def from_annotations(self, annotations: Sequence[str]) -> np.ndarray:
+        """float32 ``[N, grid*grid, C]`` from the label frames stored beside packed images (JSON strings)."""
+        out = np.zeros((len(annotations), self.grid * self.grid, len(GROUNDING_CHANNELS)), dtype=np.float32)
+        for i, annotation in enumerate(annotations):
+            out[i] = grounding_targets(scene_from_frame(json.loads(annotation), where=f"annotation[{i}]"),
+                                       *self.frame_size, self.grid)
+        return out
+
+    def mirror(self, targets: np.ndarray) -> np.ndarray:
+        """The targets of the horizontally flipped image: cell columns reversed, ``[G*G, C]``."""
+        return targets.reshape(self.grid, self.grid, -1)[:, ::-1].reshape(self.grid * self.grid, -1)
 
 
 def grounding_targets(scene: Scene, width: float, height: float, grid: int) -> np.ndarray:
@@ -83,17 +119,3 @@ def _splat(heat: np.ndarray, x: float, y: float, sigma: float) -> None:
     cells = np.arange(grid) + 0.5
     np.maximum(heat, np.exp(-((cells[None, :] - x) ** 2 + (cells[:, None] - y) ** 2) / (2 * sigma ** 2)), out=heat)
     heat[min(grid - 1, max(0, int(y))), min(grid - 1, max(0, int(x)))] = 1
-
-
-def targets_from_annotations(annotations: Sequence[str], width: float, height: float, grid: int) -> np.ndarray:
-    """float32 ``[N, grid*grid, C]`` from the label frames stored beside packed images (JSON strings)."""
-    out = np.zeros((len(annotations), grid * grid, len(GROUNDING_CHANNELS)), dtype=np.float32)
-    for i, annotation in enumerate(annotations):
-        out[i] = grounding_targets(scene_from_frame(json.loads(annotation), where=f"annotation[{i}]"),
-                                   width, height, grid)
-    return out
-
-
-def mirror_targets(targets: np.ndarray, grid: int) -> np.ndarray:
-    """The targets of the horizontally flipped image: patch columns reversed, ``[G*G, C]``."""
-    return targets.reshape(grid, grid, -1)[:, ::-1].reshape(grid * grid, -1)

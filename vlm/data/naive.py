@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from vlm.data.collate import IGNORE_INDEX
+from vlm.batch import IGNORE_INDEX
 from vlm.data.commands import read_commands
 from vlm.data.dataset import QATokenizer
 from vlm.data.h5file import PackedImageReader

@@ -24,6 +24,7 @@ import numpy as np
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from vlm.batch import Batch
 from vlm.data.collate import collate_questions
 from vlm.data.commands import read_commands
 from vlm.data.dataset import QATokenizer, TrafficVQADataset
@@ -94,7 +95,8 @@ def _time_loader(loader: DataLoader, warmup_batches: int, batches: int) -> tuple
     samples = 0
     start = time.perf_counter()
     for _ in range(batches):
-        samples += len(next(iterator)["question_id"])
+        batch = next(iterator)  # ours: a Batch; the naive loader's: a dict of stacked tensors
+        samples += len(batch) if isinstance(batch, Batch) else len(batch["question_id"])
     seconds = time.perf_counter() - start
     del iterator  # shuts the workers down
     return seconds, samples

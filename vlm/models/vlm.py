@@ -9,7 +9,9 @@ PaliGemma's merge (it divides the image features by ``sqrt(hidden_size)`` before
 every input embedding by it). ``vision: none`` is the blind baseline: the same decoder, no image tokens.
 
 Parameter layout follows HuggingFace PaliGemma: ``vision_tower.*`` (SigLIP), ``multi_modal_projector.*``,
-``language_model.model.*`` and the tied ``language_model.lm_head.weight``.
+``language_model.model.*`` and the tied ``language_model.lm_head.weight``. Task-specific additions (auxiliary
+heads, their extra image token) live in ``heads.*`` (:mod:`vlm.models.heads`); with every head off the model is
+the PaliGemma design above.
 """
 
 from __future__ import annotations
@@ -19,15 +21,16 @@ import json
 import operator
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from vlm.models.centres import CENTRE_LOSS_WEIGHT, CentreHead
+from vlm.batch import Batch
 from vlm.models.connector import LinearConnector
 from vlm.models.gemma import GemmaConfig, GemmaForCausalLM, prefix_lm_mask, shifted_cross_entropy
-from vlm.models.grounding import HEAD_CHANNELS, GroundingHead
+from vlm.models.heads import HeadsConfig, VisionHeads
 from vlm.models.qformer import QFormerConfig, QFormerConnector
 from vlm.models.siglip import SiglipVisionConfig, SiglipVisionModel, SiglipVisionOutput, load_pretrained_siglip, \
     siglip_config_from_pretrained
@@ -39,7 +42,11 @@ _FROM_DATA = {
     ("siglip", "image_size"): "the packed image size (data/processed/*_images.h5)",
     ("image_mean",): "the train split statistics (data/processed/train_images.h5)",
     ("image_std",): "the train split statistics (data/processed/train_images.h5)",
+    ("heads", "channels"): "the target layout (vlm.data.grounding)",
+    ("heads", "centre_regions"): "the target layout (vlm.data.grounding)",
+    ("heads", "foot_regions"): "the target layout (vlm.data.grounding)",
 }
+_SUBSECTIONS = ("heads", "siglip", "gemma", "qformer")
 
 
 @dataclass
@@ -48,13 +55,7 @@ class VLMConfig:
     connector: Literal["linear", "qformer"] = "linear"
     pixel_shuffle: int = 1  # linear connector: r x r neighbouring patches -> one image token (1 = PaliGemma)
     vision_checkpoint: str | None = None
-    # Weight of the auxiliary per-patch grounding loss (vlm.data.grounding) in training; 0 = no grounding head.
-    grounding_weight: float = 0.0
-    # The decoder also reads the grounding head's maps (per patch, and their image totals as one more token).
-    grounding_tokens: bool = False
-    # CenterNet-style object-centre heatmaps from the conv stem (vlm.models.centres), trained with the grounding
-    # loss; their peak counts join the grounding totals' token.
-    object_centres: bool = False
+    heads: HeadsConfig = field(default_factory=HeadsConfig)  # auxiliary vision heads; all off = PaliGemma
     siglip: SiglipVisionConfig = field(default_factory=SiglipVisionConfig)
     gemma: GemmaConfig = field(default_factory=GemmaConfig)
     qformer: QFormerConfig = field(default_factory=QFormerConfig)
@@ -69,26 +70,21 @@ class VLMConfig:
             tokens = self.qformer.num_query_tokens
         else:
             tokens = self.siglip.num_patches // (self.pixel_shuffle * self.pixel_shuffle)
-        return tokens + int(self.grounding_tokens)
+        return tokens + int(self.heads.to_decoder)
 
     def validate(self, prefix: str = "model") -> None:
         check(self.vision in ("siglip", "none"), f"{prefix}.vision", f"must be 'siglip' or 'none', got {self.vision!r}")
         check(self.connector in ("linear", "qformer"), f"{prefix}.connector",
               f"must be 'linear' or 'qformer', got {self.connector!r}")
-        check(self.grounding_weight >= 0, f"{prefix}.grounding_weight",
-              f"must be >= 0 (0 = off), got {self.grounding_weight}")
-        check(not (self.grounding_tokens and self.vision == "siglip" and self.grounding_weight == 0),
-              f"{prefix}.grounding_tokens", "needs a trained grounding head: set model.grounding_weight > 0")
-        if self.object_centres and self.vision == "siglip":
-            check(self.grounding_tokens, f"{prefix}.object_centres", "needs model.grounding_tokens: true (the "
-                  "decoder reads the centre counts in the grounding totals' token)")
-            check(len(self.siglip.stem_channels) >= 3, f"{prefix}.object_centres",
-                  f"needs a conv stem of at least 3 stages (model.siglip.stem_channels), got "
-                  f"{self.siglip.stem_channels}")
-        self.siglip.validate(f"{prefix}.siglip")
-        grid = self.siglip.image_size // self.siglip.patch_size
-        check(self.pixel_shuffle >= 1 and grid % self.pixel_shuffle == 0, f"{prefix}.pixel_shuffle",
-              f"must be >= 1 and divide the patch grid ({grid} x {grid} patches), got {self.pixel_shuffle}")
+        if self.vision == "siglip":
+            self.siglip.validate(f"{prefix}.siglip")
+            grid = self.siglip.image_size // self.siglip.patch_size
+            check(self.pixel_shuffle >= 1 and grid % self.pixel_shuffle == 0, f"{prefix}.pixel_shuffle",
+                  f"must be >= 1 and divide the patch grid ({grid} x {grid} patches), got {self.pixel_shuffle}")
+            self.heads.validate(f"{prefix}.heads", self.siglip.stem_channels)
+        else:
+            check(not self.heads.enabled, f"{prefix}.heads",
+                  "a model without vision (vision: none) has no image for the heads to read: turn them off")
         self.gemma.validate(f"{prefix}.gemma")
         self.qformer.validate(f"{prefix}.qformer")
         for name in ("image_mean", "image_std"):
@@ -105,13 +101,15 @@ class VLMConfig:
         return build_config(cls, values, what)
 
     @classmethod
-    def from_params(cls, model_section: dict[str, Any], vocab_size: int, image_size: int,
-                    image_mean: list[float] | None = None, image_std: list[float] | None = None) -> VLMConfig:
+    def from_params(cls, model_section: Mapping[str, Any], vocab_size: int, image_size: int,
+                    image_mean: list[float] | None = None, image_std: list[float] | None = None,
+                    head_layout: Mapping[str, Any] | None = None) -> VLMConfig:
         """Build and validate the config from the ``model:`` section of params.yaml plus what the data
-        fixes (vocabulary size, image size, train-split mean/std), before any weight exists."""
+        fixes (vocabulary size, image size, train-split mean/std, the heads' target layout:
+        :func:`vlm.data.grounding.head_layout`), before any weight exists."""
         vocab_size, image_size = operator.index(vocab_size), operator.index(image_size)
         values = dict(model_section or {})
-        for sub in ("siglip", "gemma", "qformer"):
+        for sub in _SUBSECTIONS:
             if not isinstance(values.get(sub, {}), dict):
                 raise ParamError(f"model.{sub}: must be a mapping")
             values[sub] = dict(values.get(sub, {}))
@@ -135,11 +133,13 @@ class VLMConfig:
             patch_key = "model.vision_checkpoint: its patch size"
 
         patch_size = values["siglip"].get("patch_size", SiglipVisionConfig.patch_size)
-        if isinstance(patch_size, int) and patch_size > 0 and image_size % patch_size:
+        vision = values.get("vision", "siglip") == "siglip"
+        if vision and isinstance(patch_size, int) and patch_size > 0 and image_size % patch_size:
             raise ParamError(f"{patch_key}: must divide the image size of the data "
                              f"({image_size} % {patch_size} = {image_size % patch_size})")
         values["siglip"]["image_size"] = image_size
         values["gemma"]["vocab_size"] = vocab_size
+        values["heads"].update(head_layout or {})
         # numpy scalars (HDF5 attributes and metadata) become plain Python numbers
         values["image_mean"] = [float(v) for v in (image_mean if image_mean is not None else (0.5, 0.5, 0.5))]
         values["image_std"] = [float(v) for v in (image_std if image_std is not None else (0.5, 0.5, 0.5))]
@@ -160,8 +160,8 @@ def _pretrained_normalisation(checkpoint: Path) -> tuple[list[float], list[float
 @dataclass
 class VLMOutput:
     logits: torch.Tensor  # [B, L, V] at the text positions
-    loss: torch.Tensor | None = None  # mean cross-entropy over answer tokens (+ weighted grounding loss)
-    grounding_loss: torch.Tensor | None = None  # mean per-patch binary cross-entropy, when targets are given
+    loss: torch.Tensor | None = None  # mean cross-entropy over answer tokens (+ weighted auxiliary loss)
+    aux_loss: torch.Tensor | None = None  # the heads' loss, when the batch has targets and the model heads
 
 
 class TrafficVLM(nn.Module):
@@ -169,26 +169,16 @@ class TrafficVLM(nn.Module):
         super().__init__()
         config.validate()
         self.config = config
-        vision = config.vision == "siglip"
-        grounding_tokens = vision and config.grounding_tokens
-        if vision:
+        if config.vision == "siglip":
             self.vision_tower = SiglipVisionModel(config.siglip)
-            # the connector reads the patch features, and the grounding maps beside them with grounding_tokens
-            connector_in = config.siglip.hidden_size + (len(HEAD_CHANNELS) if grounding_tokens else 0)
+            # the connector reads the patch features, and beside them what the heads map per patch
+            connector_in = config.siglip.hidden_size + VisionHeads.patch_width(config.heads)
             if config.connector == "linear":
                 self.multi_modal_projector = LinearConnector(connector_in, config.gemma.hidden_size,
                                                              config.pixel_shuffle)
             else:
                 self.multi_modal_projector = QFormerConnector(config.qformer, connector_in, config.gemma.hidden_size)
-        # patch features -> grounding logits (vlm.models.grounding), trained with model.grounding_weight > 0
-        self.grounding_head = GroundingHead(config.siglip.hidden_size) \
-            if vision and config.grounding_weight > 0 else None
-        # thermometer-coded totals of the grounding maps -> one more image token, after the connector's
-        self.centre_head = CentreHead(config.siglip.stem_channels) if grounding_tokens and config.object_centres \
-            else None
-        totals_in = (self.grounding_head.num_total_features if grounding_tokens else 0) + \
-            (self.centre_head.num_count_features if self.centre_head is not None else 0)
-        self.grounding_totals_projector = nn.Linear(totals_in, config.gemma.hidden_size) if grounding_tokens else None
+            self.heads = VisionHeads(config.heads, config.siglip, config.gemma.hidden_size)
         self.language_model = GemmaForCausalLM(config.gemma)
         mean = torch.tensor(config.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
         std = torch.tensor(config.image_std, dtype=torch.float32).view(1, 3, 1, 1)
@@ -200,23 +190,15 @@ class TrafficVLM(nn.Module):
     def num_image_tokens(self) -> int:
         return self.config.num_image_tokens
 
-    def encode_images(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """uint8 images ``[N, 3, S, S]`` -> image tokens ``[N, T, D]`` in the decoder's embedding space, the
-        grounding logits ``[N, P, C_head]`` (None without a grounding head) and the object-centre heatmap
-        logits ``[N, S/4 * S/4, C_heat]`` (None without ``model.object_centres``)."""
+    def encode_images(self, images: torch.Tensor, targets: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """uint8 images ``[N, 3, S, S]`` -> image tokens ``[N, T, D]`` in the decoder's embedding space and,
+        given the heads' ``targets`` ``[N, G*G, C]``, their auxiliary loss (else None)."""
         vision = self._vision(images)
         features = vision.last_hidden_state  # [N, P, Dv]
-        logits = None if self.grounding_head is None else self.grounding_head(features)  # [N, P, C_head]
-        heat = None if self.centre_head is None else self.centre_head(vision.stem_features)  # [N, S/4*S/4, C_heat]
-        if self.grounding_totals_projector is None:
-            return self.multi_modal_projector(features), logits, heat
-        maps = self.grounding_head.maps(logits).to(features.dtype)  # [N, P, C_head]
-        tokens = self.multi_modal_projector(torch.cat([features, maps], dim=-1))  # [N, T - 1, D]
-        totals = self.grounding_head.totals(maps)  # [N, C_patch * K]
-        if heat is not None:
-            totals = torch.cat([totals, self.centre_head.count_features(heat)], dim=-1)
-        totals = self.grounding_totals_projector(totals.to(features.dtype))  # [N, D]
-        return torch.cat([tokens, totals[:, None]], dim=1), logits, heat
+        extra_features, extra_tokens, aux_loss = self.heads(features, vision.stem_features, targets)
+        tokens = self.multi_modal_projector(torch.cat([features, extra_features], dim=-1))  # [N, T - T_heads, D]
+        return torch.cat([tokens, extra_tokens], dim=1), aux_loss
 
     def _vision(self, images: torch.Tensor) -> SiglipVisionOutput:
         expected = (3, self.config.siglip.image_size, self.config.siglip.image_size)
@@ -226,64 +208,51 @@ class TrafficVLM(nn.Module):
         pixel_values = torch.addcmul(self.pixel_shift, images.float(), self.pixel_scale)  # [N, 3, S, S]
         return self.vision_tower(pixel_values)
 
-    def _embed(self, images, image_index, input_ids, attention_mask, prefix_lengths, prefix_only: bool,
-               grounding: torch.Tensor | None = None):
+    def _embed(self, batch: Batch, prefix_only: bool):
         """Image tokens (each distinct image encoded once, gathered per question) followed by the text.
 
         Returns ``inputs_embeds`` ``[B, T + L, D]``, ``key_valid`` ``[B, T + L]`` (False on padding, and
         after the prefix when ``prefix_only``), ``prefix_total`` ``[B]`` = T + prefix length and, given
-        ``grounding`` targets ``[N_img, P, C]`` and a grounding head, the grounding loss (else None).
+        ``batch.targets``, the heads' auxiliary loss (else None).
         """
-        text_embeds = self.language_model.model.embed_tokens(input_ids)  # [B, L, D]
-        text_valid = attention_mask.bool()  # [B, L]
+        text_embeds = self.language_model.model.embed_tokens(batch.input_ids)  # [B, L, D]
+        text_valid = batch.attention_mask.bool()  # [B, L]
         if prefix_only:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-            text_valid = text_valid & (positions < prefix_lengths[:, None])
+            positions = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device)
+            text_valid = text_valid & (positions < batch.prefix_lengths[:, None])
         if self.config.vision == "none":
-            return text_embeds, text_valid, prefix_lengths, None
-        image_tokens, logits, heat = self.encode_images(images)  # [N_img, T, D], [N_img, P, C_head], heatmaps
-        grounding_loss = None
-        if grounding is not None and logits is not None:
-            grounding_loss = self.grounding_head.loss(logits, grounding)
-            if heat is not None:
-                grounding_loss = grounding_loss + CENTRE_LOSS_WEIGHT * self.centre_head.loss(heat, grounding)
-        image_tokens = image_tokens[image_index].to(text_embeds.dtype)  # [B, T, D]
+            return text_embeds, text_valid, batch.prefix_lengths, None
+        image_tokens, aux_loss = self.encode_images(batch.images, batch.targets)  # [N_img, T, D]
+        image_tokens = image_tokens[batch.image_index].to(text_embeds.dtype)  # [B, T, D]
         image_valid = text_valid.new_ones(image_tokens.shape[:2])
         return (torch.cat([image_tokens, text_embeds], dim=1), torch.cat([image_valid, text_valid], dim=1),
-                prefix_lengths + image_tokens.shape[1], grounding_loss)
+                batch.prefix_lengths + image_tokens.shape[1], aux_loss)
 
-    def forward(self, images: torch.Tensor | None, image_index: torch.Tensor | None, input_ids: torch.Tensor,
-                attention_mask: torch.Tensor, prefix_lengths: torch.Tensor,
-                labels: torch.Tensor | None = None, grounding: torch.Tensor | None = None) -> VLMOutput:
-        """The Batch contract: ``images`` uint8 ``[N_img, 3, S, S]``, ``image_index`` ``[B]``, right-padded
-        ``input_ids``/``attention_mask``/``labels`` ``[B, L]``, ``prefix_lengths`` ``[B]`` (question tokens
-        up to [SEP]). Returns logits ``[B, L, V]`` for the text positions and, with labels, the loss;
-        with ``grounding`` targets ``[N_img, P, C]`` too, the loss adds ``grounding_weight`` x their loss."""
-        inputs_embeds, key_valid, prefix_total, grounding_loss = self._embed(
-            images, image_index, input_ids, attention_mask, prefix_lengths, prefix_only=False, grounding=grounding)
-        batch, length, _ = inputs_embeds.shape
-        slots = torch.arange(length, device=inputs_embeds.device).expand(batch, length)  # [B, S]
+    def forward(self, batch: Batch) -> VLMOutput:
+        """Logits ``[B, L, V]`` for the text positions and, with ``batch.labels``, the loss; with
+        ``batch.targets`` too, the loss adds ``heads.loss_weight`` x the heads' auxiliary loss."""
+        inputs_embeds, key_valid, prefix_total, aux_loss = self._embed(batch, prefix_only=False)
+        length = inputs_embeds.shape[1]
+        slots = torch.arange(length, device=inputs_embeds.device).expand(len(batch), length)  # [B, S]
         hidden, _ = self.language_model.model(inputs_embeds, slots, prefix_lm_mask(key_valid, slots, prefix_total),
                                               output_from=self.num_image_tokens)  # [B, L, D]: text positions
         logits = self.language_model.lm_head(hidden)  # [B, L, V]
-        loss = None if labels is None else shifted_cross_entropy(logits, labels)
-        if loss is not None and grounding_loss is not None:
-            loss = loss + self.config.grounding_weight * grounding_loss
-        return VLMOutput(logits=logits, loss=loss, grounding_loss=grounding_loss)
+        loss = None if batch.labels is None else shifted_cross_entropy(logits, batch.labels)
+        if loss is not None and aux_loss is not None:
+            loss = loss + self.config.heads.loss_weight * aux_loss
+        return VLMOutput(logits=logits, loss=loss, aux_loss=aux_loss)
 
     @torch.no_grad()
-    def generate(self, images, image_index, input_ids, attention_mask, prefix_lengths, *, eos_token_id: int,
-                 max_new_tokens: int = 8, pad_token_id: int = 0, use_cache: bool = True) -> torch.Tensor:
+    def generate(self, batch: Batch, *, eos_token_id: int, max_new_tokens: int = 8, pad_token_id: int = 0,
+                 use_cache: bool = True) -> torch.Tensor:
         """Greedy answers ``[B, T]`` after each prefix (tokens after ``prefix_lengths`` are ignored), with the
         KV cache; each row ends at its first [EOS] and is padded after it."""
-        inputs_embeds, key_valid, prefix_total, _ = self._embed(images, image_index, input_ids, attention_mask,
-                                                                prefix_lengths, prefix_only=True)
+        inputs_embeds, key_valid, prefix_total, _ = self._embed(batch.without_labels(), prefix_only=True)
         return self.language_model.generate(inputs_embeds, key_valid, prefix_total, max_new_tokens, eos_token_id,
                                             pad_token_id, prefix_lm=True, use_cache=use_cache)
 
     @torch.no_grad()
-    def answer(self, images, image_index, input_ids, attention_mask, prefix_lengths,
-               candidates: list[list[int]]) -> torch.Tensor:
+    def answer(self, batch: Batch, candidates: list[list[int]]) -> torch.Tensor:
         """Constrained decoding: probabilities ``[B, C]`` over the candidate answers (each a token-id list such
         as ``encode_answer`` gives, [EOS] included), the softmax of their total log-likelihoods.
 
@@ -292,9 +261,8 @@ class TrafficVLM(nn.Module):
         """
         if not candidates or any(len(c) == 0 for c in candidates):
             raise ValueError("answer(): candidates must be a non-empty list of non-empty token-id lists")
-        inputs_embeds, key_valid, prefix_total, _ = self._embed(images, image_index, input_ids, attention_mask,
-                                                                prefix_lengths, prefix_only=True)
-        batch, prefix_length, dim = inputs_embeds.shape
+        inputs_embeds, key_valid, prefix_total, _ = self._embed(batch.without_labels(), prefix_only=True)
+        num, prefix_length, dim = inputs_embeds.shape
         device = inputs_embeds.device
         num_candidates, cand_length = len(candidates), max(len(c) for c in candidates)
         cand_ids = torch.zeros(num_candidates, cand_length, dtype=torch.long)
@@ -305,41 +273,40 @@ class TrafficVLM(nn.Module):
         cand_ids, cand_valid = cand_ids.to(device), cand_valid.to(device)  # [C, T]
 
         cand_embeds = self.language_model.model.embed_tokens(cand_ids).view(1, -1, dim)  # [1, C*T, D]
-        inputs_embeds = torch.cat([inputs_embeds, cand_embeds.expand(batch, -1, -1).to(inputs_embeds.dtype)], 1)
+        inputs_embeds = torch.cat([inputs_embeds, cand_embeds.expand(num, -1, -1).to(inputs_embeds.dtype)], 1)
         offsets = torch.arange(cand_length, device=device).repeat(num_candidates)  # [C*T]
-        prefix_slots = torch.arange(prefix_length, device=device).expand(batch, -1)  # [B, S]
+        prefix_slots = torch.arange(prefix_length, device=device).expand(num, -1)  # [B, S]
         position_ids = torch.cat([prefix_slots, prefix_total[:, None] + offsets], dim=1)  # [B, S + C*T]
 
         mask = packed_candidates_mask(key_valid, prefix_total, cand_valid)  # [B, 1, S + C*T, S + C*T]
         hidden, _ = self.language_model.model(inputs_embeds, position_ids, mask)  # [B, S + C*T, D]
         lm_head = self.language_model.lm_head
-        rows = torch.arange(batch, device=device)
+        rows = torch.arange(num, device=device)
         first = lm_head(hidden[rows, prefix_total - 1]).float().log_softmax(-1)  # [B, V]
         log_likelihood = first[:, cand_ids[:, 0]]  # [B, C]
         if cand_length > 1:
-            cand_hidden = hidden[:, prefix_length:].view(batch, num_candidates, cand_length, dim)[:, :, :-1]
+            cand_hidden = hidden[:, prefix_length:].view(num, num_candidates, cand_length, dim)[:, :, :-1]
             later = lm_head(cand_hidden).float().log_softmax(-1)  # [B, C, T-1, V]
-            targets = cand_ids[:, 1:].expand(batch, -1, -1)[..., None]  # [B, C, T-1, 1]
+            targets = cand_ids[:, 1:].expand(num, -1, -1)[..., None]  # [B, C, T-1, 1]
             later = later.gather(-1, targets)[..., 0] * cand_valid[:, 1:]  # [B, C, T-1]
             log_likelihood = log_likelihood + later.sum(-1)
         return log_likelihood.softmax(-1)
 
     @torch.no_grad()
-    def image_attention(self, images, image_index, input_ids, attention_mask, prefix_lengths) -> torch.Tensor:
+    def image_attention(self, batch: Batch) -> torch.Tensor:
         """Attention probabilities ``[B, num_layers, num_heads, T]`` from the position that predicts the
         first answer token ([SEP]) to the T image tokens (explicit attention path), for heat maps. With the
         linear connector token t is cell t of the row-major (pixel-shuffled) patch grid; with the Q-Former it
-        is query t; with ``grounding_tokens`` the last one is the grounding totals' token."""
+        is query t; with ``heads.to_decoder`` the last one is the heads' token."""
         if self.config.vision == "none":
             raise ValueError("image_attention(): the blind model (vision: none) has no image tokens")
-        inputs_embeds, key_valid, prefix_total, _ = self._embed(images, image_index, input_ids, attention_mask,
-                                                                prefix_lengths, prefix_only=True)
-        batch, length, _ = inputs_embeds.shape
-        slots = torch.arange(length, device=inputs_embeds.device).expand(batch, length)
+        inputs_embeds, key_valid, prefix_total, _ = self._embed(batch.without_labels(), prefix_only=True)
+        num, length, _ = inputs_embeds.shape
+        slots = torch.arange(length, device=inputs_embeds.device).expand(num, length)
         _, attentions = self.language_model.model(inputs_embeds, slots,
                                                   prefix_lm_mask(key_valid, slots, prefix_total),
                                                   output_attentions=True)
-        rows = torch.arange(batch, device=inputs_embeds.device)
+        rows = torch.arange(num, device=inputs_embeds.device)
         num_image_tokens = self.num_image_tokens
         return torch.stack([layer[rows, :, prefix_total - 1, :num_image_tokens] for layer in attentions], dim=1)
 

@@ -1,11 +1,11 @@
 """The grounding head: patch features -> per-patch maps of what the labels say each patch shows.
 
-Trained with ``model.grounding_weight`` (targets from :mod:`vlm.data.grounding`): binary channels
+Targets from :mod:`vlm.data.grounding`: binary channels
 (``box/*``, ``light/*``, ``occluded``) with binary cross-entropy, count channels (``centre/*``: how many
 object centres fall in the patch) with a Poisson loss, so that the maps summed over an image are expected
 object counts. The frame channels (``frame/*``: night, rain, fog, highway) are one prediction per image,
 from the mean of the patch features, repeated in every patch; binary cross-entropy where the labels
-define them. With ``model.grounding_tokens`` the decoder reads the maps too: per patch beside the
+define them. With ``model.heads.to_decoder`` the decoder reads the maps too: per patch beside the
 encoder's features, and the image totals of the patch channels as one extra token, thermometer-coded
 (total > 0.5, > 1.5, ...) so that "how many", "more than k" and "is there" are linear read-outs of it.
 """
@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlm.data.grounding import FRAME_CHANNELS, GROUNDING_COUNT_CHANNELS, PATCH_CHANNELS
+from vlm.models.heads.base import AuxiliaryHead, HeadsConfig, channel_slice
+from vlm.models.siglip import SiglipVisionConfig
 
 NUM_THRESHOLDS = 10  # totals thermometer-coded at 0.5, 1.5, ..., 9.5
 MAX_LOG_COUNT = 4.0  # count logits are log-rates: clamped before exp in the maps (at most e^4 ~ 55 per patch)
@@ -24,27 +25,39 @@ MAX_LOG_COUNT = 4.0  # count logits are log-rates: clamped before exp in the map
 # weight it pulled the encoder away from the objects (validation after 1800 steps: scene 0.98 but traffic
 # lights 0.34, counting 0.30; at 0.1: scene 0.97, overall 0.634 vs 0.622 without the frame channels).
 FRAME_LOSS_WEIGHT = 0.1
-NUM_PATCH_CHANNELS = len(PATCH_CHANNELS)
-HEAD_CHANNELS = (*PATCH_CHANNELS, *FRAME_CHANNELS)  # the logits' channels: per patch, then per image
+PATCH_PREFIXES = ("box/", "centre/", "light/", "occluded")  # target channels mapped per patch
+FRAME_PREFIXES = ("frame/",)  # target channels predicted once per image
+COUNT_PREFIX = "centre/"  # the patch channels that count objects (Poisson loss); the others are 0/1
 
 
-class GroundingHead(nn.Module):
-    def __init__(self, vision_hidden_size: int):
+class GroundingHead(AuxiliaryHead):
+    def __init__(self, config: HeadsConfig, vision: SiglipVisionConfig):
         super().__init__()
-        self.linear = nn.Linear(vision_hidden_size, NUM_PATCH_CHANNELS)
-        self.frame = nn.Linear(vision_hidden_size, len(FRAME_CHANNELS))
-        is_count = torch.tensor([name in GROUNDING_COUNT_CHANNELS for name in HEAD_CHANNELS])
-        self.register_buffer("is_count", is_count, persistent=False)  # [C]
+        channels = config.channels
+        self.target_stride = vision.patch_size
+        self.patch_channels = channel_slice(channels, PATCH_PREFIXES)  # of the targets
+        self.frame_channels = channel_slice(channels, FRAME_PREFIXES)
+        num_patch = self.patch_channels.stop - self.patch_channels.start
+        head_channels = channels[self.patch_channels] + channels[self.frame_channels]  # per patch, then per image
+        self.num_token_features = num_patch * NUM_THRESHOLDS  # the patch channels' totals, at every threshold
+        self.linear = nn.Linear(vision.hidden_size, num_patch)
+        self.frame = nn.Linear(vision.hidden_size, len(head_channels) - num_patch)
+        is_count = torch.tensor([name.startswith(COUNT_PREFIX) for name in head_channels])
+        self.register_buffer("is_count", is_count, persistent=False)  # [C_head]
         self.register_buffer("thresholds", torch.arange(NUM_THRESHOLDS) + 0.5, persistent=False)  # [K]
 
-    @property
-    def num_total_features(self) -> int:
-        """Width of :meth:`totals`: the patch channels' totals, each at every threshold."""
-        return NUM_PATCH_CHANNELS * NUM_THRESHOLDS
+    @staticmethod
+    def patch_width(channels: list[str]) -> int:
+        """The maps: the patch channels, then the frame channels."""
+        return sum(name.startswith(PATCH_PREFIXES + FRAME_PREFIXES) for name in channels)
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """Patch features ``[N, P, Dv]`` -> logits ``[N, P, C_head]`` (``HEAD_CHANNELS``: log-rates for the count
-        channels; the frame channels' logits are the same in every patch)."""
+    @property
+    def num_patch(self) -> int:
+        return self.linear.out_features
+
+    def forward(self, features: torch.Tensor, stem_features: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Patch features ``[N, P, Dv]`` -> logits ``[N, P, C_head]`` (the patch channels, log-rates for the
+        count channels, then the frame channels, whose logits are the same in every patch)."""
         patches = self.linear(features)  # [N, P, C_patch]
         frame = self.frame(features.mean(dim=1))  # [N, F]
         return torch.cat([patches, frame[:, None].expand(-1, features.shape[1], -1)], dim=-1)
@@ -54,12 +67,12 @@ class GroundingHead(nn.Module):
         the grounding targets ``[N, F*F, C]`` (0/1, counts on the count channels, -1 on undefined frame
         channels) on the patch grid or a finer one (then pooled to the patch grid)."""
         logits, targets = logits.float(), targets.float()
-        patch_logits = logits[..., :NUM_PATCH_CHANNELS]  # [N, P, C_patch]
+        patch_logits = logits[..., :self.num_patch]  # [N, P, C_patch]
         patch_targets = self.patch_targets(targets, round(logits.shape[1] ** 0.5))  # [N, P, C_patch]
-        is_count = self.is_count[:NUM_PATCH_CHANNELS]
+        is_count = self.is_count[:self.num_patch]
         binary = F.binary_cross_entropy_with_logits(patch_logits, patch_targets.clamp(max=1.0), reduction="none")
         counts = F.poisson_nll_loss(patch_logits, patch_targets, log_input=True, full=False, reduction="none")
-        frame_logits, frame_targets = logits[:, 0, NUM_PATCH_CHANNELS:], targets[:, 0, -len(FRAME_CHANNELS):]  # [N, F]
+        frame_logits, frame_targets = logits[:, 0, self.num_patch:], targets[:, 0, self.frame_channels]  # [N, F]
         known = frame_targets >= 0
         frame = F.binary_cross_entropy_with_logits(frame_logits, frame_targets.clamp(min=0.0), reduction="none")
         frame = (frame * known).sum() / known.sum().clamp(min=1)
@@ -70,12 +83,12 @@ class GroundingHead(nn.Module):
         C_patch]``: boxes, lights and occlusion by maximum, centre counts by sum over each patch's cells."""
         num, cells, _ = targets.shape
         fine = round(cells ** 0.5)
-        patch = targets[..., :NUM_PATCH_CHANNELS]
+        patch = targets[..., self.patch_channels]
         if fine == grid:
             return patch
         k = fine // grid
-        maps = patch.transpose(1, 2).reshape(num, NUM_PATCH_CHANNELS, fine, fine)  # [N, C_patch, F, F]
-        is_count = self.is_count[:NUM_PATCH_CHANNELS, None, None]
+        maps = patch.transpose(1, 2).reshape(num, self.num_patch, fine, fine)  # [N, C_patch, F, F]
+        is_count = self.is_count[:self.num_patch, None, None]
         pooled = torch.where(is_count, F.avg_pool2d(maps, k) * (k * k), F.max_pool2d(maps, k))
         return pooled.flatten(2).transpose(1, 2)  # [N, grid*grid, C_patch]
 
@@ -86,5 +99,10 @@ class GroundingHead(nn.Module):
     def totals(self, maps: torch.Tensor) -> torch.Tensor:
         """Image totals of the patch channels' maps, thermometer-coded: ``[N, C_patch * K]`` (soft
         ``total > k + 0.5``)."""
-        totals = maps[..., :NUM_PATCH_CHANNELS].sum(dim=1)  # [N, C_patch]
+        totals = maps[..., :self.num_patch].sum(dim=1)  # [N, C_patch]
         return torch.sigmoid(4.0 * (totals[..., None] - self.thresholds)).flatten(1)  # [N, C_patch * K]
+
+    def decoder_features(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The maps per patch ``[N, P, C_head]`` and their totals ``[N, C_patch * K]``."""
+        maps = self.maps(logits)
+        return maps, self.totals(maps)

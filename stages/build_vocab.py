@@ -20,9 +20,9 @@ SPLITS = ("train", "val", "test")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--commands-dir", default="data/processed/commands")
-    parser.add_argument("--out", default="data/processed/vocab.json")
-    parser.add_argument("--metrics", default="metrics/vocab.json")
+    parser.add_argument("--commands-dir", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--metrics", required=True)
     args = parser.parse_args(argv)
 
     config = build_config(VocabConfig, section(load_params(args.params), "vocab"), "vocab")

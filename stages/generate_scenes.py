@@ -11,8 +11,8 @@ from vlm.scenes.generate import ScenesConfig, generate_scenes
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--out", default="data/raw")
-    parser.add_argument("--metrics", default="metrics/scenes.json")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--metrics", required=True)
     args = parser.parse_args()
     config = build_config(ScenesConfig, section(load_params(args.params), "scenes"), "scenes")
     stats = generate_scenes(config, args.out)

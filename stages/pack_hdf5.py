@@ -1,7 +1,7 @@
 """DVC stage ``pack_hdf5``: the JPEGs of each split -> ``data/processed/{split}_images.h5``.
 
-Reads ``data/raw/labels.json``, ``data/raw/source.json`` (``image_dir``) and
-``data/processed/commands/{split}.json``; writes the HDF5 files and ``metrics/pack.json``.
+Reads ``{raw}/labels.json``, ``{raw}/source.json`` (``image_dir``) and ``{commands_dir}/{split}.json``;
+writes the HDF5 files and the metrics (paths from dvc.yaml's cmd).
 """
 
 from __future__ import annotations
@@ -17,16 +17,20 @@ from vlm.params import build_config, load_params, section
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--raw", required=True, help="folder with labels.json and source.json")
+    parser.add_argument("--commands-dir", required=True, help="folder with {split}.json")
+    parser.add_argument("--out", required=True, help="folder of the {split}_images.h5 files")
+    parser.add_argument("--metrics", required=True)
     args = parser.parse_args(argv)
     config = build_config(PackConfig, section(load_params(args.params), "pack"), "pack")
     metrics = pack_dataset(
-        labels_path="data/raw/labels.json",
-        source_path="data/raw/source.json",
-        commands_dir="data/processed/commands",
-        output_dir="data/processed",
+        labels_path=f"{args.raw}/labels.json",
+        source_path=f"{args.raw}/source.json",
+        commands_dir=args.commands_dir,
+        output_dir=args.out,
         config=config,
     )
-    write_json("metrics/pack.json", metrics)
+    write_json(args.metrics, metrics)
     print(f"packed {metrics['images']} images ({metrics['skipped']} skipped) at "
           f"{metrics['images_per_s']} images/s")
 

@@ -1,4 +1,4 @@
-"""DVC stage ``profile_dataloader``: samples/s of the naive loader and ours -> ``metrics/dataloader.json``."""
+"""DVC stage ``profile_dataloader``: samples/s of the naive loader and ours -> metrics and a plot."""
 
 from __future__ import annotations
 
@@ -14,17 +14,20 @@ from vlm.tokenizer import TrafficCommandTokenizer
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--data", required=True, help="folder with commands/, vocab.json, *_images.h5")
+    parser.add_argument("--metrics", required=True)
+    parser.add_argument("--plot", required=True)
     args = parser.parse_args(argv)
     config = build_config(ProfileConfig, section(load_params(args.params), "profile"), "profile")
-    tokenizer = TrafficCommandTokenizer.from_file("data/processed/vocab.json")
+    tokenizer = TrafficCommandTokenizer.from_file(f"{args.data}/vocab.json")
     metrics = profile_dataloaders(
-        commands_path=f"data/processed/commands/{config.split}.json",
-        h5_path=f"data/processed/{config.split}_images.h5",
+        commands_path=f"{args.data}/commands/{config.split}.json",
+        h5_path=f"{args.data}/{config.split}_images.h5",
         tokenizer=tokenizer,
         config=config,
     )
-    write_json("metrics/dataloader.json", metrics)
-    plot_dataloader_metrics(metrics, "metrics/plots/dataloader.png")
+    write_json(args.metrics, metrics)
+    plot_dataloader_metrics(metrics, args.plot)
     for size, best in metrics["best"].items():
         print(f"{size}: ours {best['ours']['samples_per_s']:.0f} samples/s ({best['ours']['loader']}), "
               f"naive {best['naive']['samples_per_s']:.0f} samples/s, speed-up {metrics['speedup'][size]}x")

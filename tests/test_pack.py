@@ -176,7 +176,8 @@ def test_stage_script_writes_files_and_metrics(project, monkeypatch):
 
     (project.root / "params.yaml").write_text(yaml.safe_dump({"pack": {"image_size": PACK_SIZE, "workers": 1}}))
     monkeypatch.chdir(project.root)
-    main([])
+    main(["--raw", "data/raw", "--commands-dir", "data/processed/commands", "--out", "data/processed",
+          "--metrics", "metrics/pack.json"])
     metrics = json.loads((project.root / "metrics" / "pack.json").read_text())
     assert metrics["images"] == sum(SPLIT_SIZES.values())
     assert all(project.h5(split).is_file() for split in SPLIT_SIZES)

@@ -49,3 +49,10 @@ def test_repro_then_experiment(tmp_path):
     # `dvc exp run` leaves the experiment's results in the workspace: metrics diff against HEAD shows them.
     diff = json.loads(project.run("dvc", "metrics", "diff", "--json").stdout)
     assert diff["metrics/train.json"]["epochs"] == {"old": 1, "new": 2, "diff": 1}
+    for command in (("dvc", "metrics", "show"), ("dvc", "metrics", "diff")):  # every declared metric parses
+        assert "failed to load" not in project.run(*command).stderr.lower(), command
+
+    # Params are declared per key: the text-only baseline has no connector, so it is not retrained.
+    out = project.run("dvc", "exp", "run", "-S", "model.connector=qformer", "-n", "qformer").stdout
+    assert "Running stage 'train'" in out and "Running stage 'evaluate'" in out
+    assert "Running stage 'train_blind'" not in out and "Running stage 'pack_hdf5'" not in out

@@ -94,7 +94,7 @@ def test_stage_script_writes_metrics_and_plot(project, monkeypatch):
                           "batches": 2, "rounds": 1}}
     (project.root / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.chdir(project.root)
-    main([])
+    main(["--data", "data/processed", "--metrics", "metrics/dataloader.json", "--plot", "metrics/plots/dataloader.png"])
     metrics = json.loads((project.root / "metrics" / "dataloader.json").read_text())
     assert set(metrics["speedup"]) == {f"{PACK_SIZE}px"}
     assert (project.root / "metrics" / "plots" / "dataloader.png").stat().st_size > 0

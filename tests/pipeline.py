@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED = ("dvc.yaml", "params.yaml", "stages", "vlm", ".dvcignore")
+COPIED = ("dvc.yaml", "params.yaml", "stages", "vlm", ".dvcignore", "data/bdd100k/README.md")
 
 
 def _merge(base: dict, override: dict) -> dict:
@@ -31,6 +31,7 @@ class DvcProject:
             if src.is_dir():
                 shutil.copytree(src, path / name, ignore=shutil.ignore_patterns("__pycache__"))
             else:
+                (path / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(src, path / name)
         base = yaml.safe_load((ROOT / "params.yaml").read_text())
         (path / "params.yaml").write_text(yaml.safe_dump(_merge(base, params), sort_keys=False))

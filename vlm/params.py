@@ -1,8 +1,17 @@
-"""Reading ``params.yaml`` and validating its sections before any expensive work starts."""
+"""Reading ``params.yaml`` and validating its sections before any expensive work starts.
+
+``load_params`` returns a read-only :class:`Params` view that records every key the process reads. With
+``VLM_PARAMS_READ_LOG`` set to a file, each process appends its command line and the keys it read there
+when it exits: the pipeline test checks them against the params each stage declares in dvc.yaml.
+"""
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +22,33 @@ class ParamError(ValueError):
     """An impossible or malformed parameter; the message names the key and the rule."""
 
 
-def load_params(path: str | os.PathLike = "params.yaml") -> dict[str, Any]:
+class Params(Mapping):
+    """A read-only mapping over parsed params that records the dotted keys of the values read (``reads``)."""
+
+    def __init__(self, data: dict[str, Any], prefix: str = "", reads: set[str] | None = None):
+        self._data, self._prefix = data, prefix
+        self.reads: set[str] = set() if reads is None else reads
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._data[key]
+        if isinstance(value, dict):
+            return Params(value, f"{self._prefix}{key}.", self.reads)
+        self.reads.add(f"{self._prefix}{key}")
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def _log_reads(log: str, params: Params) -> None:
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"argv": sys.argv[1:], "reads": sorted(params.reads)}) + "\n")
+
+
+def load_params(path: str | os.PathLike = "params.yaml") -> Params:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"params file not found: {path}")
@@ -24,15 +59,18 @@ def load_params(path: str | os.PathLike = "params.yaml") -> dict[str, Any]:
             raise ParamError(f"{path}: invalid YAML: {e}") from e
     if not isinstance(params, dict):
         raise ParamError(f"{path}: top level must be a mapping of sections")
+    params = Params(params)
+    if log := os.environ.get("VLM_PARAMS_READ_LOG"):
+        atexit.register(_log_reads, log, params)
     return params
 
 
-def section(params: dict[str, Any], name: str) -> dict[str, Any]:
+def section(params: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     """Return ``params[name]``, raising a clear error when it is missing or not a mapping."""
     if name not in params:
         raise ParamError(f"params.yaml: missing section '{name}'")
     value = params[name]
-    if not isinstance(value, dict):
+    if not isinstance(value, Mapping):
         raise ParamError(f"params.yaml: section '{name}' must be a mapping, got {type(value).__name__}")
     return value
 
@@ -43,7 +81,7 @@ def check(condition: bool, key: str, rule: str) -> None:
         raise ParamError(f"{key}: {rule}")
 
 
-def build_config(cls: type, values: dict[str, Any] | None, prefix: str):
+def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str):
     """Build the dataclass ``cls`` from a params mapping, rejecting unknown keys and wrong types.
 
     ``prefix`` is the dotted params path (``"model.vision"``) used in error messages. Fields
@@ -64,7 +102,7 @@ def build_config(cls: type, values: dict[str, Any] | None, prefix: str):
         key = f"{prefix}.{name}"
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            if not isinstance(value, dict):
+            if not isinstance(value, Mapping):
                 raise ParamError(f"{key}: must be a mapping")
             kwargs[name] = build_config(hint, value, key)
             continue
@@ -103,7 +141,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
-        if not isinstance(value, dict):
+        if not isinstance(value, Mapping):
             raise ParamError(f"{key}: must be a mapping, got {value!r}")
         return dict(value)
     if hint is Any:

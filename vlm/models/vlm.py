@@ -110,7 +110,7 @@ class VLMConfig:
         vocab_size, image_size = operator.index(vocab_size), operator.index(image_size)
         values = dict(model_section or {})
         for sub in _SUBSECTIONS:
-            if not isinstance(values.get(sub, {}), dict):
+            if not isinstance(values.get(sub, {}), Mapping):
                 raise ParamError(f"model.{sub}: must be a mapping")
             values[sub] = dict(values.get(sub, {}))
         for path, source in _FROM_DATA.items():

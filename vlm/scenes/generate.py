@@ -27,8 +27,11 @@ from vlm.scenes.schema import Scene, scene_from_frame, scene_to_frame
 
 @dataclass
 class BDD100KConfig:
-    images: str = "data/bdd100k/images/100k/train"
-    labels: str = "data/bdd100k/labels/det_20/det_train.json"
+    # The dataset folder, a dependency of generate_scenes in dvc.yaml: a changed label or image under it
+    # re-runs the pipeline. images and labels are relative to it (BDD100K's own layout by default).
+    root: str = "data/bdd100k"
+    images: str = "images/100k/train"
+    labels: str = "labels/det_20/det_train.json"
     on_missing: Literal["error", "skip"] = "error"
     max_images: int | None = None  # a seeded random subset of this many frames; null for all
 
@@ -113,19 +116,20 @@ def generate_synthetic(config: ScenesConfig, out_dir: str | os.PathLike, progres
 def import_bdd100k(config: ScenesConfig, out_dir: str | os.PathLike) -> dict:
     """Read a BDD100K labels file, keep frames whose images exist, write normalised det_20 labels."""
     bdd = config.bdd100k
-    scenes = read_labels(bdd.labels)
-    scenes, report = match_images(scenes, bdd.images, bdd.on_missing)
+    images, labels = Path(bdd.root) / bdd.images, Path(bdd.root) / bdd.labels
+    scenes = read_labels(labels)
+    scenes, report = match_images(scenes, images, bdd.on_missing)
     if bdd.max_images is not None and bdd.max_images < len(scenes):
         keep = np.sort(np.random.default_rng(config.seed).choice(len(scenes), bdd.max_images, replace=False))
         scenes = [scenes[i] for i in keep]
     if not scenes:
-        raise ValueError(f"{bdd.labels}: no labelled frame has its image in {bdd.images}")
+        raise ValueError(f"{labels}: no labelled frame has its image in {images}")
     out_dir = Path(out_dir)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
         write_json_list(tmp / "labels.json", [scene_to_frame(s) for s in scenes])
-        _write_source(tmp, "bdd100k", Path(bdd.images), config.width, config.height, len(scenes),
-                      labels=str(bdd.labels), missing_images=report.missing_images)
+        _write_source(tmp, "bdd100k", images, config.width, config.height, len(scenes),
+                      labels=str(labels), missing_images=report.missing_images)
     return {"source": "bdd100k", "images": len(scenes), "frames_in_labels": report.frames,
             "missing_images": report.missing_images}
 

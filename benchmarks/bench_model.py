@@ -25,13 +25,14 @@ import time
 
 import torch
 
+from vlm.batch import IGNORE_INDEX, Batch
 from vlm.io import write_json
 from vlm.models import GemmaConfig, SiglipVisionConfig, TrafficVLM, VLMConfig
 
 SOS, EOS, SEP, YES, NO, MAYBE = 2, 3, 7, 4, 5, 6
 
 
-def make_batch(config: VLMConfig, batch: int, questions_per_image: int, seed: int = 0) -> dict:
+def make_batch(config: VLMConfig, batch: int, questions_per_image: int, seed: int = 0) -> Batch:
     """Right-padded [SOS] question(6-12 words) [SEP] answer [EOS] rows, as the collate function builds them."""
     g = torch.Generator().manual_seed(seed)
     size, vocab = config.siglip.image_size, config.gemma.vocab_size
@@ -45,14 +46,14 @@ def make_batch(config: VLMConfig, batch: int, questions_per_image: int, seed: in
     length = max(map(len, rows))
     input_ids = torch.zeros(batch, length, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
-    labels = torch.full_like(input_ids, -100)
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
     for b, ids in enumerate(rows):
         input_ids[b, : len(ids)] = torch.tensor(ids)
         attention_mask[b, : len(ids)] = 1
         labels[b, prefix_lengths[b]: len(ids)] = input_ids[b, prefix_lengths[b]: len(ids)]
-    return {"images": torch.randint(0, 256, (num_images, 3, size, size), dtype=torch.uint8, generator=g),
-            "image_index": torch.arange(batch) // questions_per_image, "input_ids": input_ids,
-            "attention_mask": attention_mask, "prefix_lengths": torch.tensor(prefix_lengths), "labels": labels}
+    return Batch(images=torch.randint(0, 256, (num_images, 3, size, size), dtype=torch.uint8, generator=g),
+                 image_index=torch.arange(batch) // questions_per_image, input_ids=input_ids,
+                 attention_mask=attention_mask, prefix_lengths=torch.tensor(prefix_lengths), labels=labels)
 
 
 def paligemma_like(ours: TrafficVLM):
@@ -84,20 +85,20 @@ def paligemma_like(ours: TrafficVLM):
     return theirs
 
 
-def paligemma_inputs(ours: TrafficVLM, batch: dict) -> dict:
+def paligemma_inputs(ours: TrafficVLM, batch: Batch) -> dict:
     """The same batch in PaliGemma's terms: one normalised image per question, image placeholder tokens,
     token_type_ids 0 on the prefix (bidirectional) and 1 on the answer, labels -100 on the image tokens."""
     config = ours.config
-    tokens, (size, length) = ours.num_image_tokens, batch["input_ids"].shape
+    tokens, (size, length) = ours.num_image_tokens, batch.input_ids.shape
     mean = torch.tensor(config.image_mean).view(1, 3, 1, 1)
     std = torch.tensor(config.image_std).view(1, 3, 1, 1)
-    answer_part = (torch.arange(length) >= batch["prefix_lengths"][:, None]).long()
+    answer_part = (torch.arange(length) >= batch.prefix_lengths[:, None]).long()
     return {
-        "pixel_values": (batch["images"][batch["image_index"]].float() / 255 - mean) / std,
-        "input_ids": torch.cat([torch.full((size, tokens), config.gemma.vocab_size), batch["input_ids"]], 1),
-        "attention_mask": torch.cat([torch.ones(size, tokens, dtype=torch.long), batch["attention_mask"]], 1),
+        "pixel_values": (batch.images[batch.image_index].float() / 255 - mean) / std,
+        "input_ids": torch.cat([torch.full((size, tokens), config.gemma.vocab_size), batch.input_ids], 1),
+        "attention_mask": torch.cat([torch.ones(size, tokens, dtype=torch.long), batch.attention_mask], 1),
         "token_type_ids": torch.cat([torch.zeros(size, tokens, dtype=torch.long), answer_part], 1),
-        "labels": torch.cat([torch.full((size, tokens), -100), batch["labels"]], 1),
+        "labels": torch.cat([torch.full((size, tokens), IGNORE_INDEX), batch.labels], 1),
     }
 
 
@@ -120,10 +121,11 @@ def interleaved(fns: dict, rounds: int, warmup: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def train_step(model, **kwargs):
+def train_step(model, inputs: Batch | dict):
+    """One forward + backward: ours takes a Batch, transformers keyword arguments."""
     def step():
         model.zero_grad(set_to_none=True)
-        model(**kwargs).loss.backward()
+        (model(**inputs) if isinstance(inputs, dict) else model(inputs)).loss.backward()
     return step
 
 
@@ -134,6 +136,11 @@ def main() -> None:
     parser.add_argument("--questions-per-image", type=int, default=4)
     parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--vocab-size", type=int, default=160)
+    parser.add_argument("--patch-size", type=int, default=SiglipVisionConfig.patch_size)
+    # encoder and decoder alike (the proposed model: defaults); small values for a smoke test
+    parser.add_argument("--hidden-size", type=int, default=GemmaConfig.hidden_size)
+    parser.add_argument("--intermediate-size", type=int, default=GemmaConfig.intermediate_size)
+    parser.add_argument("--layers", type=int, default=GemmaConfig.num_hidden_layers)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -141,8 +148,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
-    config = VLMConfig(siglip=SiglipVisionConfig(image_size=args.image_size),
-                       gemma=GemmaConfig(vocab_size=args.vocab_size))
+    sizes = dict(hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
+                 num_hidden_layers=args.layers)
+    config = VLMConfig(siglip=SiglipVisionConfig(image_size=args.image_size, patch_size=args.patch_size, **sizes),
+                       gemma=GemmaConfig(vocab_size=args.vocab_size, **sizes))
     ours = TrafficVLM(config).train()
     theirs = paligemma_like(ours).train()
     attn_implementation = theirs.config.text_config._attn_implementation
@@ -150,45 +159,45 @@ def main() -> None:
     one_each = make_batch(config, args.batch, questions_per_image=1)
     shared = make_batch(config, args.batch, questions_per_image=args.questions_per_image)
     with torch.no_grad():  # same weights, same inputs: same loss (else the comparison would be meaningless)
-        loss_gap = abs(float(ours(**one_each).loss) - float(theirs(**paligemma_inputs(ours, one_each)).loss))
+        loss_gap = abs(float(ours(one_each).loss) - float(theirs(**paligemma_inputs(ours, one_each)).loss))
     if loss_gap > 1e-4:
         raise SystemExit(f"ours and PaliGemma disagree (loss gap {loss_gap:.2e}); not comparing speed")
 
     results = {}
     for name, batch in (("train_one_image_per_question", one_each), ("train_shared_images", shared)):
-        median = interleaved({"ours": train_step(ours, **batch),
-                              "transformers": train_step(theirs, **paligemma_inputs(ours, batch))},
+        median = interleaved({"ours": train_step(ours, batch),
+                              "transformers": train_step(theirs, paligemma_inputs(ours, batch))},
                              args.rounds, args.warmup)
         results[name] = {"ours_questions_per_s": args.batch / median["ours"],
                          "transformers_questions_per_s": args.batch / median["transformers"],
                          "ratio": median["transformers"] / median["ours"],
-                         "images_encoded_ours": int(batch["images"].shape[0]),
+                         "images_encoded_ours": int(batch.images.shape[0]),
                          "images_encoded_transformers": args.batch}
 
     ours.eval()
-    prefix = {k: shared[k] for k in ("images", "image_index", "input_ids", "attention_mask", "prefix_lengths")}
+    prefix = shared.without_labels()
     answers = [[YES, EOS], [NO, EOS], [MAYBE, EOS]] + [[10 + i, EOS] for i in range(13)]  # 3 colours + 10 counts
 
     def per_candidate():
         for candidate in answers:
             rows = []
             for b in range(args.batch):
-                rows.append(shared["input_ids"][b, : int(shared["prefix_lengths"][b])].tolist() + candidate)
+                rows.append(shared.input_ids[b, : int(shared.prefix_lengths[b])].tolist() + candidate)
             length = max(map(len, rows))
             ids = torch.zeros(args.batch, length, dtype=torch.long)
             mask = torch.zeros_like(ids)
             for b, r in enumerate(rows):
                 ids[b, : len(r)], mask[b, : len(r)] = torch.tensor(r), 1
-            ours(shared["images"], shared["image_index"], ids, mask, shared["prefix_lengths"])
+            ours(Batch(shared.images, shared.image_index, ids, mask, shared.prefix_lengths))
 
     with torch.no_grad():
-        median = interleaved({"ours": lambda: ours.answer(**prefix, candidates=answers), "baseline": per_candidate},
+        median = interleaved({"ours": lambda: ours.answer(prefix, candidates=answers), "baseline": per_candidate},
                              max(3, args.rounds // 2), 1)
         results["answer_packed_vs_per_candidate"] = {"candidates": len(answers), "ours_s": median["ours"],
                                                      "baseline_s": median["baseline"],
                                                      "ratio": median["baseline"] / median["ours"]}
-        median = interleaved({"ours": lambda: ours.generate(**prefix, eos_token_id=-1, max_new_tokens=4),
-                              "baseline": lambda: ours.generate(**prefix, eos_token_id=-1, max_new_tokens=4,
+        median = interleaved({"ours": lambda: ours.generate(prefix, eos_token_id=-1, max_new_tokens=4),
+                              "baseline": lambda: ours.generate(prefix, eos_token_id=-1, max_new_tokens=4,
                                                                 use_cache=False)},
                              max(3, args.rounds // 2), 1)
         results["generate_cache_vs_none"] = {"new_tokens": 4, "ours_s": median["ours"],
@@ -199,7 +208,7 @@ def main() -> None:
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
                     "torch": torch.__version__, "transformers_attention": attn_implementation},
         "setup": {"batch": args.batch, "questions_per_image": args.questions_per_image,
-                  "text_length": int(one_each["input_ids"].shape[1]), "image_tokens": ours.num_image_tokens,
+                  "text_length": int(one_each.input_ids.shape[1]), "image_tokens": ours.num_image_tokens,
                   "model": config.to_dict(), "loss_gap": loss_gap, "rounds": args.rounds},
         "results": results,
     }

@@ -1,0 +1,65 @@
+"""Smoke tests of the benchmark scripts (`make bench`): each runs as `make bench` runs it, on tiny settings,
+and writes the JSON report the README's speed numbers come from."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_benchmark(name: str, out: Path, *args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args, "--out", str(out)],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(out.read_text())
+
+
+def test_bench_tokenizer(tmp_path):
+    report = run_benchmark("bench_tokenizer.py", tmp_path / "tokenizer.json", "--n", "200", "--repeats", "1")
+    assert report["num_commands"] == 200
+    names = {"batch_encode", "batch_encode_cold_cache", "textbook", "batch_encode_no_cache"}
+    assert set(report["commands_per_s"]) == set(report["speedup_vs_textbook"]) == names
+    assert {"distinct_commands", "source", "collate_batch_64_us"} <= set(report)
+
+
+def test_bench_model(tmp_path):
+    pytest.importorskip("transformers", reason="the baseline is transformers' PaliGemma (test extra)")
+    report = run_benchmark("bench_model.py", tmp_path / "model.json", "--batch", "4", "--rounds", "1",
+                           "--warmup", "0", "--image-size", "32", "--patch-size", "8", "--hidden-size", "48",
+                           "--intermediate-size", "64", "--layers", "1", "--vocab-size", "40", "--threads", "1")
+    assert set(report) == {"machine", "setup", "results"}
+    assert report["setup"]["loss_gap"] <= 1e-4
+    assert report["setup"]["model"]["gemma"]["hidden_size"] == 48
+    results = report["results"]
+    for name in ("train_one_image_per_question", "train_shared_images"):
+        assert set(results[name]) == {"ours_questions_per_s", "transformers_questions_per_s", "ratio",
+                                      "images_encoded_ours", "images_encoded_transformers"}
+    assert results["train_shared_images"]["images_encoded_ours"] == 1  # 4 questions of one image
+    for name in ("answer_packed_vs_per_candidate", "generate_cache_vs_none"):
+        assert {"ours_s", "baseline_s", "ratio"} <= set(results[name])
+
+
+def test_bench_loader(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (72, 128, 3), dtype=np.uint8)).save(images / f"{i}.jpg")
+    report = run_benchmark("bench_loader.py", tmp_path / "pack.json", "--images", str(images), "--sizes", "32",
+                           "--workers", "2", "--repeats", "1")
+    assert report["images"] == 3 and report["source_size"] == [128, 72]
+    assert set(report["decode"]["32px"]) == {"bilinear", "bicubic", "lanczos"}
+    assert set(report["decode"]["32px"]["bicubic"]) == {"full_decode_cpu_ms_per_image", "draft_cpu_ms_per_image",
+                                                        "draft_speedup", "draft_psnr_db_vs_full_decode"}
+    assert set(report["pack"]["32px"]) == {"workers1", "workers2"}
+    assert set(report["pack"]["32px"]["workers2"]) == {"images_per_s", "main_process_cpu_ms_per_image"}

@@ -1,12 +1,13 @@
 # Two entry points for a fresh machine (see README):
 #   make repro   create .venv, install pinned deps, run the whole DVC pipeline
 #   make test    create .venv, install pinned deps (+ test extras), run the tests
+#   make compare the experiments side by side: the test accuracies (VLM, blind) first, then whatever differs
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup repro test bench clean
+.PHONY: setup repro test compare bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +21,12 @@ repro: $(STAMP)
 
 test: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" python -m pytest -n 2 --dist loadgroup
+
+# Every VLM/blind test accuracy and macro-F1 column stays (--keep) even where equal; other metrics and params
+# show only where the experiments differ (--only-changed); code and data hash columns go (--drop); best first.
+compare: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" dvc exp show --only-changed --keep '^(vlm|blind|gain_from_vision)\.' \
+		--drop '^(data|models|stages|vlm|dvclive)/' --sort-by vlm.accuracy --sort-order desc
 
 bench: $(STAMP)
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_tokenizer.py --out metrics/bench_tokenizer.json

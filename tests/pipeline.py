@@ -41,6 +41,7 @@ class DvcProject:
                     "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "DVC_NO_ANALYTICS": "1"}
         self.run("git", "init", "-q")
         self.run("dvc", "init", "-q")
+        shutil.copytree(ROOT / ".dvc" / "plots", path / ".dvc" / "plots")  # the project's plot templates
         self.run("git", "add", "-A")
         self.run("git", "commit", "-qm", "init")
 

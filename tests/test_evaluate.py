@@ -8,7 +8,7 @@ from sklearn.metrics import f1_score
 
 from tiny_project import FRAME_SIZE, TINY_MODEL, build_project, paths_for, tiny_train_config
 from vlm import predict
-from vlm.evaluate import EvaluateConfig, EvaluatePaths, evaluate, summarize
+from vlm.evaluate import EvaluateConfig, EvaluatePaths, evaluate, summarize, yes_no_maybe_pairs
 from vlm.params import ParamError, build_config
 from vlm.train import train
 
@@ -39,7 +39,24 @@ def test_summarize_on_a_hand_built_table():
     assert s["per_answer"] == {"2": 0.0, "3": 1.0, "maybe": 1.0, "no": 0.0, "yes": 1.0}
     expected_f1 = f1_score(table["answer"], table["prediction"], labels=sorted(set(table["answer"])), average="macro")
     assert s["macro_f1"] == pytest.approx(expected_f1, abs=1e-4)
-    assert s["confusion_yes_no_maybe"]["matrix"] == [[1, 0, 0], [1, 0, 0], [0, 0, 1]]
+    assert s["confusion_yes_no_maybe"] == {"actual": ["yes", "no", "maybe"], "predicted": ["yes", "no", "maybe", "other"],
+                                           "matrix": [[1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]]}
+
+
+def test_predictions_outside_yes_no_maybe_are_counted_as_other():
+    """A yes/no/maybe question answered with a colour or a count lands in the ``other`` column, not nowhere."""
+    table = pd.DataFrame({
+        "command_type": ["traffic_light", "traffic_light", "safety", "counting", "counting"],
+        "answer": ["yes", "no", "maybe", "yes", "3"],
+        "prediction": ["yellow", "no", "2", "yes", "yes"],
+    })
+    table["correct"] = table["answer"] == table["prediction"]
+    matrix = summarize(table)["confusion_yes_no_maybe"]["matrix"]
+    assert matrix == [[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 1]]
+    assert sum(map(sum, matrix)) == 4  # every yes/no/maybe question, the count question left out
+    pairs = yes_no_maybe_pairs(table)
+    assert pairs.to_dict("records") == [{"actual": "yes", "predicted": "other"}, {"actual": "no", "predicted": "no"},
+                                        {"actual": "maybe", "predicted": "other"}, {"actual": "yes", "predicted": "yes"}]
 
 
 def test_evaluate_writes_metrics_tables_and_pictures(trained, tmp_path):
@@ -47,22 +64,39 @@ def test_evaluate_writes_metrics_tables_and_pictures(trained, tmp_path):
     paths = EvaluatePaths(model=models / "vlm.pt", blind=models / "blind.pt", data=processed, raw=root / "data" / "raw",
                           metrics=tmp_path / "eval.json", tables=tmp_path / "eval", plots=tmp_path / "plots")
     metrics = evaluate(EvaluateConfig(attention_examples=4, failure_examples=4), paths)
-    assert json.loads(paths.metrics.read_text()) == metrics
     test_records = json.loads((processed / "commands" / "test.json").read_text())
-    assert metrics["questions"] == len(test_records)
+    types = {r["command_type"] for r in test_records}
+    # The headline file (a DVC metric: a column each in `dvc exp show`): accuracy overall and per type first.
+    headline = json.loads(paths.metrics.read_text())
+    assert list(headline) == ["vlm", "blind", "gain_from_vision"]
     for model in ("vlm", "blind"):
-        assert 0 <= metrics[model]["accuracy"] <= 1
-        assert set(metrics[model]["per_type"]) == {r["command_type"] for r in test_records}
-    assert metrics["gain_from_vision"]["accuracy"] == pytest.approx(
-        metrics["vlm"]["accuracy"] - metrics["blind"]["accuracy"], abs=1e-3)
+        assert list(headline[model]) == ["accuracy", "per_type", "macro_f1"]
+        assert {k: metrics[model][k] for k in headline[model]} == headline[model]
+        assert 0 <= headline[model]["accuracy"] <= 1
+        assert set(headline[model]["per_type"]) == types
+    assert headline["gain_from_vision"] == {"accuracy": pytest.approx(
+        metrics["vlm"]["accuracy"] - metrics["blind"]["accuracy"], abs=1e-3)}
+    # The detail beside it (not a metric): counts, per answer, confusion matrices, gain per type.
+    details = json.loads(paths.details.read_text())
+    assert paths.details == paths.tables / "details.json"
+    assert details["questions"] == metrics["questions"] == len(test_records)
+    assert sum(details["questions_per_type"].values()) == len(test_records)
+    assert set(details["gain_from_vision"]["per_type"]) == types
+    yes_no_maybe = sum(r["answer"] in ("yes", "no", "maybe") for r in test_records)
+    for model in ("vlm", "blind"):
+        assert details[model]["per_answer"] == metrics[model]["per_answer"]
+        assert sum(map(sum, details[model]["confusion_yes_no_maybe"]["matrix"])) == yes_no_maybe
     predictions = pd.read_csv(paths.tables / "predictions.csv")
     assert len(predictions) == len(test_records)
     assert {"question_id", "answer", "prediction", "probability", "blind_prediction", "correct"} <= set(predictions)
     assert predictions["correct"].mean() == pytest.approx(metrics["vlm"]["accuracy"], abs=1e-3)
     per_type = pd.read_csv(paths.tables / "per_type.csv")
     assert set(per_type["model"]) == {"vlm", "blind"}
-    confusion = pd.read_csv(paths.tables / "confusion.csv")
+    assert set(per_type["command_type"]) == types and len(per_type) == 2 * len(types)
+    confusion = pd.read_csv(paths.tables / "confusion.csv", dtype=str)
+    assert len(confusion) == yes_no_maybe
     assert set(confusion["actual"]) <= {"yes", "no", "maybe"}
+    assert set(confusion["predicted"]) <= {"yes", "no", "maybe", "other"}
     for picture in ("eval.png", "attention.png", "failures.png"):
         with Image.open(paths.plots / picture) as image:
             assert image.width > 400 and image.height > 200

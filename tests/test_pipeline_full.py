@@ -9,6 +9,7 @@ import yaml
 
 from pipeline import DvcProject
 from tiny_project import TINY_MODEL
+from vlm.commands.templates import COMMAND_TYPES
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("pipeline")]
 
@@ -40,6 +41,32 @@ def _check_declared_params(project: DvcProject, log: Path) -> None:
         assert not [d for d in declared if not any(covered(k, d) for k in reads)], (name, "declares unread params")
 
 
+MAX_HEADLINE_METRICS = 40  # columns of `dvc exp show`: what a person compares, not every statistic
+
+
+def _leaves(data, prefix: str = "") -> list[str]:
+    """The dotted names of a metrics file's values, as `dvc exp show` makes its columns."""
+    if not isinstance(data, dict):
+        return [prefix]
+    return [name for key, value in data.items() for name in _leaves(value, f"{prefix}.{key}" if prefix else key)]
+
+
+def _check_headline_metrics(project: DvcProject) -> None:
+    """A few dozen metric columns, the test accuracies first; every metrics file parses, no warning."""
+    show = project.run("dvc", "metrics", "show", "--json")
+    assert show.stderr.strip() == "", show.stderr
+    files = json.loads(show.stdout)[""]["data"]
+    assert all("error" not in entry for entry in files.values()), files
+    columns = [name for entry in files.values() for name in _leaves(entry["data"])]
+    assert len(columns) <= MAX_HEADLINE_METRICS, (len(columns), columns)
+    types = [c for c in columns if c.startswith("vlm.per_type.")]
+    assert {c.removeprefix("vlm.per_type.") for c in types} <= set(COMMAND_TYPES)
+    lead = ["vlm.accuracy", *types, "vlm.macro_f1", "blind.accuracy"]
+    assert columns[:len(lead)] == lead
+    header = project.run("dvc", "exp", "show", "--csv").stdout.splitlines()[0].split(",")
+    assert header[header.index("parent") + 1:][:len(lead)] == lead  # exp show leads with the same columns
+
+
 def test_repro_then_experiment(tmp_path):
     project = DvcProject(tmp_path / "project", TINY_PARAMS)
     log = tmp_path / "params-read.jsonl"
@@ -53,6 +80,7 @@ def test_repro_then_experiment(tmp_path):
     assert {"vlm", "blind", "gain_from_vision"} <= set(evaluation)
     assert project.json("metrics/train.json")["epochs"] == 1
     assert "up to date" in project.run("dvc", "status").stdout
+    _check_headline_metrics(project)
     project.run("git", "add", "-A")
     project.run("git", "commit", "-qm", "baseline")
 
@@ -72,7 +100,12 @@ def test_repro_then_experiment(tmp_path):
     diff = json.loads(project.run("dvc", "metrics", "diff", "--json").stdout)
     assert diff["metrics/train.json"]["epochs"] == {"old": 1, "new": 2, "diff": 1}
     for command in (("dvc", "metrics", "show"), ("dvc", "metrics", "diff")):  # every declared metric parses
-        assert "failed to load" not in project.run(*command).stderr.lower(), command
+        stderr = project.run(*command).stderr
+        assert stderr.strip() == "", (command, stderr)
+    plots = project.run("dvc", "plots", "show", "--json")
+    assert plots.stderr.strip() == "", plots.stderr
+    per_type = json.loads(plots.stdout)["data"]["metrics/eval/per_type.csv"][0]["content"]
+    assert per_type["encoding"]["yOffset"]["field"] == "model"  # VLM and blind side by side, not stacked
 
     # Params are declared per key: the text-only baseline has no connector, so it is not retrained.
     out = project.run("dvc", "exp", "run", "-S", "model.connector=qformer", "-n", "qformer").stdout

@@ -39,4 +39,5 @@ def test_queued_experiment_runs_its_own_code(tmp_path):
     show = json.loads(project.run("dvc", "exp", "show", "--json").stdout)
     runs = [rev for entry in show for experiment in entry.get("experiments") or [] for rev in experiment["revs"]]
     marked = next(rev for rev in runs if rev["name"] == "marked")
-    assert marked["data"]["metrics"]["metrics/scenes.json"]["data"]["marker"] == "queued code"
+    scenes = json.loads(project.run("git", "show", f"{marked['rev']}:metrics/scenes.json").stdout)
+    assert scenes["marker"] == "queued code"

@@ -1,10 +1,11 @@
 """The ``evaluate`` stage: the VLM and its blind baseline on the test split, side by side.
 
-Metrics (``metrics/eval.json``): exact-match accuracy overall, per command type and per answer,
-macro-F1 over the answer set, the yes/no/maybe confusion matrix, each for the VLM and for the
-blind (text-only) baseline, and the gain from vision. Tables for ``dvc plots`` and pictures for
-people: per-type bars and the confusion matrix, attention maps over the image, a contact sheet of
-failures.
+Headline metrics (``metrics/eval.json``, what ``dvc exp show`` compares): exact-match accuracy
+overall and per command type and macro-F1 over the answer set, for the VLM and for the blind
+(text-only) baseline, and the gain from vision. The detail (``metrics/eval/details.json``, not a DVC
+metric): the split's question counts, accuracy per answer, the yes/no/maybe confusion matrices and the
+gain per type. Tables for ``dvc plots`` and pictures for people: per-type bars and the confusion matrix,
+attention maps over the image, a contact sheet of failures.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from vlm.params import check  # noqa: E402
 from vlm.viz import contact_sheet  # noqa: E402
 
 YES_NO_MAYBE = ["yes", "no", "maybe"]
+OTHER = "other"  # a prediction outside yes/no/maybe (a colour, a count) for a yes/no/maybe question
 
 
 @dataclass
@@ -57,9 +59,13 @@ class EvaluatePaths:
     blind: Path = Path("models/blind.pt")
     data: Path = Path("data/processed")  # commands/, vocab.json, {split}_images.h5
     raw: Path = Path("data/raw")  # source.json: where the original images are, for pictures
-    metrics: Path = Path("metrics/eval.json")
-    tables: Path = Path("metrics/eval")  # predictions.csv, per_type.csv, confusion.csv
+    metrics: Path = Path("metrics/eval.json")  # headline metrics
+    tables: Path = Path("metrics/eval")  # details.json, predictions.csv, per_type.csv, confusion.csv
     plots: Path = Path("metrics/plots")  # eval.png, attention.png, failures.png
+
+    @property
+    def details(self) -> Path:
+        return self.tables / "details.json"
 
 
 def predictions_table(loaded: LoadedModel, dataset: TrafficVQADataset, batch_size: int,
@@ -78,21 +84,51 @@ def predictions_table(loaded: LoadedModel, dataset: TrafficVQADataset, batch_siz
     return table
 
 
-def summarize(table: pd.DataFrame) -> dict[str, Any]:
-    """Accuracy overall / per type / per answer, macro-F1, and the yes/no/maybe confusion matrix."""
+def yes_no_maybe_pairs(table: pd.DataFrame, prediction: str = "prediction") -> pd.DataFrame:
+    """(actual, predicted) of the yes/no/maybe questions; any other prediction is called ``other``."""
     yn = table[table["answer"].isin(YES_NO_MAYBE)]
-    matrix = confusion_matrix(yn["answer"], yn["prediction"], labels=YES_NO_MAYBE) if len(yn) else np.zeros((3, 3))
+    predicted = yn[prediction].where(yn[prediction].isin(YES_NO_MAYBE), OTHER)
+    return pd.DataFrame({"actual": yn["answer"].to_numpy(), "predicted": predicted.to_numpy()})
+
+
+def summarize(table: pd.DataFrame) -> dict[str, Any]:
+    """Accuracy overall / per type / per answer, macro-F1, and the yes/no/maybe confusion matrix.
+
+    The matrix has a row per actual answer (yes, no, maybe) and a column per prediction (yes, no,
+    maybe, other): each row sums to that answer's questions.
+    """
+    pairs = yes_no_maybe_pairs(table)
+    predicted = [*YES_NO_MAYBE, OTHER]
+    matrix = (confusion_matrix(pairs["actual"], pairs["predicted"], labels=predicted)[: len(YES_NO_MAYBE)]
+              if len(pairs) else np.zeros((len(YES_NO_MAYBE), len(predicted))))
     return {
         "accuracy": round(float(table["correct"].mean()), 4),
+        "per_type": {t: round(float(g["correct"].mean()), 4) for t, g in table.groupby("command_type")},
         "macro_f1": round(float(f1_score(table["answer"], table["prediction"], labels=sorted(set(table["answer"])),
                                          average="macro", zero_division=0)), 4),
-        "per_type": {t: round(float(g["correct"].mean()), 4) for t, g in table.groupby("command_type")},
         "per_answer": {a: round(float(g["correct"].mean()), 4) for a, g in table.groupby("answer")},
-        "confusion_yes_no_maybe": {"labels": YES_NO_MAYBE, "matrix": matrix.astype(int).tolist()},
+        "confusion_yes_no_maybe": {"actual": YES_NO_MAYBE, "predicted": predicted,
+                                   "matrix": matrix.astype(int).tolist()},
     }
 
 
+HEADLINE = ("accuracy", "per_type", "macro_f1")  # per model, in this order: dvc exp show's first columns
+
+
+def split_metrics(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The headline (declared as DVC metrics: a column each in ``dvc exp show``) and the rest."""
+    models = ("vlm", "blind")
+    headline = {m: {k: metrics[m][k] for k in HEADLINE} for m in models}
+    headline["gain_from_vision"] = {"accuracy": metrics["gain_from_vision"]["accuracy"]}
+    details = {"split": metrics["split"], "questions": metrics["questions"],
+               "questions_per_type": metrics["questions_per_type"],
+               **{m: {k: v for k, v in metrics[m].items() if k not in HEADLINE} for m in models},
+               "gain_from_vision": {"per_type": metrics["gain_from_vision"]["per_type"]}}
+    return headline, details
+
+
 def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
+    """Write the headline metrics, the details, tables and pictures; return every metric (one dict)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     vocab_path = paths.data / "vocab.json"
     vlm = load_model(paths.model, vocab_path, device)
@@ -114,7 +150,9 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
     metrics["questions_per_type"] = {t: int(n) for t, n in table["command_type"].value_counts().sort_index().items()}
 
     write_tables(table, metrics, paths.tables)
-    write_json(paths.metrics, metrics)
+    headline, details = split_metrics(metrics)
+    write_json(paths.details, details)
+    write_json(paths.metrics, headline)
     paths.plots.mkdir(parents=True, exist_ok=True)
     save_figure(summary_figure(metrics), paths.plots / "eval.png")
     image_paths = original_images(paths.raw)
@@ -129,13 +167,14 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
 
 
 def write_tables(table: pd.DataFrame, metrics: dict, folder: Path) -> None:
-    """CSV tables for ``dvc plots``: every prediction, per-type accuracy, yes/no/maybe pairs."""
+    """CSV tables for ``dvc plots``: every prediction, per-type accuracy (a row per type and model, for
+    bars side by side), the VLM's yes/no/maybe (actual, predicted) pairs with ``other`` predictions."""
     folder.mkdir(parents=True, exist_ok=True)
     per_type = [{"command_type": t, "model": model, "accuracy": metrics[model]["per_type"].get(t, 0.0)}
                 for t in metrics["vlm"]["per_type"] for model in ("vlm", "blind")]
-    yn = table[table["answer"].isin(YES_NO_MAYBE)][["answer", "prediction"]].rename(
-        columns={"answer": "actual", "prediction": "predicted"})
-    for name, frame in (("predictions.csv", table), ("per_type.csv", pd.DataFrame(per_type)), ("confusion.csv", yn)):
+    frames = (("predictions.csv", table), ("per_type.csv", pd.DataFrame(per_type)),
+              ("confusion.csv", yes_no_maybe_pairs(table)))
+    for name, frame in frames:
         with atomic_path(folder / name) as tmp:
             frame.to_csv(tmp, index=False)
 
@@ -152,19 +191,21 @@ def summary_figure(metrics: dict) -> plt.Figure:
         for xi, v in zip(x + offset, values):
             bars.text(xi, v + 0.01, f"{v:.0%}", ha="center", fontsize=8)
     bars.set_xticks(x, [t.replace("_", " ") for t in types])
-    bars.set_ylim(0, 1.1)
+    bars.set_ylim(0, 1.22)
+    bars.set_yticks(np.linspace(0, 1, 6))
     bars.set_ylabel(f"accuracy on {metrics['split']}")
-    bars.legend(loc="upper right", fontsize=8)
+    bars.legend(loc="upper center", ncol=2, fontsize=8)
     bars.set_title("Accuracy per command type")
-    matrix = np.array(metrics["vlm"]["confusion_yes_no_maybe"]["matrix"])
+    confusion = metrics["vlm"]["confusion_yes_no_maybe"]
+    matrix = np.array(confusion["matrix"])
     conf.imshow(matrix, cmap="Blues")
     for (i, j), v in np.ndenumerate(matrix):
         conf.text(j, i, str(v), ha="center", va="center", color="white" if v > matrix.max() / 2 else "black")
-    conf.set_xticks(range(3), YES_NO_MAYBE)
-    conf.set_yticks(range(3), YES_NO_MAYBE)
+    conf.set_xticks(range(len(confusion["predicted"])), confusion["predicted"])
+    conf.set_yticks(range(len(confusion["actual"])), confusion["actual"])
     conf.set_xlabel("predicted")
     conf.set_ylabel("actual")
-    conf.set_title("VLM on yes/no/maybe answers")
+    conf.set_title("VLM on yes/no/maybe questions")
     fig.tight_layout()
     return fig
 

@@ -27,8 +27,9 @@ from pathlib import Path
 import torch
 
 import vlm.tokenizer as tokenizer_module
+from vlm.data.commands import read_commands
 from vlm.io import write_json
-from vlm.tokenizer import TrafficCommandTokenizer, read_commands
+from vlm.tokenizer import TrafficCommandTokenizer
 
 OBJECTS = {
     "car": "cars", "truck": "trucks", "bus": "buses", "pedestrian": "pedestrians", "person": "people",
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
 
     if args.commands:
-        pool = [record["command"] for record in read_commands(args.commands)]
+        pool = [record["command"] for record in read_commands(args.commands, ("command",))]
         texts = [pool[i % len(pool)] for i in range(args.n)]
     else:
         texts = realistic_commands(args.n)

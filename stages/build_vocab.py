@@ -10,11 +10,10 @@ import argparse
 from pathlib import Path
 
 from vlm.cli import run
+from vlm.data.commands import SPLITS, read_commands
 from vlm.io import write_json
 from vlm.params import build_config, load_params, section
-from vlm.tokenizer import TrafficCommandTokenizer, VocabConfig, coverage_by_split, read_commands, vocab_metrics
-
-SPLITS = ("train", "val", "test")
+from vlm.tokenizer import TrafficCommandTokenizer, VocabConfig, coverage_by_split, vocab_metrics
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     config = build_config(VocabConfig, section(load_params(args.params), "vocab"), "vocab")
-    splits = {name: read_commands(Path(args.commands_dir) / f"{name}.json") for name in SPLITS}
+    splits = {name: read_commands(Path(args.commands_dir) / f"{name}.json", ("command", "answer")) for name in SPLITS}
 
     tokenizer = TrafficCommandTokenizer.build_vocab(
         splits["train"], config.min_freq, config.max_vocab_size, config.max_length,

@@ -7,9 +7,10 @@ import pytest
 from vlm.commands.generate import CommandsConfig, command_stats, generate_commands, split_images
 from vlm.commands.templates import ACTIONS, COMMAND_TYPES, PLURALS, TEMPLATES
 from vlm.params import ParamError, build_config
+from vlm.scenes.generate import ScenesConfig
 from vlm.scenes.schema import CATEGORIES, Scene, SceneObject
 
-W, H = 1280, 720
+W, H = ScenesConfig().width, ScenesConfig().height
 SINGULAR = {plural: category for category, plural in PLURALS.items()}
 VALUES = {"category": CATEGORIES, "plural": tuple(PLURALS.values()), "k": tuple("0123456789"),
           "color": ("red", "yellow", "green"), "side": ("left", "right"), "action": tuple(ACTIONS.values())}

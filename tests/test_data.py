@@ -19,8 +19,9 @@ from vlm.data.grounding import GROUNDING_CHANNELS, HeadTargets
 from vlm.data.loader import build_loader, set_epoch
 from vlm.data.sampler import GroupedBatchSampler
 from vlm.params import ParamError, build_config
+from vlm.scenes.generate import ScenesConfig
 
-FRAME = (1280, 720)  # the tiny project's frames
+FRAME = (ScenesConfig().width, ScenesConfig().height)  # the frame the head targets are laid out on
 MIRROR_ONLY = AugmentConfig(hflip_prob=1.0, brightness=0.0, contrast=0.0, saturation=0.0, rotation_degrees=0.0)
 
 

@@ -8,22 +8,23 @@ import pytest
 
 from vlm.scenes import render
 from vlm.scenes.generate import ScenesConfig, generate_synthetic, load_raw
-from vlm.scenes.render import RenderConfig, render_scene, sample_layout, settle_occlusion
+from vlm.scenes.render import render_scene, sample_layout, settle_occlusion
 from vlm.scenes.schema import CATEGORIES, scene_from_frame, scene_to_frame
 
-W, H = 1280, 720
+DEFAULTS = ScenesConfig().render_config  # the frames of params.yaml's scenes: section
+W, H = DEFAULTS.width, DEFAULTS.height
 
 
 @pytest.fixture(scope="module")
 def scenes():
-    return [render_scene(np.random.SeedSequence([7, i]), f"{i:06d}.jpg") for i in range(160)]
+    return [render_scene(np.random.SeedSequence([7, i]), f"{i:06d}.jpg", DEFAULTS) for i in range(160)]
 
 
 def test_same_seed_same_pixels_and_labels():
-    a_img, a = render_scene(np.random.SeedSequence([3, 5]), "a.jpg")
-    b_img, b = render_scene(np.random.SeedSequence([3, 5]), "a.jpg")
+    a_img, a = render_scene(np.random.SeedSequence([3, 5]), "a.jpg", DEFAULTS)
+    b_img, b = render_scene(np.random.SeedSequence([3, 5]), "a.jpg", DEFAULTS)
     assert a_img.tobytes() == b_img.tobytes() and a == b
-    c_img, _ = render_scene(np.random.SeedSequence([3, 6]), "a.jpg")
+    c_img, _ = render_scene(np.random.SeedSequence([3, 6]), "a.jpg", DEFAULTS)
     assert c_img.tobytes() != a_img.tobytes()
 
 
@@ -94,7 +95,7 @@ def test_variety(scenes):
 
 def test_occlusion_flags_are_unambiguous():
     for i in range(40):
-        layout = sample_layout(np.random.default_rng([9, i]), RenderConfig())
+        layout = sample_layout(np.random.default_rng([9, i]), DEFAULTS)
         for thing, hidden in settle_occlusion(layout.things, W, H):
             assert not (render.AMBIGUOUS[0] < hidden < render.AMBIGUOUS[1])
             assert hidden <= render.HIDDEN_MAX

@@ -80,7 +80,7 @@ def test_stage_names_missing_or_malformed_split(workdir):
     with pytest.raises(FileNotFoundError, match=r"commands file not found: .*test\.json"):
         build_vocab_stage.main(_args(workdir))
     (workdir / "commands" / "test.json").write_text(json.dumps([{"command": "Is it night?", "answer": 1}]))
-    with pytest.raises(ValueError, match=r"test\.json: record 0 field 'answer' must be a string"):
+    with pytest.raises(ValueError, match=r"test\.json: record 0 field 'answer' must be a non-empty string"):
         build_vocab_stage.main(_args(workdir))
     assert not (workdir / "vocab.json").exists() and not (workdir / "metrics").exists()
 

@@ -39,6 +39,7 @@ from typing import Any, Iterable, Literal, Sequence
 import numpy as np
 import torch
 
+from vlm.data.commands import check_commands
 from vlm.io import read_json, write_json
 from vlm.params import check
 
@@ -73,6 +74,9 @@ _TOKEN_RE = re.compile(r"[?.,!]|[^\s?.,!]+")
 
 # Ids that steer the sequence rather than stand for a word: dropped by ``skip_special_tokens``.
 CONTROL_IDS = frozenset({PAD, SOS, EOS, SEP, *RESERVED_TOKENS.values()})
+
+# The fields of a command record that the vocabulary is built from and covers.
+_TEXT_FIELDS = ("command", "answer")
 
 # Distinct strings whose encoding is kept; commands repeat (templates), arbitrary text is bounded.
 ENCODE_CACHE_SIZE = 100_000
@@ -162,7 +166,7 @@ class TrafficCommandTokenizer:
         ``source`` names the input in error messages (e.g. the file path).
         """
         VocabConfig(min_freq, max_vocab_size, max_length).validate("vocab")
-        _check_commands(commands, source)
+        check_commands(commands, source, _TEXT_FIELDS)
         counts: Counter[str] = Counter()
         answer_words: set[str] = set()
         for record in commands:
@@ -481,29 +485,10 @@ def vocab_metrics(tokenizer: TrafficCommandTokenizer, reports: dict[str, Coverag
     return metrics
 
 
-def read_commands(path: str | os.PathLike) -> list[dict]:
-    """Read a commands JSON file, checking the fields the tokenizer uses."""
-    commands = read_json(path, "commands file")
-    _check_commands(commands, str(path))
-    return commands
-
-
-def _check_commands(commands: Any, source: str) -> None:
-    if not isinstance(commands, list):
-        raise ValueError(f"{source}: expected a list of command records, got {type(commands).__name__}")
-    for index, record in enumerate(commands):
-        if not isinstance(record, dict):
-            raise ValueError(f"{source}: record {index} must be an object, got {type(record).__name__}")
-        for field in ("command", "answer"):
-            if not isinstance(record.get(field), str):
-                raise ValueError(
-                    f"{source}: record {index} field '{field}' must be a string, got {record.get(field)!r}")
-
-
 def _command_texts(commands: Iterable[dict]) -> Iterable[str]:
     for record in commands:
-        yield record["command"]
-        yield record["answer"]
+        for field in _TEXT_FIELDS:
+            yield record[field]
 
 
 def _check_vocab_ids(vocab: Any, what: str) -> None:

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vlm.commands.templates import COMMAND_TYPES, PLURALS, TEMPLATES, Candidate, TemplateOptions, candidates
+from vlm.data.commands import SPLITS
 from vlm.params import ParamError
 from vlm.scenes.schema import CATEGORIES, Scene
-
-SPLITS = ("train", "val", "test")
 
 
 @dataclass

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlm.models.attention import attention
 from vlm.params import check
 
 
@@ -175,17 +176,7 @@ class GemmaAttention(nn.Module):
         attention_mask = attention_mask[:, :, query_from:]
         if cache is not None:
             key, value = cache.update(self.layer_idx, key, value, cache_slots)  # [B, H_kv, K, Dh]
-        if output_attentions:
-            groups = self.num_heads // self.num_kv_heads
-            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-            scores = torch.matmul(query, key.transpose(-1, -2)) * self.head_dim**-0.5  # [B, H, Q, K]
-            scores = scores.masked_fill(~attention_mask, float("-inf"))
-            weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
-            attn_output = torch.matmul(weights, value)
-        else:
-            weights = None
-            attn_output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                         enable_gqa=self.num_kv_heads != self.num_heads)
+        attn_output, weights = attention(query, key, value, attention_mask, output_attentions)  # [B, H, Q, Dh]
         attn_output = attn_output.transpose(1, 2).reshape(batch, queries.shape[1], -1)  # [B, Q, H*Dh]
         return self.o_proj(attn_output), weights
 

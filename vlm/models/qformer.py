@@ -59,10 +59,13 @@ class QFormerMultiHeadAttention(nn.Module):
         return attn_output.transpose(1, 2).reshape(batch, length, -1)  # [N, Q, Dq]
 
 
-class QFormerSelfOutput(nn.Module):
-    def __init__(self, config: QFormerConfig):
+class QFormerOutput(nn.Module):
+    """BERT's output block, after the attention (``in_features`` = hidden size) and after the MLP
+    (``in_features`` = intermediate size): dense, residual, post-LayerNorm."""
+
+    def __init__(self, config: QFormerConfig, in_features: int):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -73,7 +76,7 @@ class QFormerAttention(nn.Module):
     def __init__(self, config: QFormerConfig, kv_hidden_size: int):
         super().__init__()
         self.attention = QFormerMultiHeadAttention(config, kv_hidden_size)
-        self.output = QFormerSelfOutput(config)
+        self.output = QFormerOutput(config, config.hidden_size)
 
     def forward(self, hidden_states: torch.Tensor, kv_states: torch.Tensor) -> torch.Tensor:
         return self.output(self.attention(hidden_states, kv_states), hidden_states)
@@ -88,16 +91,6 @@ class QFormerIntermediate(nn.Module):
         return F.gelu(self.dense(hidden_states))
 
 
-class QFormerOutput(nn.Module):
-    def __init__(self, config: QFormerConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-
-    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dense(hidden_states) + residual)
-
-
 class QFormerLayer(nn.Module):
     def __init__(self, config: QFormerConfig, layer_idx: int, vision_hidden_size: int):
         super().__init__()
@@ -107,7 +100,7 @@ class QFormerLayer(nn.Module):
         else:
             self.crossattention = None
         self.intermediate_query = QFormerIntermediate(config)
-        self.output_query = QFormerOutput(config)
+        self.output_query = QFormerOutput(config, config.intermediate_size)
 
     def forward(self, queries: torch.Tensor, image_features: torch.Tensor) -> torch.Tensor:
         queries = self.attention(queries, queries)  # [N, Q, Dq]

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlm.models.attention import attention
 from vlm.params import check
 
 
@@ -167,13 +168,7 @@ class SiglipAttention(nn.Module):
         query = self.q_proj(hidden_states).view(shape).transpose(1, 2)  # [N, H, P, Dh]
         key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-        if output_attentions:
-            scores = torch.matmul(query, key.transpose(-1, -2)) * self.head_dim**-0.5  # [N, H, P, P]
-            weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
-            attn_output = torch.matmul(weights, value)
-        else:
-            weights = None
-            attn_output = F.scaled_dot_product_attention(query, key, value)  # [N, H, P, Dh]
+        attn_output, weights = attention(query, key, value, output_attentions=output_attentions)  # [N, H, P, Dh]
         attn_output = attn_output.transpose(1, 2).reshape(batch, length, -1)  # [N, P, D]
         return self.out_proj(attn_output), weights
 

@@ -66,6 +66,10 @@ class ScenesConfig:
     def num_workers(self) -> int:
         return self.workers or os.cpu_count() or 1
 
+    @property
+    def render_config(self) -> RenderConfig:
+        return RenderConfig(width=self.width, height=self.height, max_count=self.max_count)
+
 
 @dataclass(frozen=True)
 class RawData:
@@ -93,10 +97,9 @@ def _render_one(args: tuple[int, int, RenderConfig, int, str]) -> dict:
 def generate_synthetic(config: ScenesConfig, out_dir: str | os.PathLike, progress: bool = True) -> dict:
     """Render ``config.num_images`` scenes into ``out_dir`` (replaced atomically); return speed stats."""
     out_dir = Path(out_dir)
-    render_config = RenderConfig(width=config.width, height=config.height, max_count=config.max_count)
     with atomic_path(out_dir) as tmp:
         (tmp / "images").mkdir(parents=True)
-        jobs = [(i, config.seed, render_config, config.jpeg_quality, str(tmp / "images"))
+        jobs = [(i, config.seed, config.render_config, config.jpeg_quality, str(tmp / "images"))
                 for i in range(config.num_images)]
         workers = min(config.num_workers, config.num_images)
         start = time.perf_counter()

@@ -46,6 +46,7 @@ CAR_COLORS: tuple[RGB, ...] = ((235, 235, 235), (30, 30, 32), (150, 155, 160), (
                                (90, 95, 100), (40, 90, 60), (200, 170, 40), (110, 60, 30), (240, 120, 20))
 TRUCK_COLORS: tuple[RGB, ...] = ((240, 240, 240), (200, 60, 40), (60, 90, 160), (230, 200, 60), (90, 90, 90))
 BUS_COLORS: tuple[RGB, ...] = ((250, 190, 20), (200, 40, 40), (30, 90, 170), (40, 140, 80))
+VEHICLE_COLORS: dict[str, tuple[RGB, ...]] = {"car": CAR_COLORS, "truck": TRUCK_COLORS, "bus": BUS_COLORS}
 CLOTHES: tuple[RGB, ...] = ((200, 40, 40), (40, 70, 160), (30, 30, 30), (230, 230, 230), (60, 140, 70),
                             (240, 180, 40), (130, 60, 140), (240, 110, 30), (90, 60, 40), (30, 150, 170))
 SKIN: tuple[RGB, ...] = ((240, 200, 170), (200, 150, 110), (140, 95, 60), (90, 60, 40))
@@ -68,9 +69,11 @@ SKY = {  # (top, horizon) colours
 
 @dataclass(frozen=True)
 class RenderConfig:
-    width: int = 1280
-    height: int = 720
-    max_count: int = 6  # most cars / pedestrians in one scene (counting questions go up to this)
+    """What a scene is drawn with: from the ``scenes:`` params (``ScenesConfig.render_config``)."""
+
+    width: int
+    height: int
+    max_count: int  # most cars / pedestrians in one scene (counting questions go up to this)
 
 
 @dataclass
@@ -228,9 +231,8 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
         x = cam.x(lateral, s)
         y2 = cam.y(s)
         wpx, hpx = cam.px(width_m, s), cam.px(height_m, s)
-        palette = {"car": CAR_COLORS, "truck": TRUCK_COLORS, "bus": BUS_COLORS}[category]
         add(Thing(category, f"{category}_{'front' if oncoming else 'rear'}", (x - wpx / 2, y2 - hpx, x + wpx / 2, y2), s,
-                  {"color": _choice(rng, palette), "lights_on": layout.timeofday != "daytime" or rng.random() < 0.3}))
+                  {"color": _choice(rng, VEHICLE_COLORS[category]), "lights_on": layout.timeofday != "daytime" or rng.random() < 0.3}))
 
     # Vehicles crossing at the intersection, seen from the side.
     if layout.cross_street_z:
@@ -243,9 +245,8 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
             length = cam.px(length_m, s)
             x1 = float(rng.uniform(-0.2 * cam.w, 1.0 * cam.w))
             y2 = cam.y(s)
-            palette = {"car": CAR_COLORS, "truck": TRUCK_COLORS, "bus": BUS_COLORS}[category]
             add(Thing(category, f"{category}_side", (x1, y2 - cam.px(height_m, s), x1 + length, y2), s,
-                      {"color": _choice(rng, palette), "facing": int(rng.choice((-1, 1))),
+                      {"color": _choice(rng, VEHICLE_COLORS[category]), "facing": int(rng.choice((-1, 1))),
                        "lights_on": layout.timeofday != "daytime"}))
 
     # Two-wheelers with riders, side view, along the road edges or crossing.
@@ -850,8 +851,7 @@ def _apply_weather(img: Image.Image, layout: Layout, cam: Camera) -> Image.Image
 # Public entry point
 
 
-def render_scene(seed: int | np.random.SeedSequence, name: str, config: RenderConfig = RenderConfig()
-                 ) -> tuple[Image.Image, Scene]:
+def render_scene(seed: int | np.random.SeedSequence, name: str, config: RenderConfig) -> tuple[Image.Image, Scene]:
     """Render one scene from ``seed``; return the RGB image and its normalised labels."""
     rng = np.random.default_rng(seed)
     layout = sample_layout(rng, config)

@@ -20,6 +20,7 @@ from vlm.data.loader import build_loader, set_epoch
 from vlm.data.sampler import GroupedBatchSampler
 from vlm.params import ParamError, build_config
 from vlm.scenes.generate import ScenesConfig
+from vlm.tokenizer import SEP
 
 FRAME = (ScenesConfig().width, ScenesConfig().height)  # the frame the head targets are laid out on
 MIRROR_ONLY = AugmentConfig(hflip_prob=1.0, brightness=0.0, contrast=0.0, saturation=0.0, rotation_degrees=0.0)
@@ -92,7 +93,7 @@ def test_collate_pads_dynamically_and_stores_each_image_once(project, tokenizer)
         assert batch.input_ids[i, :length].tolist() == q + a
         assert batch.input_ids[i, length:].eq(tokenizer.pad_token_id).all()
         assert batch.attention_mask[i].tolist() == [1] * length + [0] * (batch.input_ids.shape[1] - length)
-        assert batch.prefix_lengths[i] == len(q) and batch.input_ids[i, len(q) - 1] == tokenizer.sep_token_id
+        assert batch.prefix_lengths[i] == len(q) and batch.input_ids[i, len(q) - 1] == SEP
         assert batch.labels[i, len(q):length].tolist() == a
         assert batch.labels[i, :len(q)].eq(IGNORE_INDEX).all() and batch.labels[i, length:].eq(IGNORE_INDEX).all()
     longest = max(len(s["question_ids"]) + len(s["answer_ids"]) for s in samples)

@@ -7,7 +7,7 @@ import numpy as np
 
 import torch
 
-from vlm.data.grounding import (FRAME_CHANNELS, GROUNDING_CHANNELS, GROUNDING_COUNT_CHANNELS, PATCH_CHANNELS,
+from vlm.data.grounding import (FRAME_CHANNELS, GROUNDING_CHANNELS, PATCH_CHANNELS,
                                 HeadTargets, grounding_targets, head_layout)
 from vlm.models.heads import HeadsConfig
 from vlm.models.heads.grounding import GroundingHead
@@ -45,7 +45,6 @@ def test_centres_sharing_a_patch_are_counted():
     t = grounding_targets(scene(*cars), 1280, 720, grid=4).reshape(4, 4, -1)
     assert t[0, 0, channel("centre/car")] == 3 and t[..., channel("centre/car")].sum() == 3
     assert t[0, 0, channel("box/car")] == 1  # coverage stays 0/1
-    assert set(GROUNDING_COUNT_CHANNELS) == {name for name in GROUNDING_CHANNELS if name.startswith("centre/")}
 
 
 def test_mirror_reverses_patch_columns():

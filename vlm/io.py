@@ -49,12 +49,6 @@ def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> 
             f.write("\n")
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-
-
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     """Read JSON with errors that name the file and the position of a syntax error."""
     path = Path(path)

@@ -68,7 +68,6 @@ ANSWER_TOKEN_WORDS = {"yes": YES, "no": NO, "maybe": MAYBE}
 CONTRACT_ANSWER_WORDS = ("red", "yellow", "green", *(str(n) for n in range(10)))
 
 PUNCTUATION = ("?", ".", ",", "!")
-SENTENCE_END = frozenset("?.!")
 # A token is one punctuation mark or a run of characters that are neither whitespace nor punctuation.
 _TOKEN_RE = re.compile(r"[?.,!]|[^\s?.,!]+")
 
@@ -129,10 +128,9 @@ class CoverageReport:
 class TrafficCommandTokenizer:
     """Word-level tokenizer with a fixed special-token layout; see the module docstring.
 
-    Decoding: with ``skip_special_tokens=True`` the control tokens ([PAD] [SOS] [EOS] [SEP] and
-    the reserved ids) are dropped, while [YES]/[NO]/[MAYBE] render as the words "yes"/"no"/"maybe"
-    (they are answers, not control) and [UNK] stays visible as "[UNK]" (dropping it would silently
-    change the sentence). With ``skip_special_tokens=False`` every id renders as its token string.
+    Encoding: :meth:`encode_question` and :meth:`encode_answer` give the ids the VLM reads and learns,
+    :meth:`batch_encode` padded ``[SOS] ... [EOS]`` tensors. Decoding: :meth:`decode_answer` reads an
+    answer back (e.g. from ``TrafficVLM.generate``); [UNK] stays visible as "[UNK]".
     """
 
     def __init__(self, vocab: dict[str, int], *, max_length: int | None = 32, statistics: dict | None = None,
@@ -145,7 +143,7 @@ class TrafficCommandTokenizer:
         self._id_to_token = sorted(vocab, key=vocab.__getitem__)  # index = id
         # Word -> id for encoding: vocabulary words plus "yes"/"no"/"maybe" -> answer tokens.
         self._word_to_id = {t: i for t, i in vocab.items() if i >= FIRST_WORD_ID} | ANSWER_TOKEN_WORDS
-        # Id -> text for decoding with skip_special_tokens.
+        # Id -> text for decoding: [YES]/[NO]/[MAYBE] are the words "yes"/"no"/"maybe".
         self._id_to_text = list(self._id_to_token)
         for word, token_id in ANSWER_TOKEN_WORDS.items():
             self._id_to_text[token_id] = word
@@ -211,45 +209,7 @@ class TrafficCommandTokenizer:
             raise TypeError(f"tokenize expects a str, got {type(text).__name__}")
         return _TOKEN_RE.findall(unicodedata.normalize("NFKC", text).lower())
 
-    @classmethod
-    def normalize(cls, text: str) -> str:
-        """The canonical form of ``text``: what ``decode(encode(text))`` gives when no word is unknown."""
-        return _detokenize(cls.tokenize(text))
-
-    def convert_tokens_to_ids(self, tokens: str | Iterable[str]) -> int | list[int]:
-        """Exact vocabulary entries (no normalisation) to ids; unknown entries give [UNK]."""
-        if isinstance(tokens, str):
-            return self._token_to_id.get(tokens, UNK)
-        return [self._token_to_id.get(t, UNK) for t in tokens]
-
-    def convert_ids_to_tokens(self, ids: int | Iterable[int]) -> str | list[str]:
-        if isinstance(ids, (int, np.integer)):
-            return self._id_to_token[self._check_id(int(ids))]
-        return [self._id_to_token[self._check_id(i)] for i in _as_id_list(ids)]
-
     # ------------------------------------------------------------------ encoding
-
-    def encode(self, text: str, add_special_tokens: bool = True, padding: bool | Literal["max_length"] = False,
-               max_length: int | None = None, truncation: bool = True) -> dict[str, Any]:
-        """Encode one text: ``{"input_ids": list[int], "attention_mask": list[int], "length": int}``.
-
-        ``add_special_tokens`` wraps the words in [SOS] ... [EOS]. ``max_length`` (default: the
-        tokenizer's) counts the special tokens; with ``truncation`` words are cut from the end
-        and [EOS] is kept. ``padding=True`` pads like one row of :meth:`batch_encode` (to a
-        multiple of 8, at most ``max_length``); ``"max_length"`` pads to ``max_length``.
-        ``length`` is the number of real tokens.
-        """
-        batch = self._encode_batch([text], add_special_tokens, padding, max_length, truncation)
-        length = int(batch["length"][0])
-        if padding is False:
-            input_ids = batch["input_ids"][0, :length].tolist()
-        else:
-            input_ids = batch["input_ids"][0].tolist()
-        return {
-            "input_ids": input_ids,
-            "attention_mask": [1] * length + [0] * (len(input_ids) - length),
-            "length": length,
-        }
 
     def batch_encode(self, texts: Sequence[str], add_special_tokens: bool = True,
                      padding: Literal[True, "max_length"] = True, max_length: int | None = None,
@@ -257,14 +217,54 @@ class TrafficCommandTokenizer:
         """Encode many texts into right-padded tensors.
 
         Returns ``input_ids`` int64 ``[B, L]``, ``attention_mask`` int64 ``[B, L]`` (1 on real
-        tokens) and ``length`` int64 ``[B]``. ``padding=True`` is dynamic: L is the longest
-        sequence rounded up to a multiple of 8, capped at ``max_length`` (default: the
-        tokenizer's) when truncating; ``"max_length"`` makes L exactly ``max_length``.
+        tokens) and ``length`` int64 ``[B]``. ``add_special_tokens`` wraps the words in [SOS] ... [EOS].
+        ``max_length`` (default: the tokenizer's) counts the special tokens; with ``truncation`` words
+        are cut from the end and [EOS] is kept. ``padding=True`` is dynamic: L is the longest sequence
+        rounded up to a multiple of 8, capped at ``max_length`` when truncating; ``"max_length"`` makes
+        L exactly ``max_length``.
         """
-        if padding is False:
-            raise ValueError("batch_encode returns tensors: padding must be True or 'max_length'")
-        batch = self._encode_batch(texts, add_special_tokens, padding, max_length, truncation)
-        return {name: torch.from_numpy(array) for name, array in batch.items()}
+        if isinstance(texts, str):
+            raise TypeError("batch_encode expects a sequence of strings, got one str")
+        if padding not in (True, "max_length"):
+            raise ValueError(f"batch_encode returns tensors: padding must be True or 'max_length', got {padding!r}")
+        max_length = self.max_length if max_length is None else max_length
+        num_special = 2 if add_special_tokens else 0
+        if max_length is not None and max_length < num_special:
+            raise ValueError(f"max_length={max_length} cannot hold [SOS] and [EOS]")
+        if padding == "max_length" and max_length is None:
+            raise ValueError("padding='max_length' needs max_length (the tokenizer has none)")
+
+        word_ids = self._word_ids
+        bodies = [word_ids(text) for text in texts]  # word ids without special tokens
+        body_lengths = np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies))  # [B]
+        if truncation and max_length is not None:
+            max_body = max_length - num_special
+            if body_lengths.size and body_lengths.max() > max_body:
+                bodies = [body[:max_body] for body in bodies]
+                np.minimum(body_lengths, max_body, out=body_lengths)
+        lengths = body_lengths + num_special  # [B]
+
+        longest = int(lengths.max()) if lengths.size else 0
+        if padding == "max_length":
+            seq_len = max(max_length, longest)  # longer only when not truncating
+        else:
+            seq_len = -(-longest // 8) * 8  # dynamic: round up to a multiple of 8 ...
+            if truncation and max_length is not None:
+                seq_len = max(min(seq_len, max_length), longest)  # ... but not past max_length
+
+        positions = np.arange(seq_len)  # [L]
+        attention_mask = (positions < lengths[:, None]).astype(np.int64)  # [B, L]
+        input_ids = np.full((len(bodies), seq_len), PAD, dtype=np.int64)  # [B, L]
+        flat_ids = np.fromiter(itertools.chain.from_iterable(bodies), dtype=np.int64, count=int(body_lengths.sum()))
+        if add_special_tokens and len(bodies):
+            input_ids[:, 0] = SOS
+            body_mask = (positions >= 1) & (positions <= body_lengths[:, None])  # [B, L]
+            input_ids[body_mask] = flat_ids
+            input_ids[np.arange(len(bodies)), lengths - 1] = EOS
+        else:
+            input_ids[attention_mask.astype(bool)] = flat_ids
+        return {name: torch.from_numpy(array) for name, array in
+                (("input_ids", input_ids), ("attention_mask", attention_mask), ("length", lengths))}
 
     def encode_question(self, text: str) -> list[int]:
         """The prefix text of a VLM example: ``[SOS] w1 ... wn [SEP]`` (never truncated)."""
@@ -299,72 +299,7 @@ class TrafficCommandTokenizer:
                 logger.warning("unknown word %r encoded as [UNK] (logged once per word)", word)
             self.unknown_word_counts[word] += 1
 
-    def _encode_batch(self, texts: Sequence[str], add_special_tokens: bool, padding: bool | str,
-                      max_length: int | None, truncation: bool) -> dict[str, np.ndarray]:
-        """Shared core of encode / batch_encode: numpy ``input_ids``, ``attention_mask``, ``length``."""
-        if isinstance(texts, str):
-            raise TypeError("batch_encode expects a sequence of strings, got one str")
-        if padding not in (False, True, "max_length"):
-            raise ValueError(f"padding must be False, True or 'max_length', got {padding!r}")
-        max_length = self.max_length if max_length is None else max_length
-        num_special = 2 if add_special_tokens else 0
-        if max_length is not None and max_length < num_special:
-            raise ValueError(f"max_length={max_length} cannot hold [SOS] and [EOS]")
-        if padding == "max_length" and max_length is None:
-            raise ValueError("padding='max_length' needs max_length (the tokenizer has none)")
-
-        word_ids = self._word_ids
-        bodies = [word_ids(text) for text in texts]  # word ids without special tokens
-        body_lengths = np.fromiter(map(len, bodies), dtype=np.int64, count=len(bodies))  # [B]
-        if truncation and max_length is not None:
-            max_body = max_length - num_special
-            if body_lengths.size and body_lengths.max() > max_body:
-                bodies = [body[:max_body] for body in bodies]
-                np.minimum(body_lengths, max_body, out=body_lengths)
-        lengths = body_lengths + num_special  # [B]
-
-        longest = int(lengths.max()) if lengths.size else 0
-        if padding is False:
-            seq_len = longest
-        elif padding == "max_length":
-            seq_len = max(max_length, longest)  # longer only when not truncating
-        else:
-            seq_len = -(-longest // 8) * 8  # dynamic: round up to a multiple of 8 ...
-            if truncation and max_length is not None:
-                seq_len = max(min(seq_len, max_length), longest)  # ... but not past max_length
-
-        positions = np.arange(seq_len)  # [L]
-        attention_mask = (positions < lengths[:, None]).astype(np.int64)  # [B, L]
-        input_ids = np.full((len(bodies), seq_len), PAD, dtype=np.int64)  # [B, L]
-        flat_ids = np.fromiter(itertools.chain.from_iterable(bodies), dtype=np.int64, count=int(body_lengths.sum()))
-        if add_special_tokens and len(bodies):
-            input_ids[:, 0] = SOS
-            body_mask = (positions >= 1) & (positions <= body_lengths[:, None])  # [B, L]
-            input_ids[body_mask] = flat_ids
-            input_ids[np.arange(len(bodies)), lengths - 1] = EOS
-        else:
-            input_ids[attention_mask.astype(bool)] = flat_ids
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "length": lengths}
-
     # ------------------------------------------------------------------ decoding
-
-    def decode(self, ids: Iterable[int] | torch.Tensor | np.ndarray, skip_special_tokens: bool = True) -> str:
-        """Ids back to text: punctuation re-attached, sentences capitalised (see the class docstring)."""
-        ids = [self._check_id(i) for i in _as_id_list(ids)]
-        if skip_special_tokens:
-            tokens = [self._id_to_text[i] for i in ids if i not in CONTROL_IDS]
-        else:
-            tokens = [self._id_to_token[i] for i in ids]
-        return _detokenize(tokens)
-
-    def batch_decode(self, sequences: torch.Tensor | np.ndarray | Iterable[Iterable[int]],
-                     skip_special_tokens: bool = True) -> list[str]:
-        """Decode a ``[B, L]`` tensor/array or a list of id sequences (padding is dropped)."""
-        if isinstance(sequences, (torch.Tensor, np.ndarray)):
-            if sequences.ndim != 2:
-                raise ValueError(f"batch_decode expects a 2-D [B, L] tensor, got shape {tuple(sequences.shape)}")
-            sequences = sequences.tolist()
-        return [self.decode(seq, skip_special_tokens) for seq in sequences]
 
     def decode_answer(self, ids: Iterable[int] | torch.Tensor | np.ndarray) -> str:
         """Inverse of :meth:`encode_answer`: words up to the first [EOS], [YES] -> "yes" etc."""
@@ -374,7 +309,7 @@ class TrafficCommandTokenizer:
                 break
             if token_id not in CONTROL_IDS:
                 words.append(self._id_to_text[token_id])
-        return _detokenize(words, capitalize=False)
+        return _detokenize(words)
 
     def _check_id(self, token_id: int) -> int:
         if not 0 <= token_id < len(self._id_to_token):
@@ -403,9 +338,6 @@ class TrafficCommandTokenizer:
     def vocab_size(self) -> int:
         return len(self._id_to_token)
 
-    def __len__(self) -> int:
-        return self.vocab_size
-
     @property
     def vocab(self) -> dict[str, int]:
         return dict(self._token_to_id)
@@ -413,11 +345,7 @@ class TrafficCommandTokenizer:
     pad_token_id = property(lambda self: PAD)
     unk_token_id = property(lambda self: UNK)
     sos_token_id = property(lambda self: SOS)
-    eos_token_id = property(lambda self: EOS)
-    sep_token_id = property(lambda self: SEP)
-    yes_token_id = property(lambda self: YES)
-    no_token_id = property(lambda self: NO)
-    maybe_token_id = property(lambda self: MAYBE)
+    eos_token_id = property(lambda self: EOS)  # generate's eos_token_id
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size}, max_length={self.max_length})"
@@ -425,7 +353,7 @@ class TrafficCommandTokenizer:
     # ------------------------------------------------------------------ files
 
     def save_vocab(self, path: str | os.PathLike) -> None:
-        """Write ``vocab.json`` atomically (layout: see :meth:`load_vocab`)."""
+        """Write ``vocab.json`` atomically (layout: see :meth:`from_file`)."""
         write_json(path, {
             "format_version": VOCAB_FORMAT_VERSION,
             "vocab_size": self.vocab_size,
@@ -436,7 +364,7 @@ class TrafficCommandTokenizer:
         })
 
     @classmethod
-    def load_vocab(cls, path: str | os.PathLike) -> TrafficCommandTokenizer:
+    def from_file(cls, path: str | os.PathLike) -> TrafficCommandTokenizer:
         """Read a ``vocab.json`` written by :meth:`save_vocab`, validating it.
 
         Keys: ``format_version``, ``vocab_size``, ``special_tokens``, ``vocab`` (token -> id, ids
@@ -467,8 +395,6 @@ class TrafficCommandTokenizer:
         if not isinstance(config, dict) or "max_length" not in config:
             raise ValueError(f"{path}: missing key 'config.max_length'")
         return cls(vocab, max_length=config["max_length"], statistics=data["statistics"], config=config)
-
-    from_file = load_vocab  # the name the VLM pipeline uses
 
 
 def coverage_by_split(tokenizer: TrafficCommandTokenizer,
@@ -511,31 +437,11 @@ def _as_id_list(ids: Any) -> list[int]:
     return [int(i) for i in ids]
 
 
-def _detokenize(tokens: Sequence[str], capitalize: bool = True) -> str:
-    """Join tokens with spaces, punctuation attached to the word before, sentences capitalised."""
+def _detokenize(tokens: Sequence[str]) -> str:
+    """Join tokens with spaces, punctuation attached to the word before."""
     pieces: list[str] = []
-    sentence_start = True
     for token in tokens:
-        if token in PUNCTUATION:
-            pieces.append(token)
-            sentence_start = token in SENTENCE_END
-            continue
-        if pieces:
+        if pieces and token not in PUNCTUATION:
             pieces.append(" ")
-        if token in SPECIAL_TOKENS or token in RESERVED_TOKENS:
-            pieces.append(token)
-            sentence_start = sentence_start and token not in ("[UNK]", "[YES]", "[NO]", "[MAYBE]")
-            continue
-        if capitalize and sentence_start:
-            token = _capitalize(token)
-        sentence_start = False
         pieces.append(token)
     return "".join(pieces)
-
-
-def _capitalize(word: str) -> str:
-    """Upper-case the first letter when tokenizing the result gives ``word`` back (not for 'ß', 'ı')."""
-    candidate = word[0].upper() + word[1:]
-    if unicodedata.normalize("NFKC", candidate).lower() == word:
-        return candidate
-    return word

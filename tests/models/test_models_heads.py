@@ -8,8 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vlm.data.grounding import (FRAME_CHANNELS, GROUNDING_CHANNELS, GROUNDING_COUNT_CHANNELS, HEAT_CHANNELS,
-                                PATCH_CHANNELS, head_layout)
+from vlm.data.grounding import FRAME_CHANNELS, GROUNDING_CHANNELS, HEAT_CHANNELS, PATCH_CHANNELS, head_layout
 from vlm.models import SiglipVisionConfig, TrafficVLM, VLMConfig
 from vlm.models.heads import HeadsConfig, VisionHeads
 from vlm.models.heads.centres import NUM_COUNT_THRESHOLDS, STRIDE
@@ -73,7 +72,7 @@ def test_grounding_loss_is_added_with_its_weight_and_trains_the_encoder(config, 
     assert model.heads.target_grid(32) == 4
     generator = torch.Generator().manual_seed(1)
     targets = (torch.rand(num_images, patches, len(GROUNDING_CHANNELS), generator=generator) > 0.8).float()
-    is_count = torch.tensor([name in GROUNDING_COUNT_CHANNELS for name in GROUNDING_CHANNELS])
+    is_count = torch.tensor([name.startswith("centre/") for name in GROUNDING_CHANNELS])
     targets[..., is_count] *= 2  # count channels may exceed 1
     frame_targets = torch.randint(-1, 2, (num_images, len(FRAME_CHANNELS)), generator=generator).float()
     frame_targets[0] = 1.0  # at least one defined attribute

@@ -45,7 +45,6 @@ HEAT_CHANNELS = (*(f"heat/{c}" for c in CATEGORIES), *(f"foot/{g}" for g in FOOT
 FRAME_CHANNELS = tuple(f"frame/{a}" for a in rules.FRAME_ATTRIBUTES)  # image-level
 GROUNDING_CHANNELS = (*PATCH_CHANNELS, *HEAT_CHANNELS, *FRAME_CHANNELS)
 _HEAT = len(PATCH_CHANNELS)  # index of the first heatmap channel
-GROUNDING_COUNT_CHANNELS = frozenset(f"centre/{c}" for c in CATEGORIES)  # counts; the others are 0/1 (or heat)
 # Regions (x from, x to, y from; fractions of the image) in which the object-centre head counts peaks: for
 # the object centres the image and its left and right thirds ("on the left side"), for the footpoints the
 # near part of each manoeuvre's path (the safety rule's bands, bottom below PATH_MIN_Y).

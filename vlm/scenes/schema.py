@@ -79,9 +79,6 @@ class Scene:
     def image_id(self) -> str:
         return self.name.rsplit(".", 1)[0]
 
-    def of(self, category: str) -> list[SceneObject]:
-        return [o for o in self.objects if o.category == category]
-
 
 def _lower_keys(d: dict) -> dict:
     return {str(k).lower(): v for k, v in d.items()}

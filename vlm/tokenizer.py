@@ -87,7 +87,7 @@ class VocabConfig:
 
     min_freq: int = 1  # a train word seen fewer times becomes [UNK] (answer words always stay)
     max_vocab_size: int = 1000  # total ids, special and reserved included
-    max_length: int = 32  # default truncation length of encode / batch_encode, specials included
+    max_length: int = 32  # default truncation length of batch_encode, specials included
 
     def validate(self, prefix: str = "vocab") -> None:
         check(self.min_freq >= 1, f"{prefix}.min_freq", f"must be >= 1, got {self.min_freq}")

@@ -42,7 +42,7 @@ RESAMPLE = {
 @dataclass
 class PackConfig:
     image_size: int = 128  # S: images are stored S x S (squashed)
-    workers: int = 0  # decoding processes; 0: one per CPU core, 1: in the calling process
+    workers: int = 2  # decoding processes; 0: one per CPU core, 1: in the calling process
     chunksize: int = 16  # images per task sent to a worker
     skip_corrupt: bool = False  # skip (and count) undecodable images instead of failing
     resample: Literal["bilinear", "bicubic", "lanczos"] = "bicubic"  # filter after the JPEG draft downscale

@@ -1,0 +1,61 @@
+"""Each stage config's dataclass defaults are the values in params.yaml (which states every field), so that
+code building a config without params.yaml (tests, notebooks, benchmarks) gets the pipeline's settings.
+
+The model configs are the exception: ``VLMConfig``, ``SiglipVisionConfig``, ``GemmaConfig`` (and the heads and
+Q-Former configs) keep the architecture defaults of the plain PaliGemma design (linear connector, no pixel
+shuffle, no conv stem, auxiliary heads off, HF's init std 0.02), and params.yaml's ``model:`` section states
+every departure from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vlm.commands.generate import CommandsConfig
+from vlm.data.pack import PackConfig
+from vlm.data.profile import ProfileConfig
+from vlm.evaluate import EvaluateConfig
+from vlm.params import build_config
+from vlm.scenes.generate import ScenesConfig
+from vlm.tokenizer import VocabConfig
+from vlm.train import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+CONFIGS = {"scenes": ScenesConfig, "commands": CommandsConfig, "vocab": VocabConfig, "pack": PackConfig,
+           "train": TrainConfig, "evaluate": EvaluateConfig, "profile": ProfileConfig}
+
+
+def test_every_stage_section_but_the_model_has_a_config():
+    assert set(PARAMS) == set(CONFIGS) | {"model"}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_dataclass_defaults_are_the_params_yaml_values(name):
+    assert build_config(CONFIGS[name], PARAMS[name], name) == CONFIGS[name]()
+
+
+def _keys(config, prefix: str) -> set[str]:
+    """Dotted names of a config's fields, nested configs' fields included."""
+    keys = set()
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        keys |= _keys(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else {prefix + f.name}
+    return keys
+
+
+def _yaml_keys(section: dict, prefix: str) -> set[str]:
+    keys = set()
+    for key, value in section.items():
+        nested = isinstance(value, dict) and key not in ("splits",)  # commands.splits is a value
+        keys |= _yaml_keys(value, f"{prefix}{key}.") if nested else {prefix + key}
+    return keys
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_params_yaml_states_every_field(name):
+    assert _yaml_keys(PARAMS[name], "") == _keys(CONFIGS[name](), "")

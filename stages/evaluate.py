@@ -8,14 +8,14 @@ from vlm.evaluate import EvaluateConfig, EvaluatePaths, evaluate
 from vlm.params import build_config, load_params, section
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--models", required=True)
     parser.add_argument("--data", required=True)
     parser.add_argument("--raw", required=True)
     parser.add_argument("--metrics", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     config = build_config(EvaluateConfig, section(load_params(args.params), "evaluate"), "evaluate")
     metrics_dir = Path(args.metrics)
     paths = EvaluatePaths(model=Path(args.models) / "vlm.pt", blind=Path(args.models) / "blind.pt",

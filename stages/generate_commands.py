@@ -11,14 +11,14 @@ from vlm.params import build_config, load_params, section
 from vlm.scenes.generate import load_raw
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--raw", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--metrics", required=True)
     parser.add_argument("--sheet", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     config = build_config(CommandsConfig, section(load_params(args.params), "commands"), "commands")
     raw = load_raw(args.raw)
     splits = generate_commands(raw.scenes, raw.width, raw.height, config)

@@ -8,12 +8,12 @@ from vlm.params import build_config, load_params, section
 from vlm.scenes.generate import ScenesConfig, generate_scenes
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--out", required=True)
     parser.add_argument("--metrics", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     config = build_config(ScenesConfig, section(load_params(args.params), "scenes"), "scenes")
     stats = generate_scenes(config, args.out)
     write_json(args.metrics, stats)

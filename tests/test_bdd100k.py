@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import pytest
 
@@ -45,7 +46,8 @@ def test_2018_dialect_names_and_colours():
                  {"category": "lane", "poly2d": [[0, 0]]},
              ]}
     scene = scene_from_frame(frame)
-    assert [o.category for o in scene.objects] == ["pedestrian", "bicycle", "motorcycle", "traffic light", "traffic light"]
+    assert [o.category for o in scene.objects] == ["pedestrian", "bicycle", "motorcycle", "traffic light",
+                                                   "traffic light"]
     assert [o.light_color for o in scene.objects[3:]] == ["red", None]
 
 
@@ -77,7 +79,8 @@ def test_round_trip_through_det20():
      "attributes.occluded: expected true/false"),
 ])
 def test_malformed_label_names_file_frame_and_field(tmp_path, label, message):
-    path = write_json(tmp_path / "labels.json", [{"name": "ok.jpg", "labels": []}, {"name": "bad.jpg", "labels": [label]}])
+    frames = [{"name": "ok.jpg", "labels": []}, {"name": "bad.jpg", "labels": [label]}]
+    path = write_json(tmp_path / "labels.json", frames)
     with pytest.raises(LabelError) as err:
         read_labels(path)
     text = str(err.value)
@@ -130,8 +133,9 @@ def test_generate_scenes_from_bdd100k_folder(tmp_path, bdd_fixture_dir):
     images.mkdir()
     for name in ("00091078-875c1f73-0000166.jpg", "00091078-875c1f73-0000167.jpg"):
         Image.new("RGB", (1280, 720), (90, 90, 90)).save(images / name)
-    labels = bdd_fixture_dir / "det20_ignored_and_null_labels.json"
-    config = ScenesConfig(source="bdd100k", bdd100k=BDD100KConfig(images=str(images), labels=str(labels)))
+    shutil.copy(bdd_fixture_dir / "det20_ignored_and_null_labels.json", tmp_path / "labels.json")
+    config = ScenesConfig(source="bdd100k",
+                          bdd100k=BDD100KConfig(root=str(tmp_path), images="images", labels="labels.json"))
     stats = generate_scenes(config, tmp_path / "raw")
     assert stats == {"source": "bdd100k", "images": 2, "frames_in_labels": 2, "missing_images": 0}
     raw = load_raw(tmp_path / "raw")
@@ -146,3 +150,75 @@ def test_generate_scenes_from_bdd100k_folder(tmp_path, bdd_fixture_dir):
     config.bdd100k.on_missing = "skip"
     assert generate_scenes(config, tmp_path / "raw2")["missing_images"] == 1
     assert [s.name for s in load_raw(tmp_path / "raw2").scenes] == ["00091078-875c1f73-0000166.jpg"]
+
+
+def _bdd_root(tmp_path, bdd_fixture_dir):
+    """A BDD100K folder in the official layout with the fixture's two frames."""
+    from PIL import Image
+
+    root = tmp_path / "bdd100k"
+    (root / "images" / "100k" / "train").mkdir(parents=True)
+    (root / "labels" / "det_20").mkdir(parents=True)
+    for name in ("00091078-875c1f73-0000166.jpg", "00091078-875c1f73-0000167.jpg"):
+        Image.new("RGB", (1280, 720), (90, 90, 90)).save(root / "images" / "100k" / "train" / name)
+    shutil.copy(bdd_fixture_dir / "det20_ignored_and_null_labels.json", root / "labels" / "det_20" / "det_train.json")
+    return root
+
+
+def test_a_changed_bdd100k_image_changes_the_raw_folder(tmp_path, bdd_fixture_dir):
+    """The stages after generate_scenes read BDD100K images in place: source.json carries their digest, so
+    data/raw (their dependency) changes with an image and they re-run."""
+    from PIL import Image
+
+    from vlm.scenes.generate import BDD100KConfig, ScenesConfig, generate_scenes
+
+    root = _bdd_root(tmp_path, bdd_fixture_dir)
+    config = ScenesConfig(source="bdd100k", bdd100k=BDD100KConfig(root=str(root)))
+    generate_scenes(config, tmp_path / "raw1")
+    generate_scenes(config, tmp_path / "raw2")
+    assert (tmp_path / "raw1" / "source.json").read_text() == (tmp_path / "raw2" / "source.json").read_text()
+    image = root / "images" / "100k" / "train" / "00091078-875c1f73-0000166.jpg"
+    Image.new("RGB", (1280, 720), (10, 200, 90)).save(image)
+    generate_scenes(config, tmp_path / "raw3")
+    assert (tmp_path / "raw1" / "labels.json").read_text() == (tmp_path / "raw3" / "labels.json").read_text()
+    assert (json.loads((tmp_path / "raw1" / "source.json").read_text())["images_md5"]
+            != json.loads((tmp_path / "raw3" / "source.json").read_text())["images_md5"])
+
+
+@pytest.mark.parametrize("key, value", [("images", "/datasets/bdd100k/images/100k/train"),
+                                        ("labels", "../labels/det_20/det_train.json")])
+def test_bdd100k_images_and_labels_stay_inside_the_tracked_root(key, value):
+    from vlm.params import ParamError, build_config
+    from vlm.scenes.generate import ScenesConfig
+
+    with pytest.raises(ParamError, match=rf"scenes.bdd100k.{key}: must be a path inside scenes.bdd100k.root"):
+        build_config(ScenesConfig, {"source": "bdd100k", "bdd100k": {key: value}}, "scenes")
+
+
+def test_missing_bdd100k_root_names_the_param(tmp_path):
+    from vlm.scenes.generate import BDD100KConfig, ScenesConfig, generate_scenes
+
+    config = ScenesConfig(source="bdd100k", bdd100k=BDD100KConfig(root=str(tmp_path / "nowhere")))
+    with pytest.raises(FileNotFoundError, match=r"BDD100K folder not found: .*nowhere \(scenes.bdd100k.root"):
+        generate_scenes(config, tmp_path / "raw")
+    config.bdd100k.root = str(tmp_path)  # there, but without the dataset (as in a fresh checkout)
+    with pytest.raises(FileNotFoundError, match=r"labels file not found: .*\(scenes.bdd100k.root \+ scenes.bdd100k"
+                                                r".labels\): put BDD100K there"):
+        generate_scenes(config, tmp_path / "raw")
+
+
+def test_a_linked_folder_inside_the_bdd100k_root_is_an_error(tmp_path, bdd_fixture_dir):
+    """DVC does not look inside a linked folder of a dependency: its images would be untracked."""
+    from vlm.scenes.generate import BDD100KConfig, ScenesConfig, generate_scenes
+
+    dataset = _bdd_root(tmp_path, bdd_fixture_dir)
+    root = tmp_path / "linked"
+    root.mkdir()
+    (root / "images").symlink_to(dataset / "images")
+    (root / "labels").symlink_to(dataset / "labels")
+    config = ScenesConfig(source="bdd100k", bdd100k=BDD100KConfig(root=str(root)))
+    with pytest.raises(ValueError, match=r"linked/images is a symbolic link inside scenes.bdd100k.root"):
+        generate_scenes(config, tmp_path / "raw")
+    (tmp_path / "dataset-link").symlink_to(dataset)  # the root itself may be a link: DVC follows it
+    config.bdd100k.root = str(tmp_path / "dataset-link")
+    assert generate_scenes(config, tmp_path / "raw")["images"] == 2

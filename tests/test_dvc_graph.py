@@ -3,6 +3,9 @@ declared dependency, and every declared source is imported."""
 
 from __future__ import annotations
 
+import ast
+import shlex
+
 import pytest
 import yaml
 
@@ -30,3 +33,53 @@ def test_stages_run_as_modules_with_their_paths_in_the_command():
     for name, stage in STAGES.items():
         assert stage["cmd"].startswith("python -m stages."), name  # the checkout's code, not an installed one
 
+
+
+def _paths(entries) -> list[str]:
+    """The paths of a `deps`/`outs`/`metrics`/`plots` list (an entry is a path or `{path: options}`)."""
+    return [next(iter(e)) if isinstance(e, dict) else e for e in entries or []]
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+# Paths a stage writes that are deliberately not DVC outputs (an output is deleted before its stage runs).
+UNTRACKED = {
+    "models/checkpoints": "train's resume checkpoints: they must survive a killed run to resume it",
+}
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_every_data_path_is_named_in_the_command(name):
+    """The paths a stage reads and writes reach it through `cmd` (stage scripts have no path defaults): each
+    data dep and each output is a path of the command or inside one, and each path of the command is used."""
+    stage = STAGES[name]
+    words = shlex.split(stage["cmd"])
+    arguments = [w for w in words[3:] if not w.startswith("-")]
+    outs = _paths(stage.get("outs")) + _paths(stage.get("metrics")) + _paths(stage.get("plots"))
+    # A `${...}` dep is a path set in params.yaml (the BDD100K folder), templated by DVC: not a cmd argument.
+    data = [d for d in _paths(stage["deps"]) if d not in _source_deps(stage) and "${" not in d]
+    unnamed = [p for p in data + outs if not any(_under(p, a) for a in arguments)]
+    assert not unnamed, f"{name}: {unnamed} are deps/outs that its cmd does not name"
+    unused = [a for a in arguments if a not in UNTRACKED and not any(_under(p, a) for p in data + outs)]
+    assert not unused, f"{name}: its cmd names {unused}, neither a dep nor an output"
+
+
+SCRIPTS = sorted({str(stage_module(stage["cmd"]).relative_to(ROOT)) for stage in STAGES.values()})
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_stage_scripts_take_their_paths_as_required_arguments(script):
+    """No path defaults in a stage script: dvc.yaml's cmd is the one place that names them (``--params`` and
+    flags excepted)."""
+    for node in ast.walk(ast.parse((ROOT / script).read_text(encoding="utf-8"))):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument"):
+            continue
+        option = node.args[0].value
+        keywords = {k.arg: k.value for k in node.keywords}
+        if option == "--params" or getattr(keywords.get("action"), "value", "").startswith("store_"):
+            continue
+        assert "default" not in keywords, f"{script}: {option} has a default; name the path in dvc.yaml's cmd"
+        assert option.startswith("--") and getattr(keywords.get("required"), "value", False) is True, (
+            f"{script}: {option} must be a required option")

@@ -1,9 +1,10 @@
 """With `scenes.source: bdd100k` the dataset folder is a tracked input: a changed labels file or image makes
-`dvc status` report generate_scenes."""
+`dvc status` report generate_scenes, and a changed image changes data/raw, so the stages after it re-run."""
 
 import shutil
 
 import pytest
+import yaml
 from PIL import Image
 
 from pipeline import DvcProject
@@ -28,5 +29,13 @@ def test_changed_bdd100k_labels_or_image_make_generate_scenes_stale(tmp_path, bd
     labels.write_text(labels.read_text().replace('"person"', '"rider"', 1))
     assert "generate_scenes" in project.run("dvc", "status", "generate_scenes").stdout
     project.run("dvc", "repro", "generate_scenes")
+    raw = _raw_hash(project)
     Image.new("RGB", (1280, 720), (10, 200, 90)).save(root / "images" / "100k" / "train" / FRAMES[0])
     assert "generate_scenes" in project.run("dvc", "status", "generate_scenes").stdout
+    project.run("dvc", "repro", "generate_scenes")
+    assert _raw_hash(project) != raw  # pack_hdf5 and the others read the image through data/raw's source.json
+
+
+def _raw_hash(project: DvcProject) -> str:
+    lock = yaml.safe_load((project.path / "dvc.lock").read_text())
+    return next(out["md5"] for out in lock["stages"]["generate_scenes"]["outs"] if out["path"] == "data/raw")

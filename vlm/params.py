@@ -2,12 +2,14 @@
 
 ``load_params`` returns a read-only :class:`Params` view that records every key the process reads. With
 ``VLM_PARAMS_READ_LOG`` set to a file, each process appends its command line and the keys it read there
-when it exits: the pipeline test checks them against the params each stage declares in dvc.yaml.
+when it exits; inside ``with recording_reads() as reads:`` the keys read from every params file loaded in
+the block are added to ``reads``. The tests check both against the params each stage declares in dvc.yaml.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import sys
@@ -43,6 +45,20 @@ class Params(Mapping):
         return len(self._data)
 
 
+_recorders: list[set[str]] = []  # the innermost recording_reads() block's set, last
+
+
+@contextlib.contextmanager
+def recording_reads() -> Iterator[set[str]]:
+    """Collect the dotted keys read from every params file that ``load_params`` loads inside the block."""
+    reads: set[str] = set()
+    _recorders.append(reads)
+    try:
+        yield reads
+    finally:
+        _recorders.remove(reads)
+
+
 def _log_reads(log: str, params: Params) -> None:
     with open(log, "a", encoding="utf-8") as f:
         f.write(json.dumps({"argv": sys.argv[1:], "reads": sorted(params.reads)}) + "\n")
@@ -59,7 +75,7 @@ def load_params(path: str | os.PathLike = "params.yaml") -> Params:
             raise ParamError(f"{path}: invalid YAML: {e}") from e
     if not isinstance(params, dict):
         raise ParamError(f"{path}: top level must be a mapping of sections")
-    params = Params(params)
+    params = Params(params, reads=_recorders[-1] if _recorders else None)
     if log := os.environ.get("VLM_PARAMS_READ_LOG"):
         atexit.register(_log_reads, log, params)
     return params

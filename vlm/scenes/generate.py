@@ -2,11 +2,14 @@
 
 Either way the stage writes one folder (``data/raw`` by default), replaced atomically:
 ``labels.json`` (BDD100K det_20 format, one frame per line), ``source.json`` (where the images are and
-their size) and, for the synthetic source, ``images/*.jpg``.
+their size) and, for the synthetic source, ``images/*.jpg``. BDD100K images are read in place; their
+content digest in ``source.json`` makes the folder change when one of them does, so the stages after
+(which read the images through ``image_dir``) re-run too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -28,7 +31,8 @@ from vlm.scenes.schema import Scene, scene_from_frame, scene_to_frame
 @dataclass
 class BDD100KConfig:
     # The dataset folder, a dependency of generate_scenes in dvc.yaml: a changed label or image under it
-    # re-runs the pipeline. images and labels are relative to it (BDD100K's own layout by default).
+    # re-runs the pipeline. images and labels are relative to it (BDD100K's own layout by default): a path
+    # outside it would not be tracked.
     root: str = "data/bdd100k"
     images: str = "images/100k/train"
     labels: str = "labels/det_20/det_train.json"
@@ -61,6 +65,11 @@ class ScenesConfig:
             raise ParamError(f"{prefix}.max_count: must be in 1..9, got {self.max_count}")
         if self.bdd100k.max_images is not None and self.bdd100k.max_images < 1:
             raise ParamError(f"{prefix}.bdd100k.max_images: must be at least 1 or null, got {self.bdd100k.max_images}")
+        for key in ("images", "labels"):
+            value = getattr(self.bdd100k, key)
+            if Path(value).is_absolute() or ".." in Path(value).parts:
+                raise ParamError(f"{prefix}.bdd100k.{key}: must be a path inside {prefix}.bdd100k.root (the folder "
+                                 f"DVC tracks), relative to it, got {value!r}; set {prefix}.bdd100k.root instead")
 
     @property
     def num_workers(self) -> int:
@@ -116,10 +125,46 @@ def generate_synthetic(config: ScenesConfig, out_dir: str | os.PathLike, progres
             "images_per_s": round(len(frames) / seconds, 1)}
 
 
+def bdd100k_paths(bdd: BDD100KConfig) -> tuple[Path, Path]:
+    """The images folder and labels file under ``bdd.root``, checked to be what DVC tracks there.
+
+    DVC hashes the root folder for ``generate_scenes`` but does not look inside a linked folder in it:
+    a link on the way to the images or labels would leave them untracked, so it is an error.
+    """
+    root = Path(bdd.root)
+    hint = ("put BDD100K there in its official layout (data/bdd100k/README.md) or set scenes.bdd100k.root to "
+            "where it is; a queued or --temp experiment needs an absolute root")
+    if not root.is_dir():
+        raise FileNotFoundError(f"BDD100K folder not found: {root} (scenes.bdd100k.root): {hint}")
+    images, labels = root / bdd.images, root / bdd.labels
+    for path, what, exists in ((labels, "labels file", labels.is_file()), (images, "images folder", images.is_dir())):
+        if not exists:
+            raise FileNotFoundError(f"BDD100K {what} not found: {path} (scenes.bdd100k.root + "
+                                    f"scenes.bdd100k.{what.split()[0]}): {hint}")
+    for path in (images, labels.parent):
+        for folder in [*reversed(path.relative_to(root).parents), path.relative_to(root)][1:]:
+            if (root / folder).is_symlink():
+                raise ValueError(
+                    f"{root / folder} is a symbolic link inside scenes.bdd100k.root: DVC does not look inside linked "
+                    f"folders of a dependency, so a changed label or image would not re-run generate_scenes; set "
+                    f"scenes.bdd100k.root to the dataset's own folder instead (e.g. dvc exp run -S "
+                    f"scenes.bdd100k.root=/datasets/bdd100k)")
+    return images, labels
+
+
+def images_digest(image_dir: Path, names: list[str]) -> str:
+    """The MD5 of the images ``names`` (in that order) with their names: it changes when one of them does."""
+    digest = hashlib.md5()
+    for name in names:
+        with open(image_dir / name, "rb") as f:
+            digest.update(f"{name}\0{hashlib.file_digest(f, 'md5').hexdigest()}\n".encode())
+    return digest.hexdigest()
+
+
 def import_bdd100k(config: ScenesConfig, out_dir: str | os.PathLike) -> dict:
     """Read a BDD100K labels file, keep frames whose images exist, write normalised det_20 labels."""
     bdd = config.bdd100k
-    images, labels = Path(bdd.root) / bdd.images, Path(bdd.root) / bdd.labels
+    images, labels = bdd100k_paths(bdd)
     scenes = read_labels(labels)
     scenes, report = match_images(scenes, images, bdd.on_missing)
     if bdd.max_images is not None and bdd.max_images < len(scenes):
@@ -127,12 +172,13 @@ def import_bdd100k(config: ScenesConfig, out_dir: str | os.PathLike) -> dict:
         scenes = [scenes[i] for i in keep]
     if not scenes:
         raise ValueError(f"{labels}: no labelled frame has its image in {images}")
+    digest = images_digest(images, [s.name for s in scenes])
     out_dir = Path(out_dir)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir(parents=True)
         write_json_list(tmp / "labels.json", [scene_to_frame(s) for s in scenes])
         _write_source(tmp, "bdd100k", images, config.width, config.height, len(scenes),
-                      labels=str(labels), missing_images=report.missing_images)
+                      labels=str(labels), missing_images=report.missing_images, images_md5=digest)
     return {"source": "bdd100k", "images": len(scenes), "frames_in_labels": report.frames,
             "missing_images": report.missing_images}
 

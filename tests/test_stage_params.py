@@ -1,0 +1,129 @@
+"""Every stage reads exactly the params dvc.yaml declares for it.
+
+Each stage's module runs in-process, in dvc.yaml's order, with the arguments of its `cmd`, on a tiny project
+in a temporary folder; ``vlm.params.recording_reads`` collects the keys it reads. A declared key covers its
+sub-keys (``model.gemma`` covers ``model.gemma.hidden_size``). A stage that reads an undeclared key does not
+re-run when that key changes; a declared key it never reads re-runs it for nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shlex
+import sys
+import traceback
+
+import pytest
+import yaml
+
+from dvc_graph import ROOT
+from pipeline import _merge
+from tiny_project import TINY_MODEL
+from vlm.params import recording_reads
+
+pytestmark = pytest.mark.xdist_group("stage_params")  # one worker runs the stages once for all the tests
+
+STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+TINY_PARAMS = {
+    "scenes": {"num_images": 24, "workers": 1},
+    "commands": {"questions_per_image": 4},
+    "pack": {"image_size": 32, "workers": 0},
+    "model": TINY_MODEL,
+    "train": {"epochs": 1, "batch_size": 16, "warmup_steps": 2, "threads": 1, "eval_batch_size": 64},
+    "evaluate": {"attention_examples": 1, "failure_examples": 1, "batch_size": 64},
+    "profile": {"workers": [0], "batch_sizes": [16], "extra_image_sizes": [], "warmup_batches": 1, "batches": 1,
+                "rounds": 1, "max_images": 8},
+}
+
+
+def declared_params(stage: dict) -> list[str]:
+    """The dotted keys of a stage's `params:` (a plain entry is in params.yaml; `{file: [keys]}` too)."""
+    keys = []
+    for entry in stage.get("params", []):
+        keys.extend([entry] if isinstance(entry, str) else [k for ks in entry.values() for k in ks])
+    return keys
+
+
+def covered(key: str, by: str) -> bool:
+    return key == by or key.startswith(by + ".")
+
+
+def _outputs(stage: dict) -> set[str]:
+    return {next(iter(o)) if isinstance(o, dict) else o for o in stage.get("outs", [])}
+
+
+def _upstream(name: str) -> set[str]:
+    """The stages whose outputs ``name`` depends on."""
+    return {other for other, stage in STAGES.items() if other != name for out in _outputs(stage)
+            for dep in STAGES[name].get("deps", [])
+            if dep == out or dep.startswith(out + "/") or out.startswith(dep + "/")}
+
+
+def _order() -> list[str]:
+    """The stages, each after those it depends on."""
+    done: list[str] = []
+
+    def visit(name: str) -> None:
+        if name not in done:
+            for upstream in sorted(_upstream(name)):
+                visit(upstream)
+            done.append(name)
+
+    for name in STAGES:
+        visit(name)
+    return done
+
+
+@pytest.fixture(scope="module")
+def stage_reads(tmp_path_factory) -> dict[str, set[str] | str]:
+    """Per stage: the keys it read, or why it did not finish (its error, or a failed upstream stage)."""
+    workdir = tmp_path_factory.mktemp("stages")
+    base = yaml.safe_load((ROOT / "params.yaml").read_text())
+    (workdir / "params.yaml").write_text(yaml.safe_dump(_merge(base, TINY_PARAMS), sort_keys=False))
+    mp = pytest.MonkeyPatch()
+    mp.chdir(workdir)
+    results: dict[str, set[str] | str] = {}
+    try:
+        for name in _order():
+            words = shlex.split(STAGES[name]["cmd"])
+            assert words[:2] == ["python", "-m"], name
+            failed = sorted(u for u in _upstream(name) if isinstance(results[u], str))
+            if failed:
+                results[name] = f"{name} not run: its upstream stages {failed} failed"
+                continue
+            mp.setattr(sys, "argv", [words[2], *words[3:]])
+            try:
+                with recording_reads() as reads:
+                    importlib.import_module(words[2]).main()
+                results[name] = reads
+            except (Exception, SystemExit):  # reported by this stage's test; the others go on
+                results[name] = f"{name} failed:\n{traceback.format_exc()}"
+    finally:
+        mp.undo()
+    return results
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_stage_reads_exactly_its_declared_params(name, stage_reads):
+    reads = stage_reads[name]
+    if isinstance(reads, str):
+        pytest.fail(reads)
+    declared = declared_params(STAGES[name])
+    assert reads, f"{name} read no params"
+    undeclared = sorted(k for k in reads if not any(covered(k, d) for d in declared))
+    assert not undeclared, f"{name} reads {undeclared}, not in its dvc.yaml params: a change would not re-run it"
+    unread = [d for d in declared if not any(covered(k, d) for k in reads)]
+    assert not unread, f"{name} declares {unread} in dvc.yaml but never reads them: a change re-runs it for nothing"
+    leaves = _leaves(_merge(yaml.safe_load((ROOT / "params.yaml").read_text()), TINY_PARAMS))
+    partly = {d: sorted(k for k in reads if covered(k, d)) for d in declared
+              if not all(k in reads for k in leaves if covered(k, d))}
+    assert not partly, f"{name} reads only part of what it declares: declare these keys instead: {partly}"
+
+
+def _leaves(params, prefix: str = "") -> set[str]:
+    """The dotted keys of the values of a params mapping (a list is one value, an empty mapping none)."""
+    if not isinstance(params, dict):
+        return {prefix}
+    return set().union(set(), *(_leaves(value, f"{prefix}.{key}" if prefix else key)
+                                for key, value in params.items()))

@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine (see README):
 #   make repro   create .venv, install pinned deps, run the whole DVC pipeline
-#   make test    create .venv, install pinned deps (+ test extras), run the tests
+#   make test    create .venv, install pinned deps (+ test extras), lint (ruff, duplicate code), run the tests
 #   make compare the experiments side by side: the test accuracies (VLM, blind) first, then whatever differs
 PYTHON ?= python3
 VENV := .venv
@@ -19,7 +19,11 @@ setup: $(STAMP)
 repro: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" dvc repro
 
+# Lint (ruff, config in pyproject.toml) and no block of 6+ lines repeated in vlm/ (pylint's duplicate-code),
+# then the tests.
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pylint --disable=all --enable=duplicate-code --min-similarity-lines=6 --score=n vlm
 	PATH="$(abspath $(BIN)):$$PATH" python -m pytest -n 2 --dist loadgroup
 
 # Every VLM/blind test accuracy and macro-F1 column stays (--keep) even where equal; other metrics and params

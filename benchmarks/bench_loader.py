@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +52,8 @@ def bench_decode(paths: list[Path], size: int, repeats: int) -> dict:
     """Per filter: full decode + resize (the baseline) against draft decode + the same resize."""
     results = {}
     for resample in RESAMPLE:
-        full_ms, full = best_cpu_ms(lambda p: full_decode(p, size, resample), paths, repeats)
-        draft_ms, draft = best_cpu_ms(lambda p: decode_image(p, size, resample), paths, repeats)
+        full_ms, full = best_cpu_ms(partial(full_decode, size=size, resample=resample), paths, repeats)
+        draft_ms, draft = best_cpu_ms(partial(decode_image, image_size=size, resample=resample), paths, repeats)
         results[resample] = {
             "full_decode_cpu_ms_per_image": round(full_ms, 3),
             "draft_cpu_ms_per_image": round(draft_ms, 3),

@@ -1,7 +1,6 @@
 """Stage generate_commands: balanced questions with label-derived answers, split by image."""
 
 import argparse
-from pathlib import Path
 
 from vlm.cli import run
 from vlm.commands.generate import CommandsConfig, command_stats, generate_commands

@@ -18,7 +18,8 @@ COPIED = ("dvc.yaml", "params.yaml", "stages", "vlm", ".dvcignore", "data/bdd100
 def _merge(base: dict, override: dict) -> dict:
     out = dict(base)
     for key, value in override.items():
-        out[key] = _merge(base.get(key, {}), value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+        nested = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = _merge(base.get(key, {}), value) if nested else value
     return out
 
 

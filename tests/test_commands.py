@@ -28,8 +28,9 @@ def random_scenes(n: int, seed: int = 0) -> list[Scene]:
             cx, bottom = rng.uniform(0, W), rng.uniform(H * 0.4, H)
             w, h = rng.uniform(10, 200), rng.uniform(10, 200)
             color = str(rng.choice(["red", "yellow", "green", "none"])) if category == "traffic light" else "none"
-            objects.append(SceneObject(str(k), category, (max(0, cx - w / 2), max(0, bottom - h), min(W, cx + w / 2), bottom),
-                                       occluded=bool(rng.random() < 0.2), light_color=None if color == "none" else color))
+            box = (max(0, cx - w / 2), max(0, bottom - h), min(W, cx + w / 2), bottom)
+            objects.append(SceneObject(str(k), category, box, occluded=bool(rng.random() < 0.2),
+                                       light_color=None if color == "none" else color))
         scenes.append(Scene(f"img{i:04d}.jpg", weather=str(rng.choice(["clear", "rainy", "foggy"])),
                             scene=str(rng.choice(["city street", "highway"])),
                             timeofday=str(rng.choice(["daytime", "night", "dawn/dusk"])), objects=tuple(objects)))

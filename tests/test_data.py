@@ -10,8 +10,8 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from test_data_helpers import PACK_SIZE, SPLIT_SIZES, image_colours, write_scene_project
 
+from test_data_helpers import PACK_SIZE, SPLIT_SIZES, image_colours, write_scene_project
 from vlm.data.augment import AugmentConfig, sample_augment_params, swap_left_right
 from vlm.data.collate import IGNORE_INDEX, collate_questions
 from vlm.data.dataset import TrafficVQADataset

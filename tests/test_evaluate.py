@@ -22,7 +22,8 @@ def trained(tmp_path_factory):
     models = root / "models"
     for blind in (False, True):
         name = "blind" if blind else "vlm"
-        train(TINY_MODEL, tiny_train_config(epochs=2), paths_for(processed, models, name), blind=blind, progress=False, frame_size=FRAME_SIZE)
+        train(TINY_MODEL, tiny_train_config(epochs=2), paths_for(processed, models, name), blind=blind, progress=False,
+              frame_size=FRAME_SIZE)
     return root, processed, models
 
 
@@ -39,7 +40,8 @@ def test_summarize_on_a_hand_built_table():
     assert s["per_answer"] == {"2": 0.0, "3": 1.0, "maybe": 1.0, "no": 0.0, "yes": 1.0}
     expected_f1 = f1_score(table["answer"], table["prediction"], labels=sorted(set(table["answer"])), average="macro")
     assert s["macro_f1"] == pytest.approx(expected_f1, abs=1e-4)
-    assert s["confusion_yes_no_maybe"] == {"actual": ["yes", "no", "maybe"], "predicted": ["yes", "no", "maybe", "other"],
+    assert s["confusion_yes_no_maybe"] == {"actual": ["yes", "no", "maybe"],
+                                           "predicted": ["yes", "no", "maybe", "other"],
                                            "matrix": [[1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]]}
 
 
@@ -55,8 +57,10 @@ def test_predictions_outside_yes_no_maybe_are_counted_as_other():
     assert matrix == [[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 1]]
     assert sum(map(sum, matrix)) == 4  # every yes/no/maybe question, the count question left out
     pairs = yes_no_maybe_pairs(table)
-    assert pairs.to_dict("records") == [{"actual": "yes", "predicted": "other"}, {"actual": "no", "predicted": "no"},
-                                        {"actual": "maybe", "predicted": "other"}, {"actual": "yes", "predicted": "yes"}]
+    assert pairs.to_dict("records") == [{"actual": "yes", "predicted": "other"},
+                                        {"actual": "no", "predicted": "no"},
+                                        {"actual": "maybe", "predicted": "other"},
+                                        {"actual": "yes", "predicted": "yes"}]
 
 
 def test_evaluate_writes_metrics_tables_and_pictures(trained, tmp_path):

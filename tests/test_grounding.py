@@ -4,11 +4,16 @@ and the frame attributes once per image."""
 from __future__ import annotations
 
 import numpy as np
-
 import torch
 
-from vlm.data.grounding import (FRAME_CHANNELS, GROUNDING_CHANNELS, PATCH_CHANNELS,
-                                HeadTargets, grounding_targets, head_layout)
+from vlm.data.grounding import (
+    FRAME_CHANNELS,
+    GROUNDING_CHANNELS,
+    PATCH_CHANNELS,
+    HeadTargets,
+    grounding_targets,
+    head_layout,
+)
 from vlm.models.heads import HeadsConfig
 from vlm.models.heads.grounding import GroundingHead
 from vlm.models.siglip import SiglipVisionConfig

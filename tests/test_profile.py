@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_data_helpers import PACK_SIZE, write_scene_project
 
+from test_data_helpers import PACK_SIZE, write_scene_project
 from vlm.data.dataset import TrafficVQADataset
+from vlm.data.h5file import PackedImageReader
 from vlm.data.naive import NaiveTrafficVQADataset, build_naive_loader
 from vlm.data.pack import repack_resized
-from vlm.data.h5file import PackedImageReader
 from vlm.data.profile import LOADERS, ProfileConfig, plot_dataloader_metrics, profile_dataloaders
 from vlm.params import ParamError, build_config
 
@@ -35,7 +35,8 @@ def test_naive_loader_yields_what_ours_yields_in_float(project):
         torch.testing.assert_close(naive[index]["image"], expected)
         ids = ours[index]["question_ids"].tolist() + ours[index]["answer_ids"].tolist()
         assert naive[index]["input_ids"][:len(ids)].tolist() == ids
-        assert naive[index]["labels"][len(ours[index]["question_ids"]):len(ids)].tolist() == ours[index]["answer_ids"].tolist()
+        answer_ids = ours[index]["answer_ids"].tolist()
+        assert naive[index]["labels"][len(ours[index]["question_ids"]):len(ids)].tolist() == answer_ids
     batch = next(iter(build_naive_loader(naive, batch_size=4, num_samples=40)))
     assert batch["image"].shape == (4, 3, PACK_SIZE, PACK_SIZE) and batch["image"].dtype == torch.float32
     assert len(build_naive_loader(naive, batch_size=4, num_samples=40)) == 10

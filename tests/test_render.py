@@ -96,7 +96,7 @@ def test_variety(scenes):
 def test_occlusion_flags_are_unambiguous():
     for i in range(40):
         layout = sample_layout(np.random.default_rng([9, i]), DEFAULTS)
-        for thing, hidden in settle_occlusion(layout.things, W, H):
+        for _, hidden in settle_occlusion(layout.things, W, H):
             assert not (render.AMBIGUOUS[0] < hidden < render.AMBIGUOUS[1])
             assert hidden <= render.HIDDEN_MAX
 

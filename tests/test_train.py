@@ -73,7 +73,8 @@ def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkey
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
     assert [r["train/loss"] for r in a["state"]["history"]] == [r["train/loss"] for r in b["state"]["history"]]
-    assert torch.load(straight.model, weights_only=False)["metrics"] == torch.load(resumed.model, weights_only=False)["metrics"]
+    straight_metrics = torch.load(straight.model, weights_only=False)["metrics"]
+    assert straight_metrics == torch.load(resumed.model, weights_only=False)["metrics"]
     # The curves of the resumed run are complete, not restarted at the interruption.
     rows = (resumed.live / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()
     assert len(rows) == 1 + metrics["steps"]
@@ -117,7 +118,8 @@ def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(proce
 
 def test_early_stopping(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
-    metrics = train(TINY_MODEL, tiny_train_config(epochs=6, lr=1e-9, early_stopping_patience=1), paths, progress=False, frame_size=FRAME_SIZE)
+    config = tiny_train_config(epochs=6, lr=1e-9, early_stopping_patience=1)
+    metrics = train(TINY_MODEL, config, paths, progress=False, frame_size=FRAME_SIZE)
     assert metrics["stopped_early"] and metrics["epochs"] == 2
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 
 def run(main: Callable[[], object]) -> None:

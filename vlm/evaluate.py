@@ -47,7 +47,8 @@ class EvaluateConfig:
     seed: int = 0
 
     def validate(self, prefix: str = "evaluate") -> None:
-        check(self.split in ("train", "val", "test"), f"{prefix}.split", f"must be train, val or test, got {self.split!r}")
+        check(self.split in ("train", "val", "test"), f"{prefix}.split",
+              f"must be train, val or test, got {self.split!r}")
         check(self.batch_size >= 1, f"{prefix}.batch_size", f"must be >= 1, got {self.batch_size}")
         check(self.attention_examples >= 0, f"{prefix}.attention_examples", "must be >= 0")
         check(self.failure_examples >= 0, f"{prefix}.failure_examples", "must be >= 0")
@@ -244,7 +245,8 @@ def attention_sheet(loaded: LoadedModel, dataset: TrafficVQADataset, table: pd.D
     attention = loaded.model.image_attention(batch)  # [B, layers, heads, T]
     weights = attention.float().mean(dim=(1, 2)).cpu().numpy()  # [B, T]
     config = loaded.model.config
-    grid = (config.siglip.image_size // config.siglip.patch_size) // (config.pixel_shuffle if config.connector == "linear" else 1)
+    shuffle = config.pixel_shuffle if config.connector == "linear" else 1
+    grid = (config.siglip.image_size // config.siglip.patch_size) // shuffle
     colormap = matplotlib.colormaps["inferno"]
     tiles = []
     for k, (index, sample) in enumerate(zip(picks, samples)):
@@ -253,7 +255,8 @@ def attention_sheet(loaded: LoadedModel, dataset: TrafficVQADataset, table: pd.D
         if config.connector == "linear":  # tokens 0 .. grid*grid - 1 are the patch grid's cells
             heat = weights[k, : grid * grid].reshape(grid, grid)
             heat = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
-            overlay = Image.fromarray((colormap(heat)[..., :3] * 255).astype(np.uint8)).resize(image.size, Image.BICUBIC)
+            overlay = Image.fromarray((colormap(heat)[..., :3] * 255).astype(np.uint8))
+            overlay = overlay.resize(image.size, Image.BICUBIC)
             image = Image.blend(image, overlay, 0.45)
         ok = row["prediction"] == row["answer"]
         tiles.append((image, [(row["command"], (20, 20, 20)),

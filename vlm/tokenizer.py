@@ -33,8 +33,9 @@ import re
 import unicodedata
 import warnings
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch

@@ -24,8 +24,8 @@ import math
 import os
 import random
 import time
-from contextlib import nullcontext
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any

@@ -18,7 +18,8 @@ def contact_sheet(tiles: list[tuple[Image.Image, list[tuple[str, tuple[int, int,
     tile_h = round(tile_width * first.height / first.width)
     cell_h = tile_h + 6 + max_lines * line_h
     rows = (len(tiles) + columns - 1) // columns
-    sheet = Image.new("RGB", (columns * tile_width + (columns + 1) * 4, rows * cell_h + (rows + 1) * 4), (250, 250, 250))
+    size = (columns * tile_width + (columns + 1) * 4, rows * cell_h + (rows + 1) * 4)
+    sheet = Image.new("RGB", size, (250, 250, 250))
     draw = ImageDraw.Draw(sheet)
     for k, (image, lines) in enumerate(tiles):
         x = 4 + (k % columns) * (tile_width + 4)

@@ -77,6 +77,11 @@ def split_images(image_ids: list[str], fractions: dict, seed: int) -> dict[str, 
     return {split: sorted(ids[i] for i in idx) for split, idx in cuts.items()}
 
 
+def _deficit(counts: Counter, answer: str) -> int:
+    """How far ``answer`` is behind the most common answer of ``counts``."""
+    return max(counts.values(), default=0) - counts[answer]
+
+
 def _pick(scene_candidates: list[Candidate], n: int, key_counts, type_counts, types: tuple[str, ...],
           rng: np.random.Generator) -> list[Candidate]:
     """Greedy, balance-seeking choice of ``n`` distinct questions for one image."""
@@ -89,13 +94,8 @@ def _pick(scene_candidates: list[Candidate], n: int, key_counts, type_counts, ty
         # The slot goes to the type asked least so far: types that only some images can answer (traffic
         # lights) get more of those images' slots, so every type ends up with about as many questions.
         t = min(order, key=lambda name: sum(type_counts[name].values()))
-        pool = by_type[t]
-
-        def deficit(c: Candidate) -> tuple[int, int]:
-            kc, tc = key_counts[c.key], type_counts[t]
-            return (max(kc.values(), default=0) - kc[c.answer], max(tc.values(), default=0) - tc[c.answer])
-
-        scores = [deficit(c) for c in pool]
+        pool, type_count = by_type[t], type_counts[t]
+        scores = [(_deficit(key_counts[c.key], c.answer), _deficit(type_count, c.answer)) for c in pool]
         best = max(scores)
         ties = [i for i, s in enumerate(scores) if s == best]
         c = pool.pop(ties[int(rng.integers(len(ties)))])

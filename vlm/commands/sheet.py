@@ -30,6 +30,6 @@ def commands_sheet(records: list[dict], image_paths: dict[str, Path], n: int = 1
         questions = sorted(by_image[image_id], key=lambda r: r["command_type"])[:per_image]
         with Image.open(image_paths[image_id]) as image:
             image.draft("RGB", (image.width // 4, image.height // 4))
-            tiles.append((image.convert("RGB"), [(f"{r['command']} {r['answer'].upper()}", TYPE_COLORS[r["command_type"]])
-                                                 for r in questions]))
+            lines = [(f"{r['command']} {r['answer'].upper()}", TYPE_COLORS[r["command_type"]]) for r in questions]
+            tiles.append((image.convert("RGB"), lines))
     return contact_sheet(tiles, columns=4, max_lines=per_image)

@@ -51,7 +51,8 @@ TEMPLATES = {t.id: t for t in (
     Template("scene/night", "scene", ("Is it night?", "Is it nighttime?", "Was this taken at night?")),
     Template("scene/rain", "scene", ("Is it raining?", "Is it rainy?", "Is the weather rainy?")),
     Template("scene/fog", "scene", ("Is it foggy?", "Is there fog?", "Is the weather foggy?")),
-    Template("scene/highway", "scene", ("Is this a highway?", "Is the car on a highway?", "Is this scene on a highway?")),
+    Template("scene/highway", "scene",
+             ("Is this a highway?", "Is the car on a highway?", "Is this scene on a highway?")),
 )}
 
 ACTIONS = {"left": "turn left", "straight": "go straight", "right": "turn right"}

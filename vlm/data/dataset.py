@@ -10,16 +10,16 @@ questions, which the collate then stores once.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from vlm.data.augment import (AugmentConfig, augment_image, sample_augment_params, single_threaded_torch,
-                              swap_left_right)
+from vlm.data.augment import AugmentConfig, augment_image, sample_augment_params, single_threaded_torch, swap_left_right
 from vlm.data.commands import read_commands
 from vlm.data.grounding import HeadTargets
 from vlm.data.h5file import PackedImageReader

@@ -3,8 +3,13 @@
 from vlm.models.connector import LinearConnector
 from vlm.models.gemma import CausalLMOutput, GemmaConfig, GemmaForCausalLM, GemmaModel, KVCache, prefix_lm_mask
 from vlm.models.qformer import QFormerConfig, QFormerConnector, QFormerModel
-from vlm.models.siglip import (SiglipVisionConfig, SiglipVisionModel, SiglipVisionOutput, load_pretrained_siglip,
-                               siglip_config_from_pretrained)
+from vlm.models.siglip import (
+    SiglipVisionConfig,
+    SiglipVisionModel,
+    SiglipVisionOutput,
+    load_pretrained_siglip,
+    siglip_config_from_pretrained,
+)
 from vlm.models.vlm import TrafficVLM, VLMConfig, VLMOutput, build_vlm
 
 __all__ = [

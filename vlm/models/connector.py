@@ -24,7 +24,8 @@ def pixel_shuffle(features: torch.Tensor, factor: int) -> torch.Tensor:
 
 
 class LinearConnector(nn.Module):
-    """Vision features ``[N, P, Dv]`` -> ``P / r^2`` image tokens ``[N, P / r^2, D_text]`` (``multi_modal_projector.linear``)."""
+    """Vision features ``[N, P, Dv]`` -> ``P / r^2`` image tokens ``[N, P / r^2, D_text]``
+    (``multi_modal_projector.linear``)."""
 
     def __init__(self, vision_hidden_size: int, text_hidden_size: int, pixel_shuffle: int = 1):
         super().__init__()

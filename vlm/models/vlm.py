@@ -19,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -32,8 +32,13 @@ from vlm.models.connector import LinearConnector
 from vlm.models.gemma import GemmaConfig, GemmaForCausalLM, prefix_lm_mask, shifted_cross_entropy
 from vlm.models.heads import HeadsConfig, VisionHeads
 from vlm.models.qformer import QFormerConfig, QFormerConnector
-from vlm.models.siglip import SiglipVisionConfig, SiglipVisionModel, SiglipVisionOutput, load_pretrained_siglip, \
-    siglip_config_from_pretrained
+from vlm.models.siglip import (
+    SiglipVisionConfig,
+    SiglipVisionModel,
+    SiglipVisionOutput,
+    load_pretrained_siglip,
+    siglip_config_from_pretrained,
+)
 from vlm.params import ParamError, build_config, check
 
 # Fields of the model config that come from the data, never from params.yaml.

@@ -231,13 +231,16 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
         x = cam.x(lateral, s)
         y2 = cam.y(s)
         wpx, hpx = cam.px(width_m, s), cam.px(height_m, s)
-        add(Thing(category, f"{category}_{'front' if oncoming else 'rear'}", (x - wpx / 2, y2 - hpx, x + wpx / 2, y2), s,
-                  {"color": _choice(rng, VEHICLE_COLORS[category]), "lights_on": layout.timeofday != "daytime" or rng.random() < 0.3}))
+        kind = f"{category}_{'front' if oncoming else 'rear'}"
+        add(Thing(category, kind, (x - wpx / 2, y2 - hpx, x + wpx / 2, y2), s,
+                  {"color": _choice(rng, VEHICLE_COLORS[category]),
+                   "lights_on": layout.timeofday != "daytime" or rng.random() < 0.3}))
 
     # Vehicles crossing at the intersection, seen from the side.
     if layout.cross_street_z:
         z_near, z_far = layout.cross_street_z
-        crossing = ["car"] * cars_crossing + (["bus"] if rng.random() < 0.15 else []) + (["truck"] if rng.random() < 0.15 else [])
+        crossing = (["car"] * cars_crossing + (["bus"] if rng.random() < 0.15 else [])
+                    + (["truck"] if rng.random() < 0.15 else []))
         for category in crossing:
             z = float(rng.uniform(z_near + 1.0, z_far - 1.0))
             s = cam.s_of_z(z)
@@ -270,7 +273,8 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
         rider_h = cam.px(1.05, s)
         rider_w = cam.px(0.55, s)
         rx = x + facing * length * 0.05
-        rider = Thing("rider", "rider", (rx - rider_w / 2, y2 - bike_h - rider_h * 0.55, rx + rider_w / 2, y2 - bike_h * 0.45), s + 1e-4,
+        rider_box = (rx - rider_w / 2, y2 - bike_h - rider_h * 0.55, rx + rider_w / 2, y2 - bike_h * 0.45)
+        rider = Thing("rider", "rider", rider_box, s + 1e-4,
                       {"shirt": _choice(rng, CLOTHES), "skin": _choice(rng, SKIN), "facing": facing,
                        "helmet": category == "motorcycle" or rng.random() < 0.5, "helmet_color": _choice(rng, CLOTHES)},
                       group=g)
@@ -304,7 +308,8 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
                                                x + cam.px(width_m, s) / 2, y2), s,
                   {"shirt": _choice(rng, CLOTHES), "trousers": _choice(rng, CLOTHES[2:5] + CLOTHES[8:9]),
                    "skin": _choice(rng, SKIN), "stride": float(rng.uniform(0.0, 0.35)),
-                   "bag": rng.random() < 0.3, "hair": _choice(rng, ((30, 20, 10), (90, 60, 30), (200, 170, 90), (20, 20, 20)))}))
+                   "bag": rng.random() < 0.3,
+                   "hair": _choice(rng, ((30, 20, 10), (90, 60, 30), (200, 170, 90), (20, 20, 20)))}))
 
     # Traffic lights at the intersection, all showing the same phase (or all dark).
     if city and rng.random() < 0.9:
@@ -319,7 +324,8 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
             y1 = cam.y(s) - cam.px(float(rng.uniform(4.6, 5.6)), s)
             overhead = left < lateral < right
             add(Thing("traffic light", "traffic_light", (x - head_w / 2, y1, x + head_w / 2, y1 + head_h), s,
-                      {"overhead": overhead, "pole_x": x if not overhead else cam.x(right + 1.0 if lateral > 0 else left - 1.0, s),
+                      {"overhead": overhead,
+                       "pole_x": x if not overhead else cam.x(right + 1.0 if lateral > 0 else left - 1.0, s),
                        "ground_y": cam.y(s), "lamp_d": cam.px(0.62, s)}, light_color=phase))
 
     # Traffic signs on poles beside the road.
@@ -373,7 +379,8 @@ class Pen:
             self._both("ellipse", (x1, y1, x2, y2), color, solid, emissive)
 
     def line(self, points, color: RGB, width: float, solid: bool = True, emissive: bool = False) -> None:
-        self._both("line", [(float(x), float(y)) for x, y in points], color, solid, emissive, width=max(1, round(width)))
+        self._both("line", [(float(x), float(y)) for x, y in points], color, solid, emissive,
+                   width=max(1, round(width)))
 
     def glow(self, cx: float, cy: float, r: float, color: RGB, strength: float = 1.0) -> None:
         """A halo around a light source (colour only, not part of any silhouette)."""
@@ -422,9 +429,11 @@ def draw_vehicle_end(pen: Pen, t: Thing) -> None:
     lamp_y = None
     if t.category == "car":
         body_top = y1 + h * 0.45
-        pen.polygon([(x1 + w * 0.14, body_top), (x1 + w * 0.24, y1), (x2 - w * 0.24, y1), (x2 - w * 0.14, body_top)], color)
-        pen.polygon([(x1 + w * 0.2, body_top - h * 0.02), (x1 + w * 0.27, y1 + h * 0.07), (x2 - w * 0.27, y1 + h * 0.07),
-                     (x2 - w * 0.2, body_top - h * 0.02)], (60, 75, 90) if front else (45, 55, 65))
+        pen.polygon([(x1 + w * 0.14, body_top), (x1 + w * 0.24, y1), (x2 - w * 0.24, y1), (x2 - w * 0.14, body_top)],
+                    color)
+        pen.polygon([(x1 + w * 0.2, body_top - h * 0.02), (x1 + w * 0.27, y1 + h * 0.07),
+                     (x2 - w * 0.27, y1 + h * 0.07), (x2 - w * 0.2, body_top - h * 0.02)],
+                    (60, 75, 90) if front else (45, 55, 65))
         pen.rect((x1, body_top, x2, y2 - wheel_h * 0.6), color)
         pen.rect((x1 + w * 0.38, y2 - h * 0.33, x2 - w * 0.38, y2 - h * 0.22), (225, 225, 215))
         lamp_y = body_top + h * 0.08
@@ -450,7 +459,8 @@ def draw_vehicle_end(pen: Pen, t: Thing) -> None:
             pen.glow(cx, lamp_y, r, lamp, 0.8)
             pen.ellipse((cx - r, lamp_y - r * 0.7, cx + r, lamp_y + r * 0.7), lamp, emissive=True)
         else:
-            pen.ellipse((cx - r, lamp_y - r * 0.7, cx + r, lamp_y + r * 0.7), (200, 200, 190) if front else (150, 20, 20))
+            pen.ellipse((cx - r, lamp_y - r * 0.7, cx + r, lamp_y + r * 0.7),
+                        (200, 200, 190) if front else (150, 20, 20))
 
 
 def draw_vehicle_side(pen: Pen, t: Thing) -> None:
@@ -503,20 +513,22 @@ def draw_two_wheeler(pen: Pen, t: Thing) -> None:
     tire = max(1.0, r * (0.35 if t.category == "motorcycle" else 0.18))
     for cx in (back, front):
         pen.ellipse((cx - r, cy - r, cx + r, cy + r), (15, 15, 15))
-        pen.ellipse((cx - r + tire, cy - r + tire, cx + r - tire, cy + r - tire), (120, 120, 120) if t.category == "bicycle" else (60, 60, 60), solid=False)
+        pen.ellipse((cx - r + tire, cy - r + tire, cx + r - tire, cy + r - tire),
+                    (120, 120, 120) if t.category == "bicycle" else (60, 60, 60), solid=False)
     color = t.style["color"]
     seat = (back + (front - back) * 0.35, y1 + (y2 - y1) * 0.1)
     bar = (back + (front - back) * 0.85, y1)
     crank = (back + (front - back) * 0.45, cy)
     if t.category == "motorcycle":
-        pen.polygon([(back + (front - back) * 0.15, cy - r * 0.9), seat, (back + (front - back) * 0.75, y1 + (y2 - y1) * 0.15),
-                     (front, cy - r * 0.3), crank], color)
+        pen.polygon([(back + (front - back) * 0.15, cy - r * 0.9), seat,
+                     (back + (front - back) * 0.75, y1 + (y2 - y1) * 0.15), (front, cy - r * 0.3), crank], color)
         if t.style["lights_on"]:
             pen.glow(bar[0] + facing * w * 0.05, bar[1] + r * 0.4, r * 0.25, (255, 250, 220), 0.8)
     else:
         lw = max(1.0, w * 0.03)
+        down_tube = ((crank[0], crank[1]), (bar[0] - (front - back) * 0.05, bar[1] + (y2 - y1) * 0.2))
         for a, b in ((back, cy), (crank[0], crank[1])), ((crank[0], crank[1]), seat), (seat, (back, cy)), (seat, bar), \
-                    (bar, (front, cy)), ((crank[0], crank[1]), (bar[0] - (front - back) * 0.05, bar[1] + (y2 - y1) * 0.2)):
+                    (bar, (front, cy)), down_tube:
             pen.line([a, b], color, lw)
 
 
@@ -533,8 +545,10 @@ def draw_person(pen: Pen, t: Thing, riding: bool = False) -> None:
         head = h * 0.14
         legs_top = y1 + h * 0.5
         stride = st["stride"] * w
-        pen.polygon([(cx - w * 0.2, legs_top), (cx - w * 0.02, legs_top), (cx - w * 0.1 - stride, y2), (cx - w * 0.35 - stride, y2)], st["trousers"])
-        pen.polygon([(cx + w * 0.02, legs_top), (cx + w * 0.2, legs_top), (cx + w * 0.35 + stride, y2), (cx + w * 0.1 + stride, y2)], st["trousers"])
+        pen.polygon([(cx - w * 0.2, legs_top), (cx - w * 0.02, legs_top), (cx - w * 0.1 - stride, y2),
+                     (cx - w * 0.35 - stride, y2)], st["trousers"])
+        pen.polygon([(cx + w * 0.02, legs_top), (cx + w * 0.2, legs_top), (cx + w * 0.35 + stride, y2),
+                     (cx + w * 0.1 + stride, y2)], st["trousers"])
         pen.rect((x1 + w * 0.12, y1 + head * 1.05, x2 - w * 0.12, legs_top + h * 0.03), st["shirt"])
         pen.line([(x1 + w * 0.14, y1 + head * 1.3), (x1, y1 + h * 0.5)], st["shirt"], w * 0.16)
         pen.line([(x2 - w * 0.14, y1 + head * 1.3), (x2, y1 + h * 0.5)], st["shirt"], w * 0.16)
@@ -588,7 +602,8 @@ def draw_traffic_sign(pen: Pen, t: Thing) -> None:
         pen.rect((cx - w * 0.2, cy - h * 0.12, cx + w * 0.2, cy + h * 0.12), (20, 20, 20))
     elif shape == "triangle":
         pen.polygon([(cx, y1), (x2, y2), (x1, y2)], (200, 20, 20))
-        pen.polygon([(cx, y1 + h * 0.25), (x2 - w * 0.15, y2 - h * 0.08), (x1 + w * 0.15, y2 - h * 0.08)], (245, 245, 245))
+        pen.polygon([(cx, y1 + h * 0.25), (x2 - w * 0.15, y2 - h * 0.08), (x1 + w * 0.15, y2 - h * 0.08)],
+                    (245, 245, 245))
     elif shape == "octagon":
         k = 0.29
         pen.polygon([(x1 + w * k, y1), (x2 - w * k, y1), (x2, y1 + h * k), (x2, y2 - h * k), (x2 - w * k, y2),
@@ -599,8 +614,10 @@ def draw_traffic_sign(pen: Pen, t: Thing) -> None:
         pen.rect((cx - w * 0.15, y1 + h * 0.2, cx + w * 0.15, y2 - h * 0.2), (245, 245, 245))
     elif shape == "diamond":
         pen.polygon([(cx, y1), (x2, cy), (cx, y2), (x1, cy)], (240, 200, 20))
-        pen.polygon([(cx, y1 + h * 0.1), (x2 - w * 0.1, cy), (cx, y2 - h * 0.1), (x1 + w * 0.1, cy)], (20, 20, 20), solid=False)
-        pen.polygon([(cx, y1 + h * 0.16), (x2 - w * 0.16, cy), (cx, y2 - h * 0.16), (x1 + w * 0.16, cy)], (240, 200, 20))
+        pen.polygon([(cx, y1 + h * 0.1), (x2 - w * 0.1, cy), (cx, y2 - h * 0.1), (x1 + w * 0.1, cy)], (20, 20, 20),
+                    solid=False)
+        pen.polygon([(cx, y1 + h * 0.16), (x2 - w * 0.16, cy), (cx, y2 - h * 0.16), (x1 + w * 0.16, cy)],
+                    (240, 200, 20))
     else:  # rect_green: a guide sign
         pen.rect((x1, y1, x2, y2), (20, 110, 60))
         for i in range(2):

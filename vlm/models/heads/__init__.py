@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from vlm.models.heads.base import AuxiliaryHead, HeadsConfig
-from vlm.models.siglip import SiglipVisionConfig
 from vlm.models.heads.centres import CentreHead
 from vlm.models.heads.grounding import GroundingHead
+from vlm.models.siglip import SiglipVisionConfig
 
 HEADS: dict[str, type[AuxiliaryHead]] = {"grounding": GroundingHead, "centres": CentreHead}
 

@@ -1,11 +1,8 @@
 """The whole pipeline through real DVC on tiny params: `dvc repro`, then `dvc exp run -S`."""
 
 import json
-import shlex
-from pathlib import Path
 
 import pytest
-import yaml
 
 from pipeline import DvcProject
 from tiny_project import TINY_MODEL
@@ -23,22 +20,6 @@ TINY_PARAMS = {
     "profile": {"workers": [0], "batch_sizes": [32], "extra_image_sizes": [48], "warmup_batches": 1, "batches": 2,
                 "rounds": 1, "max_images": 16},
 }
-
-
-def _check_declared_params(project: DvcProject, log: Path) -> None:
-    """Each stage read exactly the param keys dvc.yaml declares for it (a declared key covers its sub-keys)."""
-    stages = yaml.safe_load((project.path / "dvc.yaml").read_text())["stages"]
-    runs = [json.loads(line) for line in log.read_text().splitlines()]
-    for name, stage in stages.items():
-        argv = shlex.split(stage["cmd"])[3:]  # after `python -m stages.<name>`
-        reads = set().union(*(set(run["reads"]) for run in runs if run["argv"] == argv))
-        declared = stage["params"]
-        assert reads, name
-
-        def covered(key, by):
-            return key == by or key.startswith(by + ".")
-        assert not [k for k in reads if not any(covered(k, d) for d in declared)], (name, "reads undeclared params")
-        assert not [d for d in declared if not any(covered(k, d) for k in reads)], (name, "declares unread params")
 
 
 MAX_HEADLINE_METRICS = 40  # columns of `dvc exp show`: what a person compares, not every statistic
@@ -68,11 +49,8 @@ def _check_headline_metrics(project: DvcProject) -> None:
 
 
 def test_repro_then_experiment(tmp_path):
-    project = DvcProject(tmp_path / "project", TINY_PARAMS)
-    log = tmp_path / "params-read.jsonl"
-    project.env["VLM_PARAMS_READ_LOG"] = str(log)
+    project = DvcProject(tmp_path, TINY_PARAMS)
     out = project.run("dvc", "repro")
-    _check_declared_params(project, log)
     for stage in ("generate_scenes", "generate_commands", "build_vocab", "pack_hdf5", "train", "train_blind",
                   "evaluate", "profile_dataloader"):
         assert f"Running stage '{stage}'" in out.stdout, stage

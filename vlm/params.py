@@ -1,18 +1,14 @@
 """Reading ``params.yaml`` and validating its sections before any expensive work starts.
 
-``load_params`` returns a read-only :class:`Params` view that records every key the process reads. With
-``VLM_PARAMS_READ_LOG`` set to a file, each process appends its command line and the keys it read there
-when it exits; inside ``with recording_reads() as reads:`` the keys read from every params file loaded in
-the block are added to ``reads``. The tests check both against the params each stage declares in dvc.yaml.
+``load_params`` returns a read-only :class:`Params` view that records every key the process reads; inside
+``with recording_reads() as reads:`` the keys read from every params file loaded in the block are added to
+``reads``. tests/test_stage_params.py checks them against the params each stage declares in dvc.yaml.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import json
 import os
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -59,11 +55,6 @@ def recording_reads() -> Iterator[set[str]]:
         _recorders.remove(reads)
 
 
-def _log_reads(log: str, params: Params) -> None:
-    with open(log, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"argv": sys.argv[1:], "reads": sorted(params.reads)}) + "\n")
-
-
 def load_params(path: str | os.PathLike = "params.yaml") -> Params:
     path = Path(path)
     if not path.is_file():
@@ -75,10 +66,7 @@ def load_params(path: str | os.PathLike = "params.yaml") -> Params:
             raise ParamError(f"{path}: invalid YAML: {e}") from e
     if not isinstance(params, dict):
         raise ParamError(f"{path}: top level must be a mapping of sections")
-    params = Params(params, reads=_recorders[-1] if _recorders else None)
-    if log := os.environ.get("VLM_PARAMS_READ_LOG"):
-        atexit.register(_log_reads, log, params)
-    return params
+    return Params(params, reads=_recorders[-1] if _recorders else None)
 
 
 def section(params: Mapping[str, Any], name: str) -> Mapping[str, Any]:

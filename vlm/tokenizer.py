@@ -4,7 +4,7 @@ Traffic commands come from a few hundred templates ("How many cars are there?"),
 word vocabulary built from the train split covers them: no sub-word merges are needed, and an
 id is a whole word a person can read back.
 
-Ids (fixed by DESIGN.md)::
+Ids (the contract with the model and docs/architecture.md)::
 
     [PAD]=0 [UNK]=1 [SOS]=2 [EOS]=3 [YES]=4 [NO]=5 [MAYBE]=6 [SEP]=7, 8-9 reserved, words from 10
 

@@ -19,13 +19,14 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True, help="folder with commands/, vocab.json, *_images.h5")
     parser.add_argument("--model", type=Path, required=True, help="the best model's file")
     parser.add_argument("--checkpoints", type=Path, required=True, help="folder of the resume checkpoints")
-    parser.add_argument("--metrics", type=Path, required=True, help="JSON file of the run's metrics")
+    parser.add_argument("--metrics", type=Path, required=True, help="JSON file of the run's headline metrics")
+    parser.add_argument("--timing", type=Path, required=True, help="JSON file of the run's seconds and questions/s")
     parser.add_argument("--live", type=Path, required=True, help="dvclive folder of the training curves")
     args = parser.parse_args()
     params = load_params(args.params)
     config = build_config(TrainConfig, section(params, "train"), "train")
     paths = TrainPaths(data=args.data, model=args.model, checkpoints=args.checkpoints, metrics=args.metrics,
-                       live=args.live)
+                       timing=args.timing, live=args.live)
     if args.blind:  # the text-only decoder reads no image: no frame size, no vision params
         metrics = train(section(params, "model"), config, paths, blind=True)
     else:

@@ -27,7 +27,9 @@ def test_trains_writes_model_metrics_and_curves(processed, tmp_path):
     metrics = train(TINY_MODEL, tiny_train_config(), paths, progress=False, frame_size=FRAME_SIZE)
     assert metrics["epochs"] == 2 and metrics["steps"] == metrics["planned_steps"]
     assert 0 <= metrics["val_accuracy"] <= 1 and metrics["best_epoch"] in (1, 2)
-    assert json.loads(paths.metrics.read_text()) == metrics
+    headline, timing = json.loads(paths.metrics.read_text()), json.loads(paths.timing.read_text())
+    assert {**headline, **timing} == metrics and list(headline)[0] == "val_accuracy"
+    assert set(timing) == {"seconds", "questions_per_s", "planned_steps"} and timing["seconds"] > 0
     loaded = load_model(paths.model, processed / "vocab.json")
     assert loaded.model.config.vision == "siglip" and loaded.image_size == 32
     assert set(loaded.answers) >= {"yes", "no"}

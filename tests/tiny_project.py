@@ -52,4 +52,5 @@ def tiny_train_config(**overrides) -> TrainConfig:
 
 def paths_for(processed: Path, out: Path, name: str = "vlm") -> TrainPaths:
     return TrainPaths(data=processed, model=out / f"{name}.pt", checkpoints=out / "checkpoints",
-                      metrics=out / f"train_{name}.json", live=out / "dvclive" / name)
+                      metrics=out / f"train_{name}.json",
+                      timing=out / f"train_{name}_timing.json", live=out / "dvclive" / name)

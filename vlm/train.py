@@ -9,7 +9,8 @@ for each epoch, :func:`finish`. One run writes:
   :class:`TrainState`), written every ``checkpoint_every`` optimizer steps and at the end of each epoch.
   A rerun with the same params and data resumes from it and ends with the same weights as an
   uninterrupted run (the data order and augmentation are functions of seed and epoch);
-- ``{metrics}`` and per-step curves through dvclive (``{live}/plots``).
+- ``{metrics}`` (headline numbers), ``{timing}`` (seconds, questions/s) and per-step curves through
+  dvclive (``{live}/plots``).
 
 Under ``torchrun`` (``WORLD_SIZE`` > 1) each process trains on its share of the images with
 DistributedDataParallel (NCCL on GPUs, gloo on CPU); rank 0 evaluates and writes every file.
@@ -88,7 +89,8 @@ class TrainPaths:
     data: Path  # commands/{split}.json, vocab.json and {split}_images.h5
     model: Path  # the best model; its stem names the run
     checkpoints: Path  # resume checkpoints
-    metrics: Path
+    metrics: Path  # headline metrics (dvc.yaml declares them as metrics)
+    timing: Path  # seconds and questions/s: compared by the profile and the benchmarks, not as metrics
     live: Path  # dvclive folder
 
     @property
@@ -402,8 +404,11 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
     if run.dist.is_main:
         if not run.paths.model.exists():
             checkpoint.save(run.paths.model, state.best)
-        metrics = train_metrics(state, run.model, run.total_steps)
+        metrics = train_metrics(state, run.model)
+        timing = train_timing(state, run.total_steps)
         write_json(run.paths.metrics, metrics)
+        write_json(run.paths.timing, timing)
+        metrics = {**metrics, **timing}
     run.curves.close()
     if run.dist.world_size > 1:
         dist.barrier()
@@ -467,19 +472,26 @@ def fingerprint(model_config: VLMConfig, config: TrainConfig, paths: TrainPaths,
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def train_metrics(state: TrainState, model: torch.nn.Module, planned_steps: int) -> dict[str, Any]:
+def train_metrics(state: TrainState, model: torch.nn.Module) -> dict[str, Any]:
+    """The run's headline numbers, the best epoch's validation accuracy first."""
     evals = [r for r in state.history if "val/accuracy" in r]
     last_epoch = [r for r in state.history if r["epoch"] == state.history[-1]["epoch"]]
     return {
-        "epochs": evals[-1]["epoch"] if evals else 0,
-        "steps": state.step,
-        "best_epoch": state.best["metrics"]["epoch"] if state.best else None,
         "val_accuracy": round(state.best_accuracy, 4),
+        "best_epoch": state.best["metrics"]["epoch"] if state.best else None,
+        "epochs": evals[-1]["epoch"] if evals else 0,
+        "stopped_early": state.stopped_early,
         "train_loss": round(float(np.mean([r["train/loss"] for r in last_epoch])), 4),
         "train_accuracy": round(float(np.mean([r["train/accuracy"] for r in last_epoch])), 4),
-        "stopped_early": state.stopped_early,
+        "steps": state.step,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "planned_steps": planned_steps,  # every epoch: what the LR schedule spans
-        "seconds": round(state.seconds, 1),
+    }
+
+
+def train_timing(state: TrainState, planned_steps: int) -> dict[str, Any]:
+    """Training time over every process that worked on the run (a resumed run adds its time to the saved)."""
+    return {
+        "seconds": round(state.seconds, 1),  # validation excluded
         "questions_per_s": round(state.samples / max(state.seconds, 1e-9), 1),
+        "planned_steps": planned_steps,  # every epoch: what the LR schedule spans
     }

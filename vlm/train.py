@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from vlm import checkpoint
+from vlm.batch import Batch
 from vlm.data.augment import AugmentConfig
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.grounding import HeadTargets, head_layout
@@ -46,6 +47,7 @@ from vlm.data.loader import build_loader, set_epoch
 from vlm.inference import predict_dataset
 from vlm.io import write_json
 from vlm.models import TrafficVLM, VLMConfig, build_vlm
+from vlm.models.vlm import VLMOutput
 from vlm.params import check
 from vlm.tokenizer import TrafficCommandTokenizer
 
@@ -340,24 +342,13 @@ def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
         batch = batch.to(run.device)
         last_batch = index + 1 == len(loader)
         boundary = (index + 1) % config.grad_accum == 0 or last_batch
-        sync = nullcontext() if boundary or run.dist.world_size == 1 else run.ddp_model.no_sync()
-        with sync, autocast(run.device):
-            output = run.ddp_model(batch)
-        if not torch.isfinite(output.loss):
-            raise NonFiniteLossError(
-                f"{run.name}: loss is {output.loss.item()} at epoch {state.epoch + 1}, batch {index + 1} (step "
-                f"{state.step}); stopped. The last good checkpoint is kept at {run.last_path} and the best model "
-                f"at {run.paths.model}; lower train.lr or raise train.warmup_steps")
-        (output.loss / config.grad_accum).backward()
+        output = forward_backward(run, batch, sync_grads=boundary,
+                                  where=f"epoch {state.epoch + 1}, batch {index + 1} (step {state.step})")
         window.add(output, batch)
         state.samples += len(batch) * run.dist.world_size
         if not boundary:
             continue
-        if config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(run.model.parameters(), config.grad_clip)
-        run.optimizer.step()
-        run.scheduler.step()
-        run.optimizer.zero_grad(set_to_none=True)
+        optimizer_step(run)
         state.step += 1
         state.batch = index + 1
         record = {"step": state.step, "epoch": state.epoch + 1, **window.pop(), "lr": run.scheduler.get_last_lr()[0]}
@@ -420,6 +411,29 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
 # The loop's helpers
 
 
+def forward_backward(run: Run, batch: Batch, *, sync_grads: bool, where: str) -> VLMOutput:
+    """The forward and backward pass of one batch (on device); under DDP the gradients are averaged over
+    the processes only when ``sync_grads`` (the last batch of an accumulation window)."""
+    sync = nullcontext() if sync_grads or run.dist.world_size == 1 else run.ddp_model.no_sync()
+    with sync, autocast(run.device):
+        output = run.ddp_model(batch)
+    if not torch.isfinite(output.loss):
+        raise NonFiniteLossError(
+            f"{run.name}: loss is {output.loss.item()} at {where}; stopped. The last good checkpoint is kept at "
+            f"{run.last_path} and the best model at {run.paths.model}; lower train.lr or raise train.warmup_steps")
+    (output.loss / run.config.grad_accum).backward()
+    return output
+
+
+def optimizer_step(run: Run) -> None:
+    """Gradient clipping, the AdamW step, the learning-rate schedule's step."""
+    if run.config.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.config.grad_clip)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+
+
 class StepWindow:
     """Means over the forward passes of one optimizer step, for its record."""
 
@@ -464,12 +478,22 @@ def val_accuracy(run: Run) -> float:
 
 def fingerprint(model_config: VLMConfig, config: TrainConfig, paths: TrainPaths, world_size: int,
                 frame_size: tuple[float, float] | None) -> str:
-    """Identifies a run: a resume checkpoint is used only by a run with the same fingerprint."""
+    """Identifies a run: a resume checkpoint is used only by a run with the same fingerprint (params, data
+    and the code of the ``vlm`` package: a checkpoint written by other code is not resumed)."""
     files = [paths.vocab, *paths.split("train"), *paths.split("val")]
     payload = {"model": model_config.to_dict(), "train": asdict(config), "world_size": world_size,
-               "frame_size": frame_size,
+               "frame_size": frame_size, "code": code_sha256(),
                "files": {str(p): checkpoint.file_sha256(p) for p in files}}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def code_sha256() -> str:
+    """One hash of every Python file of the ``vlm`` package (paths and contents)."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def train_metrics(state: TrainState, model: torch.nn.Module) -> dict[str, Any]:

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
+
+from tiny_project import TINY_MODEL, build_project
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,3 +66,21 @@ def test_bench_loader(tmp_path):
                                                         "draft_speedup", "draft_psnr_db_vs_full_decode"}
     assert set(report["pack"]["32px"]) == {"workers1", "workers2"}
     assert set(report["pack"]["32px"]["workers2"]) == {"images_per_s", "main_process_cpu_ms_per_image"}
+
+
+def test_bench_train_step(tmp_path):
+    processed = build_project(tmp_path / "project")
+    params = {"scenes": {"width": 1280, "height": 720}, "model": TINY_MODEL,
+              "train": {"batch_size": 16, "warmup_steps": 2, "threads": 1, "in_memory": True}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    report = run_benchmark("bench_train_step.py", tmp_path / "step.json", "--params", str(tmp_path / "params.yaml"),
+                           "--data", str(processed), "--warmup", "1", "--steps", "2", "--profile-steps", "2")
+    rows = report["profile"]["ms_per_step"]
+    for row in ("data (loader, targets, to device)", "vision: conv stem", "vision: encoder layers",
+                "heads: centre head", "heads: grounding head", "connector", "decoder layers", "backward",
+                "optimizer (clip, AdamW, schedule)"):
+        assert rows[row] > 0, row
+    assert abs(sum(report["profile"]["share"].values()) - 1) < 1e-3
+    assert report["train_gflops_per_question"] > report["forward_gflops_per_question"] > 0
+    assert report["questions_per_s"] > 0 and 0 < report["mfu"] < 1
+    assert report["profile"]["top_operators"]

@@ -1,8 +1,10 @@
 import json
+import logging
 
 import pytest
 import torch
 
+import vlm.train
 from tiny_project import FRAME_SIZE, TINY_MODEL, build_project, paths_for, tiny_train_config
 from vlm import checkpoint
 from vlm.checkpoint import load_model
@@ -87,6 +89,18 @@ def test_checkpoint_of_other_params_is_not_resumed(processed, tmp_path):
     train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE)
     metrics = train(TINY_MODEL, tiny_train_config(epochs=1, lr=1e-3), paths, progress=False, frame_size=FRAME_SIZE)
     assert metrics["steps"] == metrics["planned_steps"]  # trained from scratch, not resumed at the end
+
+
+def test_checkpoint_of_other_code_is_not_resumed(processed, tmp_path, monkeypatch, caplog):
+    paths = paths_for(processed, tmp_path)
+    with caplog.at_level(logging.INFO, logger="vlm.train"):
+        train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE)
+        train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE)
+        assert "resuming vlm" in caplog.text  # the same code resumes its finished run
+        caplog.clear()
+        monkeypatch.setattr(vlm.train, "code_sha256", lambda: "0" * 64)  # as if vlm/ had been edited
+        train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE)
+    assert "resuming" not in caplog.text
 
 
 def test_finished_run_rewrites_a_deleted_model(processed, tmp_path):

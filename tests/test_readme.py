@@ -1,0 +1,44 @@
+"""The README's numbers are those of the committed metrics (a full default run's), not typed in by hand."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _json(path: str) -> dict:
+    return json.loads((ROOT / path).read_text(encoding="utf-8"))
+
+
+def _results_rows() -> dict[str, list[str]]:
+    """The results table of "What you get": command type -> [questions, VLM, blind, gain]."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## What you get", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip().strip("*") for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and re.fullmatch(r"\d+", cells[1]):
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_results_table_is_the_committed_evaluation():
+    headline, details = _json("metrics/eval.json"), _json("metrics/eval/details.json")
+    expected = {kind: [str(details["questions_per_type"][kind]), f"{headline['vlm']['per_type'][kind]:.3f}",
+                       f"{headline['blind']['per_type'][kind]:.3f}",
+                       f"{headline['vlm']['per_type'][kind] - headline['blind']['per_type'][kind]:+.3f}"]
+                for kind in headline["vlm"]["per_type"]}
+    expected["overall"] = [str(details["questions"]), f"{headline['vlm']['accuracy']:.3f}",
+                           f"{headline['blind']['accuracy']:.3f}", f"{headline['gain_from_vision']['accuracy']:+.3f}"]
+    assert _results_rows() == expected
+
+
+def test_training_speed_row_is_the_committed_run():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith("| training at the defaults"))
+    vlm, blind = _json("metrics/train_timing.json"), _json("metrics/train_blind_timing.json")
+    assert (f"{vlm['questions_per_s']:.0f} questions/s (VLM, {vlm['seconds']:.0f} s), "
+            f"{blind['questions_per_s']:.0f} questions/s (blind, {blind['seconds']:.0f} s)") in row

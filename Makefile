@@ -36,6 +36,7 @@ bench: $(STAMP)
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_tokenizer.py --out metrics/bench_tokenizer.json
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_model.py --out metrics/bench_model.json
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_loader.py --images data/raw/images --out metrics/bench_pack.json
+	PYTHONPATH=. $(BIN)/python benchmarks/bench_train_step.py --data data/processed --out metrics/bench_train_step.json
 
 clean:
 	rm -rf $(VENV)

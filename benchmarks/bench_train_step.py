@@ -16,6 +16,14 @@ It builds the run exactly as the train stage does (:func:`vlm.train.setup` with 
 3. counts the FLOPs of one forward and backward pass (``torch.utils.flop_counter``; matmuls, convolutions
    and attention, as MFU counts them) per question, and measures the fp32 matmul peak (square matmuls,
    the best of several sizes) with the same threads: MFU = FLOPs per second achieved in step 1 / peak.
+
+With ``--compare TWEAK ...`` it measures changes to the run instead (:data:`TWEAKS`), each against the run
+as ``vlm/train.py`` builds it: the median over interleaved rounds of the paired ratio baseline step time /
+tweaked step time, and the largest per-step loss difference over ``--check-steps`` steps from the same
+weights and batches:
+
+    PYTHONPATH=. python benchmarks/bench_train_step.py --compare foreach_adamw contiguous \
+        --out metrics/bench_train_tweaks.json
 """
 
 from __future__ import annotations
@@ -59,6 +67,27 @@ def build_run(params_path: str, data: Path, workdir: Path, overrides: dict[str, 
     return setup(section(params, "model"), config, paths, blind=False, frame_size=(frame.width, frame.height))
 
 
+def replace_optimizer(run: Run, **options) -> None:
+    """The run's AdamW rebuilt with ``options`` (e.g. ``fused=True``) over the same groups and schedule."""
+    groups = [{key: value for key, value in group.items() if key not in ("fused", "foreach")}
+              for group in run.optimizer.param_groups]
+    defaults = {key: run.optimizer.defaults[key] for key in ("lr", "betas", "eps")}
+    run.optimizer = torch.optim.AdamW(groups, **defaults, **options)
+    run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, run.scheduler.lr_lambdas[0])
+
+
+# Changes to a training run that --compare measures against the run as vlm/train.py builds it (the
+# baseline): each was either adopted in vlm/train.py (its opposite stays here to measure what it gave)
+# or measured and not adopted (docs/experiments.md).
+TWEAKS = {
+    "foreach_adamw": lambda run: replace_optimizer(run, foreach=True),
+    "fused_adamw": lambda run: replace_optimizer(run, fused=True),
+    "channels_last": lambda run: run.model.to(memory_format=torch.channels_last),
+    "contiguous": lambda run: run.model.to(memory_format=torch.contiguous_format),
+    "compile": lambda run: setattr(run, "ddp_model", torch.compile(run.model)),
+}
+
+
 def batches(run: Run):
     """The training loader's batches, epoch after epoch."""
     epoch = 0
@@ -73,8 +102,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_steps(run: Run, source, steps: int) -> dict[str, float]:
-    """Seconds per step (median), data seconds per step (median) and questions/s over ``steps`` steps."""
+def time_steps(run: Run, source, steps: int, losses: list[float] | None = None) -> dict[str, float]:
+    """Seconds per step (median), data seconds per step (median) and questions/s over ``steps`` steps
+    (each step's loss appended to ``losses``)."""
     window = StepWindow()
     totals, data_times, questions = [], [], 0
     for _ in range(steps):
@@ -84,7 +114,9 @@ def time_steps(run: Run, source, steps: int) -> dict[str, float]:
         output = forward_backward(run, batch, sync_grads=True, where="the benchmark")
         window.add(output, batch)
         optimizer_step(run)
-        window.pop()
+        record = window.pop()
+        if losses is not None:
+            losses.append(record["train/loss"])
         synchronize(run.device)
         ended = time.perf_counter()
         totals.append(ended - started)
@@ -150,21 +182,97 @@ def profile_steps(run: Run, source, steps: int, top: int) -> dict[str, object]:
     def ms(key: str) -> float:
         return averages[key].cpu_time_total / 1e3 / steps if key in averages else 0.0
 
-    regions = {row: ms(row) for row in hooks.rows}
-    rest = ms("forward") - sum(regions.values())
-    breakdown = {"data (loader, targets, to device)": ms("data"), **regions,
-                 "forward: the rest (embedding, heads' losses and counts, cross-entropy)": rest,
-                 "backward": ms("backward"), "optimizer (clip, AdamW, schedule)": ms("optimizer")}
-    total = sum(breakdown.values())
+    forward = {row: ms(row) for row in hooks.rows}
+    backward = backward_by_region(prof.events(), set(hooks.rows))
+    rest = "the rest (embedding, heads' losses and counts, cross-entropy)"
+    forward[rest] = ms("forward") - sum(forward.values())
+    backward = {row: backward.get(row, 0.0) / 1e3 / steps for row in forward}
+    backward[rest] = ms("backward") - sum(backward[row] for row in hooks.rows)
+    rows = [{"part": "data (loader, targets, to device)", "ms": ms("data")}]
+    rows += [{"part": row, "forward_ms": forward[row], "backward_ms": backward[row], "ms": forward[row] + backward[row]}
+             for row in forward]
+    rows += [{"part": "optimizer (clip, AdamW, schedule)", "ms": ms("optimizer")}]
+    total = sum(row["ms"] for row in rows)
+    for row in rows:
+        row.update({key: round(value, 2) for key, value in row.items() if key.endswith("ms")},
+                   share=round(row["ms"] / total, 4))
     labels = {"data", "forward", "backward", "optimizer", *hooks.rows}
     operators = sorted((e for e in prof.key_averages() if e.key not in labels and not e.key.startswith("ProfilerStep")),
                        key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
     return {
-        "ms_per_step": {row: round(value, 2) for row, value in breakdown.items()},
-        "share": {row: round(value / total, 4) for row, value in breakdown.items()},
+        "ms_per_step": round(total, 2),
+        "rows": rows,
         "top_operators": [{"name": e.key, "self_ms_per_step": round(e.self_cpu_time_total / 1e3 / steps, 2),
                            "calls_per_step": e.count / steps} for e in operators],
     }
+
+
+def backward_by_region(events, regions: set[str]) -> dict[str, float]:
+    """Microseconds of backward per forward region: each autograd node's backward (``evaluate_function``)
+    is charged to the region whose forward created it (the same sequence number)."""
+    region_of = {}
+    for event in events:
+        if event.sequence_nr < 0 or event.name.startswith("autograd::engine"):
+            continue
+        parent = event.cpu_parent
+        while parent is not None and parent.name not in regions:
+            parent = parent.cpu_parent
+        if parent is not None:
+            region_of.setdefault(event.sequence_nr, parent.name)
+    totals: dict[str, float] = {}
+    for event in events:
+        if event.name.startswith("autograd::engine::evaluate_function") and event.sequence_nr in region_of:
+            region = region_of[event.sequence_nr]
+            totals[region] = totals.get(region, 0.0) + event.cpu_time_total
+    return totals
+
+
+def compare(args, workdir: Path) -> dict[str, object]:
+    """Each tweak against the baseline: paired ratios of step time over interleaved rounds (baseline time /
+    tweak time, the median round counts), and the per-step losses of ``--check-steps`` steps from the same
+    initial weights and batches against the baseline's."""
+    names = ["baseline", *args.compare]
+    runs = {}
+    for name in names:
+        run = build_run(args.params, args.data, workdir / name, {})
+        if name != "baseline":
+            TWEAKS[name](run)
+        run.model.train()
+        runs[name] = (run, batches(run), [])
+    for run, source, losses in runs.values():  # the same batches, the same initial weights
+        time_steps(run, source, args.check_steps, losses)
+    ratios = {name: [] for name in names}
+    seconds = {name: [] for name in names}
+    for _ in range(args.rounds):
+        timed = {name: time_steps(run, source, args.round_steps)["seconds_per_step"]
+                 for name, (run, source, _) in runs.items()}
+        for name in names:
+            ratios[name].append(timed["baseline"] / timed[name])
+            seconds[name].append(timed[name])
+    reference = torch.tensor(runs["baseline"][2])
+    results = {}
+    for name in names:
+        gap = (torch.tensor(runs[name][2]) - reference).abs()
+        results[name] = {"ms_per_step": round(statistics.median(seconds[name]) * 1e3, 2),
+                         "speedup": round(statistics.median(ratios[name]), 3),
+                         "speedup_range": [round(min(ratios[name]), 3), round(max(ratios[name]), 3)],
+                         "loss_max_abs_diff": float(gap.max()) if len(gap) else 0.0,
+                         "loss_last_abs_diff": float(gap[-1]) if len(gap) else 0.0,
+                         # the mean loss of the last quarter of the steps: what training reaches, not one batch
+                         "loss_tail_mean_diff": tail_mean(runs[name][2]) - tail_mean(runs["baseline"][2])}
+        print(f"{name:16} {results[name]['ms_per_step']:8.2f} ms/step  speed-up {results[name]['speedup']:.3f} "
+              f"({results[name]['speedup_range'][0]:.2f}-{results[name]['speedup_range'][1]:.2f})  loss gap over "
+              f"{args.check_steps} steps: max {results[name]['loss_max_abs_diff']:.2e}, "
+              f"last {results[name]['loss_last_abs_diff']:.2e}, mean of the last quarter "
+              f"{results[name]['loss_tail_mean_diff']:+.2e}")
+    for run, _, _ in runs.values():
+        run.curves.close()
+    return {"rounds": args.rounds, "steps_per_round": args.round_steps, "check_steps": args.check_steps,
+            "results": results}
+
+
+def tail_mean(losses: list[float]) -> float:
+    return statistics.fmean(losses[-max(1, len(losses) // 4):]) if losses else 0.0
 
 
 def count_flops(run: Run, source) -> dict[str, float]:
@@ -199,6 +307,11 @@ def matmul_peak(device: torch.device, sizes=(256, 512, 1024, 2048), repeats: int
     return best
 
 
+def machine() -> dict[str, object]:
+    return {"device": "cuda" if torch.cuda.is_available() else "cpu", "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "processor": platform.processor() or platform.machine()}
+
+
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
@@ -207,8 +320,19 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--steps", type=int, default=40, help="timed steps")
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--top", type=int, default=15, help="operators listed by self time")
+    parser.add_argument("--compare", nargs="+", choices=sorted(TWEAKS), default=None,
+                        help="instead of the breakdown: these tweaks against the baseline, interleaved")
+    parser.add_argument("--rounds", type=int, default=10, help="--compare: interleaved rounds")
+    parser.add_argument("--round-steps", type=int, default=5, help="--compare: steps of each run per round")
+    parser.add_argument("--check-steps", type=int, default=200, help="--compare: steps whose losses are compared")
     parser.add_argument("--out", type=Path, default=None, help="JSON report")
     args = parser.parse_args(argv)
+    if args.compare:
+        with tempfile.TemporaryDirectory() as workdir:
+            report = {"machine": machine(), **compare(args, Path(workdir))}
+        if args.out:
+            write_json(args.out, report)
+        return report
 
     with tempfile.TemporaryDirectory() as workdir:
         run = build_run(args.params, args.data, Path(workdir), {})
@@ -222,8 +346,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     peak = matmul_peak(run.device)
     achieved = flops["train_flops_per_question"] * timing["questions_per_s"]
     report = {
-        "machine": {"device": str(run.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                    "processor": platform.processor() or platform.machine()},
+        "machine": machine(),
         "batch_questions": timing["questions_per_step"],
         "questions_per_s": round(timing["questions_per_s"], 1),
         "ms_per_step": round(timing["seconds_per_step"] * 1e3, 2),
@@ -239,8 +362,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     print(f"{report['questions_per_s']} questions/s, {report['ms_per_step']} ms per step of "
           f"{report['batch_questions']:.0f} questions on {report['machine']['device']} "
           f"({report['machine']['threads']} threads)")
-    for row, value in profile["ms_per_step"].items():
-        print(f"  {row:72} {value:8.2f} ms  {profile['share'][row]:6.1%}")
+    print(f"  {'part':64} {'forward':>9} {'backward':>9} {'total':>9}")
+    for row in profile["rows"]:
+        split = f"{row['forward_ms']:9.2f} {row['backward_ms']:9.2f}" if "forward_ms" in row else " " * 19
+        print(f"  {row['part']:64} {split} {row['ms']:9.2f} ms {row['share']:6.1%}")
     print(f"{report['train_gflops_per_question']} GFLOP per question (forward + backward), "
           f"{report['achieved_gflops_per_s']} GFLOP/s achieved, fp32 matmul peak "
           f"{report['matmul_peak_gflops_per_s']} GFLOP/s: MFU {report['mfu']:.1%}")

@@ -68,19 +68,35 @@ def test_bench_loader(tmp_path):
     assert set(report["pack"]["32px"]["workers2"]) == {"images_per_s", "main_process_cpu_ms_per_image"}
 
 
-def test_bench_train_step(tmp_path):
-    processed = build_project(tmp_path / "project")
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """Packed data of a tiny project and a params.yaml training a tiny model on it."""
+    root = tmp_path_factory.mktemp("bench_train_step")
     params = {"scenes": {"width": 1280, "height": 720}, "model": TINY_MODEL,
               "train": {"batch_size": 16, "warmup_steps": 2, "threads": 1, "in_memory": True}}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    report = run_benchmark("bench_train_step.py", tmp_path / "step.json", "--params", str(tmp_path / "params.yaml"),
-                           "--data", str(processed), "--warmup", "1", "--steps", "2", "--profile-steps", "2")
-    rows = report["profile"]["ms_per_step"]
-    for row in ("data (loader, targets, to device)", "vision: conv stem", "vision: encoder layers",
-                "heads: centre head", "heads: grounding head", "connector", "decoder layers", "backward",
-                "optimizer (clip, AdamW, schedule)"):
-        assert rows[row] > 0, row
-    assert abs(sum(report["profile"]["share"].values()) - 1) < 1e-3
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    return ["--params", str(root / "params.yaml"), "--data", str(build_project(root / "project"))]
+
+
+def test_bench_train_step(tmp_path, tiny_run):
+    report = run_benchmark("bench_train_step.py", tmp_path / "step.json", *tiny_run, "--warmup", "1", "--steps", "2",
+                           "--profile-steps", "2")
+    rows = {row["part"]: row for row in report["profile"]["rows"]}
+    for part in ("vision: conv stem", "vision: encoder layers", "heads: centre head", "heads: grounding head",
+                 "connector", "decoder layers"):
+        assert rows[part]["forward_ms"] > 0 and rows[part]["backward_ms"] > 0, part
+    assert rows["data (loader, targets, to device)"]["ms"] > 0 and rows["optimizer (clip, AdamW, schedule)"]["ms"] > 0
+    assert abs(sum(row["share"] for row in rows.values()) - 1) < 1e-3
     assert report["train_gflops_per_question"] > report["forward_gflops_per_question"] > 0
     assert report["questions_per_s"] > 0 and 0 < report["mfu"] < 1
     assert report["profile"]["top_operators"]
+
+
+def test_bench_train_step_compare(tmp_path, tiny_run):
+    report = run_benchmark("bench_train_step.py", tmp_path / "tweaks.json", *tiny_run, "--compare", "foreach_adamw",
+                           "channels_last", "--rounds", "2", "--round-steps", "1", "--check-steps", "3")
+    results = report["results"]
+    assert set(results) == {"baseline", "foreach_adamw", "channels_last"}
+    assert results["baseline"]["speedup"] == 1 and results["baseline"]["loss_max_abs_diff"] == 0
+    for name in ("foreach_adamw", "channels_last"):
+        assert results[name]["speedup"] > 0 and results[name]["loss_max_abs_diff"] < 1e-2

@@ -42,3 +42,17 @@ def test_training_speed_row_is_the_committed_run():
     vlm, blind = _json("metrics/train_timing.json"), _json("metrics/train_blind_timing.json")
     assert (f"{vlm['questions_per_s']:.0f} questions/s (VLM, {vlm['seconds']:.0f} s), "
             f"{blind['questions_per_s']:.0f} questions/s (blind, {blind['seconds']:.0f} s)") in row
+
+
+def test_training_step_numbers_are_the_committed_benchmark():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    step = _json("metrics/bench_train_step.json")
+    for number in (f"{step['batch_questions']:.0f} questions", f"{step['ms_per_step']:.0f} ms",
+                   f"{step['questions_per_s']:.0f} questions/s", f"{step['train_gflops_per_question']:.3f} GFLOP",
+                   f"{step['achieved_gflops_per_s']:.0f} GFLOP/s", f"{step['matmul_peak_gflops_per_s']:.0f} GFLOP/s",
+                   f"{step['mfu']:.1%}"):
+        assert number in text, number
+    for row in step["profile"]["rows"]:
+        line = next((line for line in text.splitlines() if line.startswith(f"| {row['part']} |")), None)
+        if line is not None:  # the smallest parts share one row
+            assert f"| {row['ms']:.1f} |" in line and f"| {row['share']:.1%} |" in line, row["part"]

@@ -1,13 +1,14 @@
 # Two entry points for a fresh machine (see README):
 #   make repro   create .venv, install pinned deps, run the whole DVC pipeline
 #   make test    create .venv, install pinned deps (+ test extras), lint (ruff, duplicate code), run the tests
+#   make scaling the accuracy-vs-compute curve (queued experiments, hours)
 #   make compare the experiments side by side: the test accuracies (VLM, blind) first, then whatever differs
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup repro test compare bench clean
+.PHONY: setup repro test compare bench scaling clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +38,11 @@ bench: $(STAMP)
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_model.py --out metrics/bench_model.json
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_loader.py --images data/raw/images --out metrics/bench_pack.json
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_train_step.py --data data/processed --out metrics/bench_train_step.json
+
+# The accuracy-vs-compute curve: queued `dvc exp run`s at 1x-8x the default epochs and at 224 px, one at a time
+# (hours on 2 cores; re-running resumes), collected into metrics/scaling.json and metrics/plots/scaling.png.
+scaling: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" PYTHONPATH=. python benchmarks/scaling_curve.py
 
 clean:
 	rm -rf $(VENV)

@@ -1,0 +1,240 @@
+"""The accuracy-vs-compute curve: the default design trained at 1x, 2x, 4x and 8x the default training compute
+(epochs) and at a larger image size (224 px) for 1x and 2x, each a queued ``dvc exp run``; test accuracy
+overall and per command type against the training seconds each run took.
+
+    make scaling      # = PATH=.venv/bin:$PATH python benchmarks/scaling_curve.py
+
+1. Queues the points that have no experiment yet, each as ``dvc exp run --queue -n scale-<size>px-<epochs>ep
+   -S train.epochs=<epochs> [-S pack.image_size=<size>]`` on top of the workspace's params.yaml.
+2. Runs the queue one experiment at a time (``dvc exp run --run-all --jobs 1``: the seconds are only worth
+   plotting when each run has the machine to itself).
+3. Collects every finished point from its experiment's commit (params.yaml, metrics/eval.json,
+   metrics/train.json, metrics/train_timing.json) into ``--out`` (metrics/scaling.json) and ``--plot``
+   (metrics/plots/scaling.png), with where each ``--targets`` accuracy is first reached, or, where it is not,
+   the trend: accuracy gained per doubling of compute (a least-squares line in log2 of the multiple) and the
+   multiple that line would need.
+
+Interrupted (a killed worker, an ended session), it picks up where it stopped: finished experiments are kept,
+unfinished ones are queued again. ``--collect-only`` just rewrites the JSON and the plot from the experiments
+that exist. Points whose name exists from an older baseline are reused: remove them (``dvc exp remove``) after
+a change to the code that should change the curve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from vlm.io import atomic_path, write_json
+
+
+@dataclass(frozen=True)
+class Point:
+    image_size: int
+    epochs: int
+    multiple: int  # training compute in units of the default run's (epochs / default epochs)
+
+    @property
+    def name(self) -> str:
+        return f"scale-{self.image_size}px-{self.epochs}ep"
+
+    def set_params(self, default_size: int) -> list[str]:
+        sets = [f"train.epochs={self.epochs}"]
+        if self.image_size != default_size:
+            sets.append(f"pack.image_size={self.image_size}")
+        return sets
+
+
+def plan(params: dict, multiples: list[int], large_size: int | None, large_multiples: list[int]) -> list[Point]:
+    """The curve's points, in the order they run: the default image size first, cheapest first."""
+    epochs, size = int(params["train"]["epochs"]), int(params["pack"]["image_size"])
+    points = [Point(size, epochs * m, m) for m in multiples]
+    if large_size and large_size != size:
+        points += [Point(large_size, epochs * m, m) for m in large_multiples]
+    return sorted(points, key=lambda p: (p.multiple * (p.image_size / size) ** 2, p.image_size))
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], check=True, capture_output=True, text=True).stdout
+
+
+def dvc(*args: str, capture: bool = True) -> str:
+    result = subprocess.run(["dvc", *args], check=False, capture_output=capture, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"dvc {' '.join(args)} failed ({result.returncode}):\n{result.stdout or ''}"
+                         f"{result.stderr or ''}")
+    return result.stdout or ""
+
+
+def finished_experiments() -> dict[str, str]:
+    """Experiment name -> commit, over every baseline (the newest commit where a name repeats)."""
+    found = {}
+    refs = git("for-each-ref", "--sort=committerdate", "--format=%(refname) %(objectname)", "refs/exps")
+    for line in refs.splitlines():
+        ref, commit = line.split()
+        if ref.count("/") >= 4 and not ref.startswith("refs/exps/celery"):  # refs/exps/ab/cdef.../<name>
+            found[ref.rsplit("/", 1)[1]] = commit
+    return found
+
+
+def queue_entries() -> dict[str, str]:
+    """Name -> state (Queued, Running, Failed, Success) of the entries in DVC's experiment queue."""
+    entries = {}
+    for line in dvc("queue", "status").splitlines()[1:]:
+        words = line.split()
+        for state in ("Queued", "Running", "Failed", "Success"):
+            if state in words and len(words) >= 2:
+                entries[words[1]] = state
+    return entries
+
+
+def queue_missing(points: list[Point], default_size: int) -> list[Point]:
+    """Queue every point without a finished experiment; an unfinished entry of the same name is replaced."""
+    done, entries = finished_experiments(), queue_entries()
+    queued = []
+    for point in points:
+        if point.name in done:
+            continue
+        if point.name in entries and entries[point.name] in ("Queued", "Running"):
+            queued.append(point)  # still waiting from an earlier call in this session
+            continue
+        if point.name in entries:
+            dvc("queue", "remove", point.name)
+        sets = [arg for value in point.set_params(default_size) for arg in ("-S", value)]
+        dvc("exp", "run", "--queue", "-n", point.name, *sets)
+        queued.append(point)
+    return queued
+
+
+def read_at(commit: str, path: str):
+    text = git("show", f"{commit}:{path}")
+    return yaml.safe_load(text) if path.endswith(".yaml") else json.loads(text)
+
+
+def collect_point(point: Point, commit: str) -> dict:
+    params = read_at(commit, "params.yaml")
+    evaluation = read_at(commit, "metrics/eval.json")
+    train = read_at(commit, "metrics/train.json")
+    timing = read_at(commit, "metrics/train_timing.json")
+    if int(params["train"]["epochs"]) != point.epochs or int(params["pack"]["image_size"]) != point.image_size:
+        raise SystemExit(f"experiment {point.name} ({commit[:7]}) ran train.epochs={params['train']['epochs']}, "
+                         f"pack.image_size={params['pack']['image_size']}: not the point its name says")
+    return {"name": point.name, "image_size": point.image_size, "epochs": point.epochs, "multiple": point.multiple,
+            "train_seconds": timing["seconds"], "questions_per_s": timing["questions_per_s"],
+            "steps": train["steps"], "accuracy": evaluation["vlm"]["accuracy"],
+            "per_type": evaluation["vlm"]["per_type"], "val_accuracy": train["val_accuracy"],
+            "blind_accuracy": evaluation["blind"]["accuracy"], "experiment": commit,
+            "baseline": git("rev-parse", f"{commit}^").strip()}
+
+
+def target_summary(rows: list[dict], target: float) -> dict:
+    """Where ``target`` test accuracy is first reached, per image size; else the log-linear trend."""
+    summary = {}
+    for size in sorted({r["image_size"] for r in rows}):
+        series = sorted((r for r in rows if r["image_size"] == size), key=lambda r: r["multiple"])
+        reached = next((r for r in series if r["accuracy"] >= target), None)
+        entry: dict = {"reached_at_multiple": reached["multiple"] if reached else None,
+                       "train_seconds": reached["train_seconds"] if reached else None}
+        if reached is None and len(series) >= 2:
+            x = [math.log2(r["multiple"]) for r in series]
+            y = [r["accuracy"] for r in series]
+            mx, my = sum(x) / len(x), sum(y) / len(y)
+            sxx = sum((a - mx) ** 2 for a in x)
+            slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx if sxx else 0.0
+            entry["gain_per_doubling"] = round(slope, 4)
+            entry["multiple_needed_by_trend"] = (round(2 ** (mx + (target - my) / slope), 1) if slope > 0 else None)
+        summary[f"{size}px"] = entry
+    return summary
+
+
+def plot(rows: list[dict], targets: list[float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (overall, per_type) = plt.subplots(1, 2, figsize=(13, 5))
+    for size in sorted({r["image_size"] for r in rows}):
+        series = sorted((r for r in rows if r["image_size"] == size), key=lambda r: r["multiple"])
+        seconds = [r["train_seconds"] for r in series]
+        overall.plot(seconds, [r["accuracy"] for r in series], "o-", label=f"VLM, {size} px")
+        for r in series:
+            overall.annotate(f"{r['multiple']}x", (r["train_seconds"], r["accuracy"]), textcoords="offset points",
+                             xytext=(4, -12), fontsize=8)
+        overall.plot(seconds, [r["blind_accuracy"] for r in series], "x:", color="grey",
+                     label="blind baseline" if size == min(r["image_size"] for r in rows) else None)
+    for target in targets:
+        overall.axhline(target, color="black", linewidth=0.6, linestyle="--")
+    base = min(r["image_size"] for r in rows)
+    series = sorted((r for r in rows if r["image_size"] == base), key=lambda r: r["multiple"])
+    for command_type in sorted(series[0]["per_type"]):
+        per_type.plot([r["train_seconds"] for r in series], [r["per_type"][command_type] for r in series], "o-",
+                      label=command_type)
+    for axes, title in ((overall, "Test accuracy vs training time"),
+                        (per_type, f"Per command type, {base} px")):
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("training seconds (this machine)")
+        axes.set_ylabel("test accuracy")
+        axes.set_title(title)
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def collect(points: list[Point], targets: list[float], out: Path, plot_path: Path) -> dict:
+    done = finished_experiments()
+    rows = [collect_point(p, done[p.name]) for p in points if p.name in done]
+    if not rows:
+        raise SystemExit("no point of the curve has a finished experiment yet")
+    result = {"machine": {"processor": platform.processor() or platform.machine(),
+                          "threads": torch.get_num_threads(), "gpu": torch.cuda.is_available()},
+              "points": rows, "missing": [p.name for p in points if p.name not in done],
+              "targets": {f"{t:.2f}": target_summary(rows, t) for t in targets}}
+    write_json(out, result)
+    plot(rows, targets, plot_path)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--multiples", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--large-size", type=int, default=224, help="image size of the second series (0: none)")
+    parser.add_argument("--large-multiples", type=int, nargs="*", default=[1, 2])
+    parser.add_argument("--targets", type=float, nargs="*", default=[0.90, 0.95])
+    parser.add_argument("--out", type=Path, default=Path("metrics/scaling.json"))
+    parser.add_argument("--plot", type=Path, default=Path("metrics/plots/scaling.png"))
+    parser.add_argument("--collect-only", action="store_true", help="only rewrite --out and --plot")
+    args = parser.parse_args(argv)
+
+    params = yaml.safe_load(args.params.read_text())
+    points = plan(params, args.multiples, args.large_size, args.large_multiples)
+    if not args.collect_only:
+        queued = queue_missing(points, int(params["pack"]["image_size"]))
+        print(f"{len(points) - len(queued)} of {len(points)} points done; running "
+              f"{', '.join(p.name for p in queued) or 'nothing'}", flush=True)
+        if queued:
+            dvc("exp", "run", "--run-all", "--jobs", "1", capture=False)
+    result = collect(points, args.targets, args.out, args.plot)
+    for row in result["points"]:
+        print(f"{row['name']:>22}  {row['train_seconds']:7.0f} s  test {row['accuracy']:.3f}  "
+              f"(blind {row['blind_accuracy']:.3f})")
+    if result["missing"]:
+        print(f"missing: {', '.join(result['missing'])}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

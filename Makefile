@@ -28,10 +28,11 @@ test: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" python -m pytest -n 2 --dist loadgroup
 
 # Every VLM/blind test accuracy and macro-F1 column stays (--keep) even where equal; other metrics and params
-# show only where the experiments differ (--only-changed); code and data hash columns go (--drop); best first.
+# show only where the experiments differ (--only-changed); code and data hash columns, the slices and the
+# counterfactuals (dvc metrics diff shows them) go (--drop); best first.
 compare: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" dvc exp show --only-changed --keep '^(vlm|blind|gain_from_vision)\.' \
-		--drop '^(data|models|stages|vlm|dvclive)/' --sort-by vlm.accuracy --sort-order desc
+		--drop '^((data|models|stages|vlm|dvclive)/|(slices|counterfactuals)\.)' --sort-by vlm.accuracy --sort-order desc
 
 bench: $(STAMP)
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_tokenizer.py --out metrics/bench_tokenizer.json

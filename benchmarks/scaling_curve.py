@@ -6,8 +6,8 @@ overall and per command type against the training seconds each run took.
 
 1. Queues the points that have no experiment yet, each as ``dvc exp run --queue -n scale-<size>px-<epochs>ep
    -S train.epochs=<epochs> [-S pack.image_size=<size>]`` on top of the workspace's params.yaml.
-2. Runs the queue one experiment at a time (``dvc exp run --run-all --jobs 1``: the seconds are only worth
-   plotting when each run has the machine to itself).
+2. Runs the queue with one worker (``dvc queue start --jobs 1``: the seconds are only worth plotting when each
+   run has the machine to itself) and waits for it; the worker holds no lock on the workspace.
 3. Collects every finished point from its experiment's commit (params.yaml, metrics/eval.json,
    metrics/train.json, metrics/train_timing.json) into ``--out`` (metrics/scaling.json) and ``--plot``
    (metrics/plots/scaling.png), with where each ``--targets`` accuracy is first reached, or, where it is not,
@@ -28,6 +28,7 @@ import math
 import platform
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,12 +68,11 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], check=True, capture_output=True, text=True).stdout
 
 
-def dvc(*args: str, capture: bool = True) -> str:
-    result = subprocess.run(["dvc", *args], check=False, capture_output=capture, text=True)
+def dvc(*args: str) -> str:
+    result = subprocess.run(["dvc", *args], check=False, capture_output=True, text=True)
     if result.returncode != 0:
-        raise SystemExit(f"dvc {' '.join(args)} failed ({result.returncode}):\n{result.stdout or ''}"
-                         f"{result.stderr or ''}")
-    return result.stdout or ""
+        raise SystemExit(f"dvc {' '.join(args)} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
+    return result.stdout
 
 
 def finished_experiments() -> dict[str, str]:
@@ -115,6 +115,23 @@ def queue_missing(points: list[Point], default_size: int) -> list[Point]:
     return queued
 
 
+def run_queue(poll: float) -> None:
+    """Start one queue worker and wait until nothing is queued or running. The worker runs detached and holds
+    no lock on the workspace: ``dvc repro`` and ``dvc exp show`` keep working there meanwhile."""
+    dvc("queue", "start", "--jobs", "1")
+    last = None
+    while True:
+        states = queue_entries()
+        running = sorted(name for name, state in states.items() if state == "Running")
+        waiting = sum(state == "Queued" for state in states.values())
+        if not running and not waiting:
+            return
+        if (running, waiting) != last:
+            print(f"running {', '.join(running) or 'nothing'}; {waiting} queued", flush=True)
+            last = (running, waiting)
+        time.sleep(poll)
+
+
 def read_at(commit: str, path: str):
     text = git("show", f"{commit}:{path}")
     return yaml.safe_load(text) if path.endswith(".yaml") else json.loads(text)
@@ -151,7 +168,9 @@ def target_summary(rows: list[dict], target: float) -> dict:
             sxx = sum((a - mx) ** 2 for a in x)
             slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx if sxx else 0.0
             entry["gain_per_doubling"] = round(slope, 4)
-            entry["multiple_needed_by_trend"] = (round(2 ** (mx + (target - my) / slope), 1) if slope > 0 else None)
+            doublings = mx + (target - my) / slope if slope > 0 else math.inf
+            # None: the line never gets there within 2^20 (a million) times the default compute
+            entry["multiple_needed_by_trend"] = round(2**doublings, 1) if doublings <= 20 else None
         summary[f"{size}px"] = entry
     return summary
 
@@ -182,6 +201,7 @@ def plot(rows: list[dict], targets: list[float], path: Path) -> None:
     for axes, title in ((overall, "Test accuracy vs training time"),
                         (per_type, f"Per command type, {base} px")):
         axes.set_xscale("log", base=2)
+        axes.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         axes.set_xlabel("training seconds (this machine)")
         axes.set_ylabel("test accuracy")
         axes.set_title(title)
@@ -218,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("metrics/scaling.json"))
     parser.add_argument("--plot", type=Path, default=Path("metrics/plots/scaling.png"))
     parser.add_argument("--collect-only", action="store_true", help="only rewrite --out and --plot")
+    parser.add_argument("--poll", type=float, default=30.0, help="seconds between looks at the queue")
     args = parser.parse_args(argv)
 
     params = yaml.safe_load(args.params.read_text())
@@ -227,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{len(points) - len(queued)} of {len(points)} points done; running "
               f"{', '.join(p.name for p in queued) or 'nothing'}", flush=True)
         if queued:
-            dvc("exp", "run", "--run-all", "--jobs", "1", capture=False)
+            run_queue(args.poll)
     result = collect(points, args.targets, args.out, args.plot)
     for row in result["points"]:
         print(f"{row['name']:>22}  {row['train_seconds']:7.0f} s  test {row['accuracy']:.3f}  "

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from vlm.commands.generate import CommandsConfig
+from vlm.counterfactuals import CounterfactualsConfig
 from vlm.data.pack import PackConfig
 from vlm.data.profile import ProfileConfig
 from vlm.evaluate import EvaluateConfig
@@ -27,7 +28,8 @@ from vlm.train import TrainConfig
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
 CONFIGS = {"scenes": ScenesConfig, "commands": CommandsConfig, "vocab": VocabConfig, "pack": PackConfig,
-           "train": TrainConfig, "evaluate": EvaluateConfig, "profile": ProfileConfig}
+           "train": TrainConfig, "evaluate": EvaluateConfig, "counterfactuals": CounterfactualsConfig,
+           "profile": ProfileConfig}
 
 
 def test_every_stage_section_but_the_model_has_a_config():

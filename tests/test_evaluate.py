@@ -8,7 +8,7 @@ from sklearn.metrics import f1_score
 
 from tiny_project import FRAME_SIZE, TINY_MODEL, build_project, paths_for, tiny_train_config
 from vlm import predict
-from vlm.evaluate import EvaluateConfig, EvaluatePaths, evaluate, summarize, yes_no_maybe_pairs
+from vlm.evaluate import EvaluateConfig, EvaluatePaths, calibration, evaluate, summarize, yes_no_maybe_pairs
 from vlm.params import ParamError, build_config
 from vlm.train import train
 
@@ -32,6 +32,7 @@ def test_summarize_on_a_hand_built_table():
         "command_type": ["detection", "detection", "counting", "counting", "safety"],
         "answer": ["yes", "no", "3", "2", "maybe"],
         "prediction": ["yes", "yes", "3", "3", "maybe"],
+        "probability": [0.9, 0.6, 0.7, 0.55, 0.4],
     })
     table["correct"] = table["answer"] == table["prediction"]
     s = summarize(table)
@@ -43,6 +44,20 @@ def test_summarize_on_a_hand_built_table():
     assert s["confusion_yes_no_maybe"] == {"actual": ["yes", "no", "maybe"],
                                            "predicted": ["yes", "no", "maybe", "other"],
                                            "matrix": [[1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0]]}
+    # bins [0.9, 1): right at 0.9; [0.7, 0.8): right at 0.7; [0.6, 0.7): wrong at 0.6; [0.5, 0.6): wrong at 0.55;
+    # [0.4, 0.5): right at 0.4 -> ECE = (0.1 + 0.3 + 0.6 + 0.55 + 0.6) / 5
+    assert s["ece"] == pytest.approx((0.1 + 0.3 + 0.6 + 0.55 + 0.6) / 5, abs=1e-4)
+    assert [r["questions"] for r in s["reliability"]] == [1, 1, 1, 1, 1]
+
+
+def test_calibration_of_perfectly_calibrated_answers_is_zero():
+    """Answers given with probability 0.75 and right 3 times in 4, and with 1.0 and always right: ECE 0."""
+    confidence = np.array([0.75] * 400 + [1.0] * 100)
+    correct = np.array(([True] * 3 + [False]) * 100 + [True] * 100)
+    result = calibration(confidence, correct)
+    assert result["ece"] == 0
+    assert [(r["low"], r["questions"], r["accuracy"]) for r in result["reliability"]] == [(0.7, 400, 0.75),
+                                                                                           (0.9, 100, 1.0)]
 
 
 def test_predictions_outside_yes_no_maybe_are_counted_as_other():
@@ -51,6 +66,7 @@ def test_predictions_outside_yes_no_maybe_are_counted_as_other():
         "command_type": ["traffic_light", "traffic_light", "safety", "counting", "counting"],
         "answer": ["yes", "no", "maybe", "yes", "3"],
         "prediction": ["yellow", "no", "2", "yes", "yes"],
+        "probability": [0.5] * 5,
     })
     table["correct"] = table["answer"] == table["prediction"]
     matrix = summarize(table)["confusion_yes_no_maybe"]["matrix"]
@@ -72,9 +88,9 @@ def test_evaluate_writes_metrics_tables_and_pictures(trained, tmp_path):
     types = {r["command_type"] for r in test_records}
     # The headline file (a DVC metric: a column each in `dvc exp show`): accuracy overall and per type first.
     headline = json.loads(paths.metrics.read_text())
-    assert list(headline) == ["vlm", "blind", "gain_from_vision"]
+    assert list(headline) == ["vlm", "blind", "gain_from_vision", "slices"]
     for model in ("vlm", "blind"):
-        assert list(headline[model]) == ["accuracy", "per_type", "macro_f1"]
+        assert list(headline[model]) == ["accuracy", "per_type", "macro_f1", "ece"]
         assert {k: metrics[model][k] for k in headline[model]} == headline[model]
         assert 0 <= headline[model]["accuracy"] <= 1
         assert set(headline[model]["per_type"]) == types
@@ -90,6 +106,17 @@ def test_evaluate_writes_metrics_tables_and_pictures(trained, tmp_path):
     for model in ("vlm", "blind"):
         assert details[model]["per_answer"] == metrics[model]["per_answer"]
         assert sum(map(sum, details[model]["confusion_yes_no_maybe"]["matrix"])) == yes_no_maybe
+    # Slices: every question in one value of each frame dimension, each light question in one light condition,
+    # each detection / counting question under its category; the same slices for both models.
+    light_questions = sum(r["command_type"] in ("traffic_light", "safety") for r in test_records)
+    expected = {"timeofday": len(test_records), "weather": len(test_records), "scene": len(test_records),
+                "objects": len(test_records), "light": light_questions, "occluded_light": light_questions,
+                "detection_category": sum(r["command_type"] == "detection" for r in test_records),
+                "counting_category": sum(r["command_type"] == "counting" for r in test_records)}
+    counts = details["questions_per_slice"]
+    assert {d: sum(values.values()) for d, values in counts.items()} == {d: n for d, n in expected.items() if n}
+    for model in ("vlm", "blind"):
+        assert {d: set(v) for d, v in headline["slices"][model].items()} == {d: set(v) for d, v in counts.items()}
     predictions = pd.read_csv(paths.tables / "predictions.csv")
     assert len(predictions) == len(test_records)
     assert {"question_id", "answer", "prediction", "probability", "blind_prediction", "correct"} <= set(predictions)
@@ -101,7 +128,7 @@ def test_evaluate_writes_metrics_tables_and_pictures(trained, tmp_path):
     assert len(confusion) == yes_no_maybe
     assert set(confusion["actual"]) <= {"yes", "no", "maybe"}
     assert set(confusion["predicted"]) <= {"yes", "no", "maybe", "other"}
-    for picture in ("eval.png", "attention.png", "failures.png"):
+    for picture in ("eval.png", "slices.png", "calibration.png", "attention.png", "failures.png"):
         with Image.open(paths.plots / picture) as image:
             assert image.width > 400 and image.height > 200
 

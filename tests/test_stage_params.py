@@ -32,6 +32,7 @@ TINY_PARAMS = {
     "model": TINY_MODEL,
     "train": {"epochs": 1, "batch_size": 16, "warmup_steps": 2, "threads": 1, "eval_batch_size": 64},
     "evaluate": {"attention_examples": 1, "failure_examples": 1, "batch_size": 64},
+    "counterfactuals": {"samples": 3, "sheet_examples": 1},
     "profile": {"workers": [0], "batch_sizes": [16], "extra_image_sizes": [], "warmup_batches": 1, "batches": 1,
                 "rounds": 1, "max_images": 8},
 }

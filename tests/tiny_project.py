@@ -26,6 +26,20 @@ TINY_MODEL = {
 }
 
 
+# params.yaml overrides for a whole `dvc repro` in well under a minute (tests/pipeline.py's DvcProject)
+TINY_PIPELINE_PARAMS = {
+    "scenes": {"num_images": 48, "workers": 2},
+    "commands": {"questions_per_image": 6},
+    "pack": {"image_size": 32, "workers": 1},
+    "model": TINY_MODEL,
+    "train": {"epochs": 1, "batch_size": 16, "lr": 0.003, "warmup_steps": 2, "threads": 1},
+    "evaluate": {"attention_examples": 2, "failure_examples": 2},
+    "counterfactuals": {"samples": 4, "sheet_examples": 2},
+    "profile": {"workers": [0], "batch_sizes": [32], "extra_image_sizes": [48], "warmup_batches": 1, "batches": 2,
+                "rounds": 1, "max_images": 16},
+}
+
+
 FRAME_SIZE = (ScenesConfig().width, ScenesConfig().height)  # the frames build_project renders
 
 

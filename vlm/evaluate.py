@@ -1,16 +1,18 @@
 """The ``evaluate`` stage: the VLM and its blind baseline on the test split, side by side.
 
-Headline metrics (``metrics/eval.json``, what ``dvc exp show`` compares): exact-match accuracy
-overall and per command type and macro-F1 over the answer set, for the VLM and for the blind
-(text-only) baseline, and the gain from vision. The detail (``metrics/eval/details.json``, not a DVC
-metric): the split's question counts, accuracy per answer, the yes/no/maybe confusion matrices and the
-gain per type. Tables for ``dvc plots`` and pictures for people: per-type bars and the confusion matrix,
-attention maps over the image, a contact sheet of failures.
+Headline metrics (``metrics/eval.json``, what ``dvc exp show`` and ``dvc metrics diff`` compare): exact-match
+accuracy overall and per command type, macro-F1 over the answer set and the expected calibration error of
+the answer probabilities, for the VLM and for the blind (text-only) baseline, and the gain from vision; then
+``slices``: each model's accuracy per condition (time of day, weather, scene, objects in the frame, the
+governing light, the category asked about: :mod:`vlm.slices`). The detail (``metrics/eval/details.json``, not
+a DVC metric): the split's question counts (per type and per slice), accuracy per answer, the yes/no/maybe
+confusion matrices, the reliability bins and the gain per type. Tables for ``dvc plots`` and pictures for
+people: per-type bars and the confusion matrix, the slices, the reliability diagram, attention maps over the
+image, a contact sheet of failures.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +34,12 @@ from vlm.data.dataset import TrafficVQADataset  # noqa: E402
 from vlm.inference import predict_dataset  # noqa: E402
 from vlm.io import atomic_path, write_json  # noqa: E402
 from vlm.params import check  # noqa: E402
+from vlm.scenes.generate import load_raw  # noqa: E402
+from vlm.slices import DIMENSIONS, conditions_table, slice_accuracy  # noqa: E402
 from vlm.viz import contact_sheet  # noqa: E402
 
 YES_NO_MAYBE = ["yes", "no", "maybe"]
+CALIBRATION_BINS = 10  # equal-width confidence bins of the expected calibration error
 OTHER = "other"  # a prediction outside yes/no/maybe (a colour, a count) for a yes/no/maybe question
 
 
@@ -78,8 +83,7 @@ def predictions_table(loaded: LoadedModel, dataset: TrafficVQADataset, batch_siz
         rows.append({"question_id": record["question_id"], "image_id": record["image_id"],
                      "command_type": record["command_type"], "template": record.get("template", ""),
                      "command": record["command"], "answer": record["answer"],
-                     "prediction": loaded.answers[p], "probability": round(float(prob[p]), 4),
-                     **{k: record["metadata"].get(k) for k in ("scene_type", "weather", "timeofday")}})
+                     "prediction": loaded.answers[p], "probability": round(float(prob[p]), 4)})
     table = pd.DataFrame(rows)
     table["correct"] = table["prediction"] == table["answer"]
     return table
@@ -110,10 +114,31 @@ def summarize(table: pd.DataFrame) -> dict[str, Any]:
         "per_answer": {a: round(float(g["correct"].mean()), 4) for a, g in table.groupby("answer")},
         "confusion_yes_no_maybe": {"actual": YES_NO_MAYBE, "predicted": predicted,
                                    "matrix": matrix.astype(int).tolist()},
+        **calibration(table["probability"].to_numpy(), table["correct"].to_numpy()),
     }
 
 
-HEADLINE = ("accuracy", "per_type", "macro_f1")  # per model, in this order: dvc exp show's first columns
+def calibration(confidence: np.ndarray, correct: np.ndarray, bins: int = CALIBRATION_BINS) -> dict[str, Any]:
+    """Expected calibration error of the predicted answers' probabilities and the reliability bins.
+
+    The questions are binned by the probability of the answer given (equal-width bins over [0, 1]); ECE is
+    the question-weighted mean of |accuracy - mean probability| over the bins: 0 when a probability of p is
+    right p of the time.
+    """
+    index = np.clip((confidence * bins).astype(int), 0, bins - 1)
+    rows, ece = [], 0.0
+    for b in range(bins):
+        inside = index == b
+        n = int(inside.sum())
+        if n:
+            accuracy, mean_confidence = float(correct[inside].mean()), float(confidence[inside].mean())
+            ece += n / len(confidence) * abs(accuracy - mean_confidence)
+            rows.append({"low": b / bins, "high": (b + 1) / bins, "questions": n,
+                         "confidence": round(mean_confidence, 4), "accuracy": round(accuracy, 4)})
+    return {"ece": round(ece, 4), "reliability": rows}
+
+
+HEADLINE = ("accuracy", "per_type", "macro_f1", "ece")  # per model, in this order: dvc exp show's first columns
 
 
 def split_metrics(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -121,8 +146,9 @@ def split_metrics(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
     models = ("vlm", "blind")
     headline = {m: {k: metrics[m][k] for k in HEADLINE} for m in models}
     headline["gain_from_vision"] = {"accuracy": metrics["gain_from_vision"]["accuracy"]}
+    headline["slices"] = metrics["slices"]
     details = {"split": metrics["split"], "questions": metrics["questions"],
-               "questions_per_type": metrics["questions_per_type"],
+               "questions_per_type": metrics["questions_per_type"], "questions_per_slice": metrics["slice_questions"],
                **{m: {k: v for k, v in metrics[m].items() if k not in HEADLINE} for m in models},
                "gain_from_vision": {"per_type": metrics["gain_from_vision"]["per_type"]}}
     return headline, details
@@ -136,6 +162,9 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
     blind = load_model(paths.blind, vocab_path, device)
     commands = paths.data / "commands" / f"{config.split}.json"
     dataset = TrafficVQADataset(commands, paths.data / f"{config.split}_images.h5", vlm.tokenizer, in_memory=True)
+    raw = load_raw(paths.raw)
+    scenes = {scene.image_id: scene for scene in raw.scenes}
+    image_paths = {scene.image_id: raw.image_dir / scene.name for scene in raw.scenes}
 
     ours = predictions_table(vlm, dataset, config.batch_size, device)
     text_only = predictions_table(blind, dataset, config.batch_size, device)
@@ -149,6 +178,10 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
                      for t in metrics["vlm"]["per_type"]},
     }
     metrics["questions_per_type"] = {t: int(n) for t, n in table["command_type"].value_counts().sort_index().items()}
+    table = pd.concat([table, conditions_table(dataset.records, scenes, raw.height)], axis=1)
+    slices, counts = slice_accuracy(table, {"vlm": "correct", "blind": "blind_correct"})
+    metrics["slices"] = {model: _keyed(per_model) for model, per_model in slices.items()}
+    metrics["slice_questions"] = _keyed(counts)
 
     write_tables(table, metrics, paths.tables)
     headline, details = split_metrics(metrics)
@@ -156,7 +189,8 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
     write_json(paths.metrics, headline)
     paths.plots.mkdir(parents=True, exist_ok=True)
     save_figure(summary_figure(metrics), paths.plots / "eval.png")
-    image_paths = original_images(paths.raw)
+    save_figure(slices_figure(slices, counts), paths.plots / "slices.png")
+    save_figure(reliability_figure(metrics), paths.plots / "calibration.png")
     if config.attention_examples and vlm.model.config.vision != "none":
         picks = _pick(table, config.attention_examples, config.seed)
         save_image(attention_sheet(vlm, dataset, table, picks, image_paths, device), paths.plots / "attention.png")
@@ -211,12 +245,58 @@ def summary_figure(metrics: dict) -> plt.Figure:
     return fig
 
 
-def original_images(raw: Path) -> dict[str, Path]:
-    """image id -> original image file, from the generate_scenes output."""
-    source = json.loads((raw / "source.json").read_text(encoding="utf-8"))
-    image_dir = Path(source["image_dir"])
-    frames = json.loads((raw / "labels.json").read_text(encoding="utf-8"))
-    return {Path(f["name"]).stem: image_dir / f["name"] for f in frames}
+def _keyed(per_dimension: dict[str, dict]) -> dict[str, dict]:
+    """Slice values as metric names: ``city street`` -> ``city_street``, ``dawn/dusk`` -> ``dawn_dusk``."""
+    return {dimension: {value.replace(" ", "_").replace("/", "_"): x for value, x in values.items()}
+            for dimension, values in per_dimension.items()}
+
+
+def slices_figure(slices: dict[str, dict], counts: dict[str, dict]) -> plt.Figure:
+    """Accuracy per condition, VLM and blind side by side, one panel per dimension."""
+    dimensions = [d for d in DIMENSIONS if d in counts]
+    columns = 4
+    rows = -(-len(dimensions) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows), squeeze=False)
+    for ax, dimension in zip(axes.flat, dimensions):
+        values = list(counts[dimension])
+        y = np.arange(len(values))
+        for offset, model, color in ((-0.2, "vlm", "#2b6cb0"), (0.2, "blind", "#a0aec0")):
+            ax.barh(y + offset, [slices[model][dimension][v] for v in values], height=0.4, color=color,
+                    label="VLM" if model == "vlm" else "blind")
+        ax.set_yticks(y, [f"{v} ({counts[dimension][v]})" for v in values], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1)
+        ax.set_title(dimension.replace("_", " "), fontsize=10)
+        ax.grid(True, axis="x", alpha=0.3)
+    for ax in list(axes.flat)[len(dimensions):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle("Accuracy per condition (questions in brackets)")
+    fig.tight_layout()
+    return fig
+
+
+def reliability_figure(metrics: dict) -> plt.Figure:
+    """Reliability diagram: accuracy against the mean probability of the answer given, per confidence bin."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, model, color in ((axes[0], "vlm", "#2b6cb0"), (axes[1], "blind", "#a0aec0")):
+        rows = metrics[model]["reliability"]
+        ax.bar([r["low"] for r in rows], [r["accuracy"] for r in rows], width=1 / CALIBRATION_BINS, align="edge",
+               color=color, edgecolor="white", label="accuracy in the bin")
+        ax.plot([r["confidence"] for r in rows], [r["accuracy"] for r in rows], "o", color="black", markersize=3)
+        ax.plot([0, 1], [0, 1], "--", color="grey", label="calibrated")
+        for r in rows:
+            ax.text(r["low"] + 0.5 / CALIBRATION_BINS, 0.02, str(r["questions"]), ha="center", fontsize=7,
+                    rotation=90, color="white")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("probability of the answer given")
+        ax.set_ylabel("accuracy")
+        name = "VLM" if model == "vlm" else "blind (text only)"
+        ax.set_title(f"{name}: ECE {metrics[model]['ece']:.3f}")
+        ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
 
 
 def _pick(table: pd.DataFrame, n: int, seed: int) -> list[int]:

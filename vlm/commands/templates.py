@@ -7,7 +7,10 @@ predicts the answer.
 
 from __future__ import annotations
 
+import re
+import string
 from dataclasses import dataclass
+from functools import cached_property
 
 from vlm.commands import rules
 from vlm.scenes.schema import LIGHT_COLORS, Scene
@@ -24,6 +27,33 @@ class Template:
     id: str
     command_type: str
     phrasings: tuple[str, ...]
+
+    @cached_property
+    def _patterns(self) -> tuple[re.Pattern, ...]:
+        """Each phrasing as a regular expression with a named group per field, matching only its values."""
+        return tuple(re.compile("".join(f"(?P<{field}>{_FIELD_VALUES[field]})" if field else re.escape(literal)
+                                        for literal, field in _pieces(phrasing)))
+                     for phrasing in self.phrasings)
+
+    def parse(self, command: str) -> dict[str, str]:
+        """The parameters a question of this template was written with (the inverse of :meth:`Candidate.text`):
+        ``category`` (from ``{plural}`` too), ``k``, ``color``, ``side``, ``manoeuvre``."""
+        for pattern in self._patterns:
+            match = pattern.fullmatch(command)
+            if match:
+                values = match.groupdict()
+                if "plural" in values:
+                    values["category"] = CATEGORY_OF_PLURAL[values.pop("plural")]
+                if "action" in values:
+                    values["manoeuvre"] = MANOEUVRE_OF_ACTION[values.pop("action")]
+                return values
+        raise ValueError(f"{command!r} is no phrasing of the template {self.id!r}")
+
+
+def _pieces(phrasing: str) -> list[tuple[str, str | None]]:
+    """``"Is there a {category}?"`` -> [("Is there a ", None), ("", "category"), ("?", None)]."""
+    return [piece for literal, field, _, _ in string.Formatter().parse(phrasing)
+            for piece in ((literal, None), ("", field)) if piece[0] or piece[1]]
 
 
 TEMPLATES = {t.id: t for t in (
@@ -56,6 +86,12 @@ TEMPLATES = {t.id: t for t in (
 )}
 
 ACTIONS = {"left": "turn left", "straight": "go straight", "right": "turn right"}
+CATEGORY_OF_PLURAL = {plural: category for category, plural in PLURALS.items()}
+MANOEUVRE_OF_ACTION = {action: manoeuvre for manoeuvre, action in ACTIONS.items()}
+# what each field of a phrasing can hold, as a regular expression (longest alternatives first)
+_FIELD_VALUES = {field: "|".join(re.escape(v) for v in sorted(values, key=len, reverse=True)) for field, values in {
+    "category": PLURALS, "plural": PLURALS.values(), "color": LIGHT_COLORS, "side": rules.SIDES,
+    "action": ACTIONS.values()}.items()} | {"k": "[0-9]+"}
 
 
 @dataclass(frozen=True)

@@ -196,6 +196,21 @@ def _sample_trees(rng):
             for side in (-1, 1) for z in rng.uniform(6, 80, size=int(rng.integers(3, 9)))]
 
 
+def pedestrian(rng: np.random.Generator, cam: Camera, z: float, lateral: float) -> Thing:
+    """A pedestrian standing ``z`` metres ahead, ``lateral`` metres right of the camera axis; height and
+    clothes drawn from ``rng``."""
+    s = cam.s_of_z(z)
+    height_m = float(rng.uniform(1.55, 1.95))
+    width_m = height_m * 0.32
+    x, y2 = cam.x(lateral, s), cam.y(s)
+    return Thing("pedestrian", "pedestrian", (x - cam.px(width_m, s) / 2, y2 - cam.px(height_m, s),
+                                              x + cam.px(width_m, s) / 2, y2), s,
+                 {"shirt": _choice(rng, CLOTHES), "trousers": _choice(rng, CLOTHES[2:5] + CLOTHES[8:9]),
+                  "skin": _choice(rng, SKIN), "stride": float(rng.uniform(0.0, 0.35)),
+                  "bag": rng.random() < 0.3,
+                  "hair": _choice(rng, ((30, 20, 10), (90, 60, 30), (200, 170, 90), (20, 20, 20)))})
+
+
 def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, config: RenderConfig) -> None:
     city = layout.scene == "city street"
     left, right = road_extent(layout)
@@ -300,16 +315,7 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
         else:
             z = float(rng.uniform(8.0, MAX_Z))
             lateral = float(rng.choice((left - 1.2, right + 1.2)))
-        s = cam.s_of_z(z)
-        height_m = float(rng.uniform(1.55, 1.95))
-        width_m = height_m * 0.32
-        x, y2 = cam.x(lateral, s), cam.y(s)
-        add(Thing("pedestrian", "pedestrian", (x - cam.px(width_m, s) / 2, y2 - cam.px(height_m, s),
-                                               x + cam.px(width_m, s) / 2, y2), s,
-                  {"shirt": _choice(rng, CLOTHES), "trousers": _choice(rng, CLOTHES[2:5] + CLOTHES[8:9]),
-                   "skin": _choice(rng, SKIN), "stride": float(rng.uniform(0.0, 0.35)),
-                   "bag": rng.random() < 0.3,
-                   "hair": _choice(rng, ((30, 20, 10), (90, 60, 30), (200, 170, 90), (20, 20, 20)))}))
+        add(pedestrian(rng, cam, z, lateral))
 
     # Traffic lights at the intersection, all showing the same phase (or all dark).
     if city and rng.random() < 0.9:
@@ -870,11 +876,24 @@ def _apply_weather(img: Image.Image, layout: Layout, cam: Camera) -> Image.Image
 
 def render_scene(seed: int | np.random.SeedSequence, name: str, config: RenderConfig) -> tuple[Image.Image, Scene]:
     """Render one scene from ``seed``; return the RGB image and its normalised labels."""
-    rng = np.random.default_rng(seed)
-    layout = sample_layout(rng, config)
+    layout = sample_layout(np.random.default_rng(seed), config)
+    return render_layout(layout, settle_occlusion(layout.things, config.width, config.height, layout.targets),
+                         name, config)
+
+
+def with_visibility(things: list[Thing], width: int, height: int) -> list[tuple[Thing, float]]:
+    """``things`` far to near, each with the fraction of it that nearer things hide; none is removed."""
+    things = sorted(things, key=lambda t: t.depth)
+    return list(zip(things, _visibility(things, width, height)))
+
+
+def render_layout(layout: Layout, settled: list[tuple[Thing, float]], name: str, config: RenderConfig
+                  ) -> tuple[Image.Image, Scene]:
+    """Paint ``layout`` with the ``settled`` things (far to near, each with its hidden fraction, as
+    :func:`settle_occlusion` or :func:`with_visibility` give them); return the image and its labels.
+    Nothing here is random: the same layout and things give the same pixels."""
     w, h = config.width, config.height
     cam = Camera(w, h, layout.horizon, layout.vanish_x)
-    settled = settle_occlusion(layout.things, w, h, layout.targets)
     shade = make_shade(layout.timeofday, layout.weather)
     img = _sky(w, h, layout.timeofday, layout.weather).copy()
     _draw_background(img, layout, cam, shade)

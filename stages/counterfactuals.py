@@ -1,0 +1,40 @@
+"""Stage counterfactuals: edit rendered test scenes one thing at a time; does the model's answer follow?"""
+
+import argparse
+from pathlib import Path
+
+from vlm.cli import run
+from vlm.commands.generate import CommandsConfig
+from vlm.counterfactuals import CounterfactualsConfig, CounterfactualsPaths
+from vlm.counterfactuals import run as run_counterfactuals
+from vlm.params import build_config, load_params, section
+from vlm.scenes.generate import ScenesConfig
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--raw", required=True)
+    parser.add_argument("--metrics", required=True)
+    parser.add_argument("--table", required=True)
+    parser.add_argument("--plot", required=True)
+    parser.add_argument("--sheet", required=True)
+    args = parser.parse_args(argv)
+    params = load_params(args.params)
+    config = build_config(CounterfactualsConfig, section(params, "counterfactuals"), "counterfactuals")
+    scenes = build_config(ScenesConfig, section(params, "scenes"), "scenes")
+    commands = build_config(CommandsConfig, section(params, "commands"), "commands")
+    paths = CounterfactualsPaths(model=Path(args.model), data=Path(args.data), raw=Path(args.raw),
+                                 metrics=Path(args.metrics), table=Path(args.table), plot=Path(args.plot),
+                                 sheet=Path(args.sheet))
+    summary = run_counterfactuals(config, scenes, commands, paths)
+    for edit, m in summary.items():
+        print(f"{edit:>18}: {m['pairs']} pairs, consistency {m['consistency']:.1%}, "
+              f"changed when it must {m['changed_when_it_must'] or 0:.1%}, "
+              f"stayed when it must {m['stayed_when_it_must'] or 0:.1%}")
+
+
+if __name__ == "__main__":
+    run(main)

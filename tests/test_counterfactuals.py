@@ -1,0 +1,153 @@
+"""Counterfactual edits: each changes the answers its definition says, touches only the pixels of what it
+edits, and the consistency metrics count what they say."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from vlm.commands import rules
+from vlm.commands.generate import CommandsConfig
+from vlm.commands.templates import candidates
+from vlm.counterfactuals import (
+    EDITS,
+    SWITCHED,
+    Pair,
+    Rendered,
+    _things,
+    consistency_table,
+    make_pairs,
+    pair_questions,
+    render,
+    summarize,
+)
+from vlm.scenes.generate import image_name
+from vlm.scenes.render import RenderConfig
+from vlm.scenes.schema import Scene
+
+CONFIG = RenderConfig(width=640, height=360, max_count=6)
+SCENES = range(40)
+
+
+@pytest.fixture(scope="module")
+def pairs() -> list[Pair]:
+    labels = {image_name(i).removesuffix(".jpg"): render(np.random.SeedSequence([3, i]), image_name(i), CONFIG).scene
+              for i in SCENES}
+    return make_pairs(sorted(labels), 3, labels, CONFIG, list(EDITS), seed=0)
+
+
+def _by_edit(pairs, edit):
+    found = [p for p in pairs if p.edit == edit]
+    assert len(found) >= 5, f"{edit} applied to only {len(found)} of {len(SCENES)} scenes"
+    return found
+
+
+def test_make_pairs_refuses_scenes_rendered_with_other_params():
+    labels = {"000000": render(np.random.SeedSequence([3, 0]), "000000.jpg", CONFIG).scene}
+    with pytest.raises(ValueError, match="scene 000000: re-rendering with the scenes params"):
+        make_pairs(["000000"], 4, labels, CONFIG, ["mirror"], seed=0)
+
+
+def test_each_edit_changes_the_answers_it_is_about(pairs):
+    w, h = CONFIG.width, CONFIG.height
+    for pair in _by_edit(pairs, "remove_category"):
+        category = pair.description.removeprefix("every ").removesuffix(" removed")
+        assert rules.count(pair.original.scene, category) > 0 and rules.count(pair.edited_scene, category) == 0
+    for pair in _by_edit(pairs, "add_pedestrian"):
+        manoeuvre = next(m for m, action in (("left", "turn left"), ("straight", "go straight"),
+                                             ("right", "turn right")) if pair.description.endswith(action))
+        assert rules.safety(pair.edited_scene, manoeuvre, w, h) == rules.NO
+        assert rules.count(pair.edited_scene, "pedestrian") == rules.count(pair.original.scene, "pedestrian") + 1
+    for pair in _by_edit(pairs, "switch_light"):
+        before = rules.light_color(pair.original.scene)
+        assert rules.light_color(pair.edited_scene) == SWITCHED[before]
+    for pair in _by_edit(pairs, "move_left_to_right"):
+        category = pair.description.split()[1]
+        assert rules.on_side(pair.edited_scene, category, "right", w) == rules.YES
+    for pair in _by_edit(pairs, "night_to_day"):
+        assert (pair.original.scene.timeofday, pair.edited_scene.timeofday) == ("night", "daytime")
+    for pair in _by_edit(pairs, "toggle_fog"):
+        assert {pair.original.scene.weather, pair.edited_scene.weather} == {"clear", "foggy"}
+    for pair in _by_edit(pairs, "mirror"):
+        for category in ("car", "pedestrian", "truck", "bus"):
+            assert (rules.on_side(pair.edited_scene, category, "left", w)
+                    == rules.on_side(pair.original.scene, category, "right", w))
+
+
+def _changed_pixels(pair: Pair) -> np.ndarray:
+    before = np.asarray(pair.original.image, dtype=np.int16)
+    after = np.asarray(pair.edited_image, dtype=np.int16)
+    return np.abs(after - before).max(axis=2) > 0  # [H, W]
+
+
+def _region(things, margin_of) -> np.ndarray:
+    mask = np.zeros((CONFIG.height, CONFIG.width), dtype=bool)
+    for t in things:
+        x1, y1, x2, y2 = t.box
+        margin = margin_of(t)
+        mask[max(0, int(y1 - margin)):int(y2 + margin) + 1, max(0, int(x1 - margin)):int(x2 + margin) + 1] = True
+    return mask
+
+
+def _margin(thing) -> float:
+    """2 px of anti-aliasing and what a drawing reaches beyond its labelled box: a pedestrian's stride and arms,
+    the halo of a vehicle's lamps (each at most a quarter of the box width)."""
+    return 2 + 0.25 * (thing.box[2] - thing.box[0])
+
+
+def test_an_edit_touches_only_the_pixels_of_what_it_edits(pairs):
+    """Removing road users, adding a pedestrian, moving an object, switching a light: every changed pixel lies in
+    the boxes of the things edited, with their anti-aliasing, limbs and lamp halos."""
+    checked = 0
+    for pair in pairs:
+        before = _things(pair.original)
+        if pair.edit == "remove_category" and pair.description.split()[1] in ("car", "truck", "bus", "pedestrian"):
+            region = _region([t for t in before if t.category == pair.description.split()[1]], _margin)
+        elif pair.edit in ("add_pedestrian", "move_left_to_right"):
+            # the thing as it was (moved) and as it is (added or moved): the boxes the edit changed
+            after = {t.box: t for t in pair.edited_things}
+            changed = [t for t in before if t.box not in after] + [t for box, t in after.items()
+                                                                    if box not in {b.box for b in before}]
+            region = _region(changed, _margin)
+        elif pair.edit == "switch_light":  # a lit lamp's halo reaches a box width around the light
+            lights = [t for t in before if t.category == "traffic light"]
+            region = _region(lights, lambda t: 1.5 * (t.box[2] - t.box[0]))
+        else:
+            continue
+        changed = _changed_pixels(pair)
+        assert changed.any(), pair.description
+        assert not (changed & ~region).any(), f"{pair.description}: {int((changed & ~region).sum())} pixels outside"
+        checked += 1
+    assert checked >= 20
+
+
+def test_questions_must_change_exactly_where_the_rules_answer_differently(pairs):
+    options = CommandsConfig().template_options
+    pair = next(p for p in pairs if p.edit == "mirror")
+    everything = {(c.template, frozenset(c.params))
+                  for c in candidates(pair.original.scene, CONFIG.width, CONFIG.height, options)}
+    answers = {"yes", "no", "maybe", "red", "yellow", "green", *map(str, range(10))}
+    rows = pair_questions(pair, CONFIG.width, CONFIG.height, options, everything, answers, 3,
+                          np.random.default_rng(0))
+    changing = [r for r in rows if r["must_change"]]
+    assert changing and all(r["answer_before"] != r["answer_after"] for r in changing)
+    assert len(rows) - len(changing) == 3 and all(r["command_type"] in ("spatial", "safety") for r in changing)
+
+
+def test_summary_counts_what_it_says():
+    pair = Pair("mirror", "mirrored", Rendered(None, [], None, Scene("000001.jpg")), None, None, None)
+    questions = [[{"key": "a", "command": "q1", "command_type": "spatial", "answer_before": "yes",
+                   "answer_after": "no", "must_change": True},
+                  {"key": "b", "command": "q2", "command_type": "spatial", "answer_before": "no",
+                   "answer_after": "yes", "must_change": True},
+                  {"key": "c", "command": "q3", "command_type": "scene", "answer_before": "no",
+                   "answer_after": "no", "must_change": False}]]
+    # right on every original; q1 followed the edit, q2 did not change (wrong after), q3 stayed (right on both)
+    predictions = [(["yes", "no", "no"], ["no", "no", "no"])]
+    table = consistency_table([pair], questions, predictions)
+    assert isinstance(table, pd.DataFrame)
+    summary = summarize(table, ["mirror", "toggle_fog"])
+    assert list(summary) == ["mirror"]
+    assert summary["mirror"] == {"pairs": 1, "questions": 3, "must_change": 2,
+                                 "accuracy_original": 1.0, "accuracy_edited": pytest.approx(2 / 3, abs=1e-4),
+                                 "consistency": pytest.approx(2 / 3, abs=1e-4), "changed_when_it_must": 0.5,
+                                 "stayed_when_it_must": 1.0}

@@ -1,0 +1,62 @@
+"""The accuracy-vs-compute harness: its plan, its summary of the curve, and one real queued point."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import ROOT, DvcProject
+from tiny_project import TINY_PIPELINE_PARAMS
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import scaling_curve  # noqa: E402
+
+
+def test_plan_runs_the_cheapest_points_first():
+    params = {"train": {"epochs": 7}, "pack": {"image_size": 128}}
+    points = scaling_curve.plan(params, [1, 2, 4, 8], 224, [1, 2])
+    assert [p.name for p in points] == ["scale-128px-7ep", "scale-128px-14ep", "scale-224px-7ep",
+                                        "scale-128px-28ep", "scale-224px-14ep", "scale-128px-56ep"]
+    assert points[2].set_params(128) == ["train.epochs=7", "pack.image_size=224"]
+    assert points[1].set_params(128) == ["train.epochs=14"]
+
+
+def row(size: int, multiple: int, accuracy: float) -> dict:
+    return {"image_size": size, "multiple": multiple, "accuracy": accuracy, "train_seconds": 100.0 * multiple}
+
+
+def test_targets_reached_or_extrapolated_from_the_trend():
+    rows = [row(128, 1, 0.80), row(128, 2, 0.85), row(128, 4, 0.90), row(224, 1, 0.7), row(224, 2, 0.7)]
+    at_90 = scaling_curve.target_summary(rows, 0.90)
+    assert at_90["128px"] == {"reached_at_multiple": 4, "train_seconds": 400.0}
+    assert at_90["224px"]["multiple_needed_by_trend"] is None  # flat: never
+    at_95 = scaling_curve.target_summary(rows, 0.95)["128px"]
+    assert at_95["reached_at_multiple"] is None
+    assert at_95["gain_per_doubling"] == pytest.approx(0.05)
+    assert at_95["multiple_needed_by_trend"] == pytest.approx(8.0)  # 0.80 + 0.05 per doubling: 3 doublings
+
+
+@pytest.mark.pipeline
+@pytest.mark.xdist_group("pipeline")
+def test_one_point_through_the_queue_then_collect_reports_the_missing(tmp_path):
+    project = DvcProject(tmp_path, TINY_PIPELINE_PARAMS)
+    script = str(ROOT / "benchmarks" / "scaling_curve.py")
+    project.env["PYTHONPATH"] = f"{project.path}:{ROOT}"
+    run = project.run(sys.executable, script, "--multiples", "1", "--large-size", "0", "--poll", "1")
+    assert "0 of 1 points done; running scale-32px-1ep" in run.stdout
+    result = project.json("metrics/scaling.json")
+    (point,) = result["points"]
+    evaluation = json.loads(project.run("git", "show", f"{point['experiment']}:metrics/eval.json").stdout)
+    assert point["accuracy"] == evaluation["vlm"]["accuracy"] and point["epochs"] == 1
+    assert point["train_seconds"] > 0 and result["missing"] == []
+    # a wider curve, collected only: the finished point is reused, the others are reported missing
+    project.run(sys.executable, script, "--multiples", "1", "2", "--large-size", "48", "--large-multiples", "1",
+                "--collect-only")
+    result = project.json("metrics/scaling.json")
+    assert [p["name"] for p in result["points"]] == ["scale-32px-1ep"]
+    assert result["missing"] == ["scale-32px-2ep", "scale-48px-1ep"]
+    assert Path(project.path / "metrics/plots/scaling.png").stat().st_size > 10_000
+    assert subprocess.run(["git", "status", "--porcelain", "dvc.lock"], cwd=project.path, capture_output=True,
+                          text=True).stdout == ""  # the workspace was not touched

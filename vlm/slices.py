@@ -1,0 +1,87 @@
+"""Robustness slices: the conditions each test question was asked under, computed from the scene labels.
+
+Every question gets a value per dimension that applies to it (``None`` where it does not):
+
+- ``timeofday``, ``weather``, ``scene``: the frame's attributes;
+- ``objects``: how many labelled objects the frame holds, in :data:`OBJECT_BINS`;
+- ``light`` (traffic-light and safety questions): the light that governs the car (:func:`rules.governing_light`)
+  is ``near`` or ``far`` (shorter than :data:`FAR_LIGHT` of the frame height), or there is none to read:
+  ``unreadable`` (every light occluded or unlit) or ``no light``;
+- ``occluded_light`` (same questions): whether the frame holds an occluded traffic light, which the rules
+  ignore but a model may read;
+- ``detection_category``, ``counting_category``: what a detection or counting question asks about.
+
+Synthetic frames and BDD100K frames go through the same code: only labels are read.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from vlm.commands import rules
+from vlm.commands.templates import TEMPLATES
+from vlm.scenes.schema import Scene
+
+OBJECT_BINS = ((0, 4), (5, 9), (10, 19), (20, None))  # labelled objects per frame, inclusive
+FAR_LIGHT = 0.05  # a governing light shorter than this fraction of the frame height is "far"
+DIMENSIONS = ("timeofday", "weather", "scene", "objects", "light", "occluded_light", "detection_category",
+              "counting_category")
+LIGHT_TYPES = ("traffic_light", "safety")  # the command types whose answer depends on the light
+
+
+def object_bin(count: int) -> str:
+    for low, high in OBJECT_BINS:
+        if high is None or count <= high:
+            return f"{low}+" if high is None else f"{low}-{high}"
+    raise AssertionError("the last bin is open")
+
+
+def _order(dimension: str, value: str) -> tuple:
+    """Object bins in numeric order, every other value alphabetically."""
+    return (int(value.split("-")[0].rstrip("+")),) if dimension == "objects" else (0, value)
+
+
+def light_condition(scene: Scene, height: float) -> str:
+    light = rules.governing_light(scene)
+    if light is not None:
+        return "far" if light.box[3] - light.box[1] < FAR_LIGHT * height else "near"
+    return "unreadable" if rules.count(scene, "traffic light") else "no light"
+
+
+def question_conditions(record: dict, scene: Scene, height: float) -> dict[str, str | None]:
+    """The value of every dimension for one question record about ``scene`` (None where it does not apply)."""
+    command_type = record["command_type"]
+    conditions: dict[str, str | None] = dict.fromkeys(DIMENSIONS)
+    conditions.update(timeofday=scene.timeofday, weather=scene.weather, scene=scene.scene,
+                      objects=object_bin(len(scene.objects)))
+    if command_type in LIGHT_TYPES:
+        occluded = any(o.category == "traffic light" and o.occluded for o in scene.objects)
+        conditions.update(light=light_condition(scene, height), occluded_light="yes" if occluded else "no")
+    if command_type in ("detection", "counting"):
+        conditions[f"{command_type}_category"] = TEMPLATES[record["template"]].parse(record["command"])["category"]
+    return conditions
+
+
+def conditions_table(records: list[dict], scenes: dict[str, Scene], height: float) -> pd.DataFrame:
+    """One row per record, one column per dimension."""
+    return pd.DataFrame([question_conditions(r, scenes[r["image_id"]], height) for r in records],
+                        columns=list(DIMENSIONS))
+
+
+def slice_accuracy(table: pd.DataFrame, correct_columns: dict[str, str]) -> tuple[dict, dict]:
+    """Accuracy per (dimension, value) of each model's ``correct`` column, and the questions per slice.
+
+    ``table`` holds the :data:`DIMENSIONS` columns and, per model name, a boolean column named by
+    ``correct_columns``. Returns ``{model: {dimension: {value: accuracy}}}`` and ``{dimension: {value: n}}``.
+    """
+    accuracy: dict[str, dict] = {model: {} for model in correct_columns}
+    counts: dict[str, dict] = {}
+    for dimension in DIMENSIONS:
+        groups = sorted(table.dropna(subset=[dimension]).groupby(dimension), key=lambda g: _order(dimension, g[0]))
+        if not groups:
+            continue
+        counts[dimension] = {str(value): int(len(group)) for value, group in groups}
+        for model, column in correct_columns.items():
+            accuracy[model][dimension] = {str(value): round(float(group[column].mean()), 4)
+                                          for value, group in groups}
+    return accuracy, counts

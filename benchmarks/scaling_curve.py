@@ -10,7 +10,9 @@ overall and per command type against the training seconds each run took.
    run has the machine to itself) and waits for it; the worker holds no lock on the workspace.
 3. Collects every finished point from its experiment's commit (params.yaml, metrics/eval.json,
    metrics/train.json, metrics/train_timing.json) into ``--out`` (metrics/scaling.json) and ``--plot``
-   (metrics/plots/scaling.png), with where each ``--targets`` accuracy is first reached, or, where it is not,
+   (metrics/plots/scaling.png). Each point is placed at its training steps times the seconds per step of its
+   series' 1x run (:func:`at_reference_rate`: runs of hours share the machine with whatever else it does; their
+   own wall clocks are kept beside). It says where each ``--targets`` accuracy is first reached, or, where not,
    the trend: accuracy gained per doubling of compute (a least-squares line in log2 of the multiple) and the
    multiple that line would need.
 
@@ -160,7 +162,7 @@ def target_summary(rows: list[dict], target: float) -> dict:
         series = sorted((r for r in rows if r["image_size"] == size), key=lambda r: r["multiple"])
         reached = next((r for r in series if r["accuracy"] >= target), None)
         entry: dict = {"reached_at_multiple": reached["multiple"] if reached else None,
-                       "train_seconds": reached["train_seconds"] if reached else None}
+                       "seconds": reached["seconds"] if reached else None}
         if reached is None and len(series) >= 2:
             x = [math.log2(r["multiple"]) for r in series]
             y = [r["accuracy"] for r in series]
@@ -184,10 +186,10 @@ def plot(rows: list[dict], targets: list[float], path: Path) -> None:
     fig, (overall, per_type) = plt.subplots(1, 2, figsize=(13, 5))
     for size in sorted({r["image_size"] for r in rows}):
         series = sorted((r for r in rows if r["image_size"] == size), key=lambda r: r["multiple"])
-        seconds = [r["train_seconds"] for r in series]
+        seconds = [r["seconds"] for r in series]
         overall.plot(seconds, [r["accuracy"] for r in series], "o-", label=f"VLM, {size} px")
         for r in series:
-            overall.annotate(f"{r['multiple']}x", (r["train_seconds"], r["accuracy"]), textcoords="offset points",
+            overall.annotate(f"{r['multiple']}x", (r["seconds"], r["accuracy"]), textcoords="offset points",
                              xytext=(4, -12), fontsize=8)
         overall.plot(seconds, [r["blind_accuracy"] for r in series], "x:", color="grey",
                      label="blind baseline" if size == min(r["image_size"] for r in rows) else None)
@@ -196,13 +198,13 @@ def plot(rows: list[dict], targets: list[float], path: Path) -> None:
     base = min(r["image_size"] for r in rows)
     series = sorted((r for r in rows if r["image_size"] == base), key=lambda r: r["multiple"])
     for command_type in sorted(series[0]["per_type"]):
-        per_type.plot([r["train_seconds"] for r in series], [r["per_type"][command_type] for r in series], "o-",
+        per_type.plot([r["seconds"] for r in series], [r["per_type"][command_type] for r in series], "o-",
                       label=command_type)
     for axes, title in ((overall, "Test accuracy vs training time"),
                         (per_type, f"Per command type, {base} px")):
         axes.set_xscale("log", base=2)
         axes.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        axes.set_xlabel("training seconds (this machine)")
+        axes.set_xlabel("training seconds (this machine, at the 1x run's rate)")
         axes.set_ylabel("test accuracy")
         axes.set_title(title)
         axes.grid(True, alpha=0.3)
@@ -214,11 +216,21 @@ def plot(rows: list[dict], targets: list[float], path: Path) -> None:
     plt.close(fig)
 
 
+def at_reference_rate(rows: list[dict]) -> None:
+    """Add ``seconds``: the point's steps at the seconds per step of its series' 1x run (the run with the machine
+    to itself); a series without its 1x point keeps its measured seconds. Longer runs shared the machine with
+    other work, so their own wall clocks (``train_seconds``) are upper bounds."""
+    for row in rows:
+        reference = next((r for r in rows if r["image_size"] == row["image_size"] and r["multiple"] == 1), row)
+        row["seconds"] = round(row["steps"] * reference["train_seconds"] / reference["steps"], 1)
+
+
 def collect(points: list[Point], targets: list[float], out: Path, plot_path: Path) -> dict:
     done = finished_experiments()
     rows = [collect_point(p, done[p.name]) for p in points if p.name in done]
     if not rows:
         raise SystemExit("no point of the curve has a finished experiment yet")
+    at_reference_rate(rows)
     result = {"machine": {"processor": platform.processor() or platform.machine(),
                           "threads": torch.get_num_threads(), "gpu": torch.cuda.is_available()},
               "points": rows, "missing": [p.name for p in points if p.name not in done],
@@ -251,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
             run_queue(args.poll)
     result = collect(points, args.targets, args.out, args.plot)
     for row in result["points"]:
-        print(f"{row['name']:>22}  {row['train_seconds']:7.0f} s  test {row['accuracy']:.3f}  "
+        print(f"{row['name']:>22}  {row['seconds']:7.0f} s  test {row['accuracy']:.3f}  "
               f"(blind {row['blind_accuracy']:.3f})")
     if result["missing"]:
         print(f"missing: {', '.join(result['missing'])}", file=sys.stderr)

@@ -24,13 +24,21 @@ def test_plan_runs_the_cheapest_points_first():
 
 
 def row(size: int, multiple: int, accuracy: float) -> dict:
-    return {"image_size": size, "multiple": multiple, "accuracy": accuracy, "train_seconds": 100.0 * multiple}
+    return {"image_size": size, "multiple": multiple, "accuracy": accuracy, "seconds": 100.0 * multiple}
+
+
+def test_points_are_placed_at_their_series_1x_rate():
+    rows = [{"image_size": 128, "multiple": m, "steps": 100 * m, "train_seconds": t}
+            for m, t in ((1, 50.0), (2, 160.0))]
+    rows.append({"image_size": 224, "multiple": 2, "steps": 200, "train_seconds": 300.0})
+    scaling_curve.at_reference_rate(rows)
+    assert [r["seconds"] for r in rows] == [50.0, 100.0, 300.0]  # the 224 px series has no 1x point: as measured
 
 
 def test_targets_reached_or_extrapolated_from_the_trend():
     rows = [row(128, 1, 0.80), row(128, 2, 0.85), row(128, 4, 0.90), row(224, 1, 0.7), row(224, 2, 0.7)]
     at_90 = scaling_curve.target_summary(rows, 0.90)
-    assert at_90["128px"] == {"reached_at_multiple": 4, "train_seconds": 400.0}
+    assert at_90["128px"] == {"reached_at_multiple": 4, "seconds": 400.0}
     assert at_90["224px"]["multiple_needed_by_trend"] is None  # flat: never
     at_95 = scaling_curve.target_summary(rows, 0.95)["128px"]
     assert at_95["reached_at_multiple"] is None
@@ -50,7 +58,7 @@ def test_one_point_through_the_queue_then_collect_reports_the_missing(tmp_path):
     (point,) = result["points"]
     evaluation = json.loads(project.run("git", "show", f"{point['experiment']}:metrics/eval.json").stdout)
     assert point["accuracy"] == evaluation["vlm"]["accuracy"] and point["epochs"] == 1
-    assert point["train_seconds"] > 0 and result["missing"] == []
+    assert point["seconds"] == point["train_seconds"] > 0 and result["missing"] == []
     # a wider curve, collected only: the finished point is reused, the others are reported missing
     project.run(sys.executable, script, "--multiples", "1", "2", "--large-size", "48", "--large-multiples", "1",
                 "--collect-only")

@@ -2,13 +2,14 @@
 #   make repro   create .venv, install pinned deps, run the whole DVC pipeline
 #   make test    create .venv, install pinned deps (+ test extras), lint (ruff, duplicate code), run the tests
 #   make scaling the accuracy-vs-compute curve (queued experiments, hours)
+#   make holdout the gap on a held-out combination of frame attributes (a queued experiment)
 #   make compare the experiments side by side: the test accuracies (VLM, blind) first, then whatever differs
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup repro test compare bench scaling clean
+.PHONY: setup repro test compare bench scaling holdout clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +45,11 @@ bench: $(STAMP)
 # (hours on 2 cores; re-running resumes), collected into metrics/scaling.json and metrics/plots/scaling.png.
 scaling: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" PYTHONPATH=. python benchmarks/scaling_curve.py
+
+# The held-out combination gap: a queued `dvc exp run` whose test split is the rainy nights no split trains on,
+# against the workspace's model on the same frames (after make repro), into metrics/holdout.json.
+holdout: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" PYTHONPATH=. python benchmarks/holdout_gap.py
 
 clean:
 	rm -rf $(VENV)

@@ -162,6 +162,8 @@ def test_stats_count_every_question(splits):
     ({"max_count": 12}, "commands.max_count: must be in 0..9"),
     ({"questions_per_image": "many"}, "commands.questions_per_image: must be an integer"),
     ({"colour": 1}, "commands.colour: unknown key"),
+    ({"holdout": {"season": "winter"}}, "commands.holdout: unknown frame attribute 'season'"),
+    ({"holdout": {"weather": 3}}, "commands.holdout.weather: must be a value such as 'rainy', got 3"),
 ])
 def test_impossible_params_are_named(values, message):
     with pytest.raises(ParamError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -176,3 +178,16 @@ def test_empty_scenes_and_a_single_type():
     # Nothing about an empty, attribute-less scene has a varying answer: nothing survives balancing.
     with pytest.raises(ValueError, match="no question of split 'train' survived answer balancing"):
         generate_commands(empty, W, H, CommandsConfig())
+
+
+def test_a_held_out_combination_is_the_test_split_and_nowhere_else():
+    scenes = random_scenes(600, seed=4)
+    holdout = {"timeofday": "night", "weather": "rainy"}
+    splits = generate_commands(scenes, W, H, CommandsConfig(holdout=holdout))
+    combination = {s.image_id for s in scenes if (s.timeofday, s.weather) == ("night", "rainy")}
+    images = {split: {r["image_id"] for r in records} for split, records in splits.items()}
+    assert images["test"] and images["test"] <= combination
+    assert not (images["train"] | images["val"]) & combination
+    assert len(images["train"]) > 6 * len(images["val"])  # 0.8 : 0.1 of the other frames
+    with pytest.raises(ValueError, match="commands.holdout: no frame has"):
+        generate_commands(scenes, W, H, CommandsConfig(holdout={"weather": "snowy"}))

@@ -35,6 +35,10 @@ class CommandsConfig:
     spatial_categories: list[str] = field(default_factory=lambda: ["car", "pedestrian", "truck", "bus"])
     more_than: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     max_count: int = 9
+    # A held-out combination (CLEVR-CoGenT style), e.g. {timeofday: night, weather: rainy}: the frames with
+    # every one of these attributes form the test split and no other split; train and val share the rest in
+    # the proportion of their fractions. Empty = off (a random test split).
+    holdout: dict = field(default_factory=dict)
 
     def validate(self, prefix: str = "commands") -> None:
         if self.questions_per_image < 1:
@@ -60,6 +64,13 @@ class CommandsConfig:
         for k in self.more_than:
             if k < 0:
                 raise ParamError(f"{prefix}.more_than: thresholds must be >= 0, got {k}")
+        for attribute, value in self.holdout.items():
+            if attribute not in HOLDOUT_ATTRIBUTES:
+                raise ParamError(f"{prefix}.holdout: unknown frame attribute {attribute!r} "
+                                 f"(one of {', '.join(HOLDOUT_ATTRIBUTES)})")
+            if not isinstance(value, str) or not value:
+                raise ParamError(f"{prefix}.holdout.{attribute}: must be a value such as "
+                                 f"{HOLDOUT_ATTRIBUTES[attribute]!r}, got {value!r}")
 
     @property
     def template_options(self) -> TemplateOptions:
@@ -67,14 +78,24 @@ class CommandsConfig:
                                tuple(self.spatial_categories), tuple(self.more_than), self.max_count)
 
 
+HOLDOUT_ATTRIBUTES = {"timeofday": "night", "weather": "rainy", "scene": "highway"}  # with an example value
+
+
+def held_out(scene: Scene, holdout: dict) -> bool:
+    return all(getattr(scene, attribute) == value for attribute, value in holdout.items())
+
+
 def split_images(image_ids: list[str], fractions: dict, seed: int) -> dict[str, list[str]]:
-    """Assign every image to exactly one split: a seeded permutation of the sorted ids, cut by fraction."""
+    """Assign every image to exactly one split: a seeded permutation of the sorted ids, cut by fraction in the
+    order of ``fractions``; the last split takes what the rounding leaves."""
     ids = sorted(image_ids)
     order = np.random.default_rng([seed, 1]).permutation(len(ids))
-    n_train = round(fractions["train"] * len(ids))
-    n_val = round(fractions["val"] * len(ids))
-    cuts = {"train": order[:n_train], "val": order[n_train:n_train + n_val], "test": order[n_train + n_val:]}
-    return {split: sorted(ids[i] for i in idx) for split, idx in cuts.items()}
+    splits, start = {}, 0
+    for k, (split, fraction) in enumerate(fractions.items()):
+        end = len(ids) if k == len(fractions) - 1 else start + round(fraction * len(ids))
+        splits[split] = sorted(ids[i] for i in order[start:end])
+        start = end
+    return splits
 
 
 def _deficit(counts: Counter, answer: str) -> int:
@@ -163,7 +184,15 @@ def generate_commands(scenes: list[Scene], width: float, height: float, config: 
     by_id = {s.image_id: s for s in scenes}
     if len(by_id) != len(scenes):
         raise ValueError("scenes: two frames share an image id (file name without extension)")
-    assignment = split_images(list(by_id), config.splits, config.seed)
+    if config.holdout:
+        rest = [i for i, scene in by_id.items() if not held_out(scene, config.holdout)]
+        share = config.splits["train"] / (config.splits["train"] + config.splits["val"])
+        assignment = split_images(rest, {"train": share, "val": 1 - share}, config.seed)
+        assignment["test"] = sorted(set(by_id) - set(rest))
+        if not assignment["test"]:
+            raise ValueError(f"commands.holdout: no frame has {config.holdout}, so the test split would be empty")
+    else:
+        assignment = split_images(list(by_id), config.splits, config.seed)
     splits = {split: generate_split([by_id[i] for i in ids], width, height, config, split)
               for split, ids in assignment.items()}
     for split, records in splits.items():

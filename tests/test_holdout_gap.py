@@ -1,0 +1,53 @@
+"""The held-out combination harness: the comparison it makes, and one real held-out experiment."""
+
+import io
+import sys
+
+import pandas as pd
+import pytest
+
+from pipeline import ROOT, DvcProject
+from tiny_project import TINY_PIPELINE_PARAMS
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import holdout_gap  # noqa: E402
+
+
+def test_compare_on_the_frames_of_the_combination():
+    seen = pd.DataFrame({"image_id": ["a", "a", "b", "c"], "command_type": ["scene", "counting", "scene", "scene"],
+                         "timeofday": ["night", "night", "night", "daytime"], "weather": ["rainy"] * 3 + ["clear"],
+                         "correct": [True, True, False, True]})
+    unseen = pd.DataFrame({"image_id": ["a", "b", "d"], "command_type": ["scene", "scene", "scene"],
+                           "correct": [False, False, True]})
+    result = holdout_gap.compare(seen, unseen, {"timeofday": "night", "weather": "rainy"})
+    assert result["frames"] == 2
+    assert result["seen_in_training"]["accuracy"] == pytest.approx(2 / 3, abs=1e-4)
+    assert result["held_out"] == {"questions": 2, "accuracy": 0.0, "per_type": {"scene": 0.0}}
+    assert result["held_out_whole_split"]["questions"] == 3
+    assert result["gap"] == pytest.approx(2 / 3, abs=1e-4)
+
+
+def test_combination_argument():
+    assert holdout_gap.parse_combination("timeofday=night,weather=rainy") == {"timeofday": "night",
+                                                                             "weather": "rainy"}
+    assert holdout_gap.experiment_name({"timeofday": "dawn/dusk", "scene": "city street"}) == \
+        "holdout-dawn_dusk-city_street"
+    with pytest.raises(SystemExit, match="expected attribute=value"):
+        holdout_gap.parse_combination("night")
+
+
+@pytest.mark.pipeline
+@pytest.mark.xdist_group("pipeline")
+def test_held_out_experiment_against_the_workspace_run(tmp_path):
+    project = DvcProject(tmp_path, TINY_PIPELINE_PARAMS)
+    project.run("dvc", "repro")
+    project.env["PYTHONPATH"] = f"{project.path}:{ROOT}"
+    run = project.run(sys.executable, str(ROOT / "benchmarks" / "holdout_gap.py"), "--combination",
+                      "timeofday=night", "--poll", "1")
+    assert "seen in training" in run.stdout
+    result = project.json("metrics/holdout.json")
+    shown = project.run("git", "show", f"{result['experiment']}:metrics/eval/predictions.csv").stdout
+    held_out = pd.read_csv(io.StringIO(shown))
+    assert set(held_out["timeofday"]) == {"night"}  # the experiment's test split: the combination only
+    assert result["held_out_whole_split"]["questions"] == len(held_out)
+    assert 1 <= result["held_out"]["questions"] <= len(held_out) and result["seen_in_training"]["questions"] >= 1

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
             if name in entries:
                 scaling_curve.dvc("queue", "remove", name)
             scaling_curve.dvc("exp", "run", "--queue", "-n", name, "-S",
-                              "commands.holdout=" + yaml.safe_dump(combination, default_flow_style=True).strip())
+                              "++commands.holdout=" + yaml.safe_dump(combination, default_flow_style=True).strip())
         scaling_curve.run_queue(args.poll)
     commit = scaling_curve.finished_experiments()[name]
     result = compare(pd.read_csv("metrics/eval/predictions.csv", dtype={"image_id": str}), predictions_at(commit),

@@ -112,7 +112,8 @@ def test_evaluate_writes_metrics_tables_and_pictures(trained, tmp_path):
     expected = {"timeofday": len(test_records), "weather": len(test_records), "scene": len(test_records),
                 "objects": len(test_records), "light": light_questions, "occluded_light": light_questions,
                 "detection_category": sum(r["command_type"] == "detection" for r in test_records),
-                "counting_category": sum(r["command_type"] == "counting" for r in test_records)}
+                "counting_category": sum(r["command_type"] == "counting" for r in test_records),
+                "spatial_sides": sum(r["command_type"] == "spatial" for r in test_records)}
     counts = details["questions_per_slice"]
     assert {d: sum(values.values()) for d, values in counts.items()} == {d: n for d, n in expected.items() if n}
     for model in ("vlm", "blind"):

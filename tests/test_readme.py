@@ -16,7 +16,7 @@ def _json(path: str) -> dict:
 def _results_rows() -> dict[str, list[str]]:
     """The results table of "What you get": command type -> [questions, VLM, blind, gain]."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## What you get", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## What you get", 1)[1].split("**Why, not only how often.**", 1)[0]
     rows = {}
     for line in section.splitlines():
         cells = [cell.strip().strip("*") for cell in line.strip().strip("|").split("|")]
@@ -56,3 +56,32 @@ def test_training_step_numbers_are_the_committed_benchmark():
         line = next((line for line in text.splitlines() if line.startswith(f"| {row['part']} |")), None)
         if line is not None:  # the smallest parts share one row
             assert f"| {row['ms']:.1f} |" in line and f"| {row['share']:.1%} |" in line, row["part"]
+
+
+def _weakest_slice(headline: dict) -> tuple[str, str, float]:
+    return min(((d, v, acc) for d, values in headline["slices"]["vlm"].items() for v, acc in values.items()),
+               key=lambda item: item[2])
+
+
+def test_evaluation_paragraph_is_the_committed_evaluation():
+    """The calibration, weakest slice and counterfactual numbers of "What you get" are the committed files'."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8").split("## What you get", 1)[1].split("\n## ", 1)[0]
+    headline, counterfactuals = _json("metrics/eval.json"), _json("metrics/counterfactuals.json")["counterfactuals"]
+    dimension, value, acc = _weakest_slice(headline)
+    for number in (f"ECE {headline['vlm']['ece']:.3f}", f"{headline['blind']['ece']:.3f} for the blind baseline",
+                   f"`{dimension}` = `{value}`, {acc:.3f}"):
+        assert number in text, number
+    for edit, rates in counterfactuals.items():
+        assert f"| {edit} | {rates['pairs']} | {rates['consistency']:.3f} | {rates['changed_when_it_must']:.3f} | " \
+               f"{rates['stayed_when_it_must']:.3f} |" in text, edit
+
+
+def test_scaling_table_is_the_committed_curve():
+    """Each row of the accuracy-vs-compute table is a point of metrics/scaling.json (make scaling)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    curve = _json("metrics/scaling.json")
+    for point in curve["points"]:
+        per_type = " | ".join(f"{point['per_type'][t]:.3f}" for t in sorted(point["per_type"]))
+        row = (f"| {point['image_size']} px | {point['multiple']}x ({point['epochs']} epochs) | "
+               f"{point['seconds']:.0f} | {point['accuracy']:.3f} | {per_type} |")
+        assert row in text, row

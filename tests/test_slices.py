@@ -46,7 +46,7 @@ def test_conditions_follow_the_labels():
         "no light": Scene("x.jpg", objects=tuple(SceneObject(str(i), "car", (0, 0, 1, 1)) for i in range(12))),
     }
     record = {"command_type": "traffic_light", "template": "traffic_light/color", "command": "What color is the light?"}
-    got = {name: question_conditions(record, scene, HEIGHT) for name, scene in scenes.items()}
+    got = {name: question_conditions(record, scene, WIDTH, HEIGHT) for name, scene in scenes.items()}
     assert {name: c["light"] for name, c in got.items()} == {
         "near": "near", "far": "far", "far behind an occluded one": "far", "unreadable": "unreadable",
         "no light": "no light"}
@@ -55,9 +55,13 @@ def test_conditions_follow_the_labels():
     assert got["near"]["detection_category"] is None and got["near"]["timeofday"] == "undefined"
     detection = {"command_type": "detection", "template": "detection/present",
                  "command": Candidate("detection/present", (("category", "traffic sign"),), "no").text(3)}
-    conditions = question_conditions(detection, scenes["near"], HEIGHT)
+    conditions = question_conditions(detection, scenes["near"], WIDTH, HEIGHT)
     assert conditions["detection_category"] == "traffic sign"
     assert conditions["light"] is None and conditions["counting_category"] is None
+    cars = (SceneObject("a", "car", (10, 500, 110, 600)), SceneObject("b", "car", (1200, 500, 1270, 600)))
+    spatial = {"command_type": "spatial", "template": "spatial/on_side", "command": "Is there a car on the left?"}
+    for objects, expected in ((cars, "both"), (cars[:1], "one side"), ((), "neither")):
+        assert question_conditions(spatial, Scene("s.jpg", objects=objects), WIDTH, HEIGHT)["spatial_sides"] == expected
 
 
 @pytest.mark.parametrize(("count", "expected"), [(0, "0-4"), (4, "0-4"), (5, "5-9"), (19, "10-19"), (20, "20+"),

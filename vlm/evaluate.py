@@ -178,7 +178,7 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
                      for t in metrics["vlm"]["per_type"]},
     }
     metrics["questions_per_type"] = {t: int(n) for t, n in table["command_type"].value_counts().sort_index().items()}
-    table = pd.concat([table, conditions_table(dataset.records, scenes, raw.height)], axis=1)
+    table = pd.concat([table, conditions_table(dataset.records, scenes, raw.width, raw.height)], axis=1)
     slices, counts = slice_accuracy(table, {"vlm": "correct", "blind": "blind_correct"})
     metrics["slices"] = {model: _keyed(per_model) for model, per_model in slices.items()}
     metrics["slice_questions"] = _keyed(counts)

@@ -9,7 +9,9 @@ Every question gets a value per dimension that applies to it (``None`` where it 
   ``unreadable`` (every light occluded or unlit) or ``no light``;
 - ``occluded_light`` (same questions): whether the frame holds an occluded traffic light, which the rules
   ignore but a model may read;
-- ``detection_category``, ``counting_category``: what a detection or counting question asks about.
+- ``detection_category``, ``counting_category``: what a detection or counting question asks about;
+- ``spatial_sides`` (spatial questions): whether the category asked about is in the left and right thirds
+  (``both``), in neither, or on ``one side`` only, the only case where the side has to be read.
 
 Synthetic frames and BDD100K frames go through the same code: only labels are read.
 """
@@ -25,7 +27,7 @@ from vlm.scenes.schema import Scene
 OBJECT_BINS = ((0, 4), (5, 9), (10, 19), (20, None))  # labelled objects per frame, inclusive
 FAR_LIGHT = 0.05  # a governing light shorter than this fraction of the frame height is "far"
 DIMENSIONS = ("timeofday", "weather", "scene", "objects", "light", "occluded_light", "detection_category",
-              "counting_category")
+              "counting_category", "spatial_sides")
 LIGHT_TYPES = ("traffic_light", "safety")  # the command types whose answer depends on the light
 
 
@@ -48,7 +50,12 @@ def light_condition(scene: Scene, height: float) -> str:
     return "unreadable" if rules.count(scene, "traffic light") else "no light"
 
 
-def question_conditions(record: dict, scene: Scene, height: float) -> dict[str, str | None]:
+def sides(scene: Scene, category: str, width: float) -> str:
+    left, right = (rules.on_side(scene, category, side, width) == rules.YES for side in ("left", "right"))
+    return "both" if left and right else "one side" if left or right else "neither"
+
+
+def question_conditions(record: dict, scene: Scene, width: float, height: float) -> dict[str, str | None]:
     """The value of every dimension for one question record about ``scene`` (None where it does not apply)."""
     command_type = record["command_type"]
     conditions: dict[str, str | None] = dict.fromkeys(DIMENSIONS)
@@ -59,12 +66,15 @@ def question_conditions(record: dict, scene: Scene, height: float) -> dict[str, 
         conditions.update(light=light_condition(scene, height), occluded_light="yes" if occluded else "no")
     if command_type in ("detection", "counting"):
         conditions[f"{command_type}_category"] = TEMPLATES[record["template"]].parse(record["command"])["category"]
+    if command_type == "spatial":
+        category = TEMPLATES[record["template"]].parse(record["command"])["category"]
+        conditions["spatial_sides"] = sides(scene, category, width)
     return conditions
 
 
-def conditions_table(records: list[dict], scenes: dict[str, Scene], height: float) -> pd.DataFrame:
+def conditions_table(records: list[dict], scenes: dict[str, Scene], width: float, height: float) -> pd.DataFrame:
     """One row per record, one column per dimension."""
-    return pd.DataFrame([question_conditions(r, scenes[r["image_id"]], height) for r in records],
+    return pd.DataFrame([question_conditions(r, scenes[r["image_id"]], width, height) for r in records],
                         columns=list(DIMENSIONS))
 
 

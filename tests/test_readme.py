@@ -85,3 +85,11 @@ def test_scaling_table_is_the_committed_curve():
         row = (f"| {point['image_size']} px | {point['multiple']}x ({point['epochs']} epochs) | "
                f"{point['seconds']:.0f} | {point['accuracy']:.3f} | {per_type} |")
         assert row in text, row
+
+
+def test_holdout_paragraph_is_the_committed_gap():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    gap = _json("metrics/holdout.json")
+    for number in (f"on the {gap['frames']} rainy nights", f"{gap['seen_in_training']['accuracy']:.3f} for the model",
+                   f"{gap['held_out']['accuracy']:.3f} for the one", f"a gap of {gap['gap']:.3f}"):
+        assert number in text, number

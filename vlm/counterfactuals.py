@@ -64,7 +64,7 @@ from vlm.scenes.render import (  # noqa: E402
     with_visibility,
 )
 from vlm.scenes.schema import Scene  # noqa: E402
-from vlm.viz import contact_sheet  # noqa: E402
+from vlm.viz import contact_sheet, save_figure, save_image  # noqa: E402
 
 REMOVABLE = ("car", "truck", "bus", "pedestrian", "traffic light", "traffic sign")  # no rider/bike pairs
 MOVABLE = ("car", "truck", "bus", "pedestrian")
@@ -408,13 +408,13 @@ def write_outputs(metrics: dict, table: pd.DataFrame, shown: list[tuple[Pair, An
     with atomic_path(paths.table) as tmp:
         table.to_csv(tmp, index=False)
     summary = metrics["counterfactuals"]
+    for folder in {paths.plot.parent, paths.sheet.parent}:
+        folder.mkdir(parents=True, exist_ok=True)
     save_figure(rates_figure(summary) if summary else note_figure(empty_note), paths.plot)
-    sheet = failure_sheet(shown) if shown else None
-    if sheet is None:
-        save_figure(note_figure(empty_note), paths.sheet)
+    if shown:
+        save_image(failure_sheet(shown), paths.sheet)
     else:
-        with atomic_path(paths.sheet) as tmp:
-            sheet.save(tmp, format="PNG", optimize=True)
+        save_figure(note_figure(empty_note), paths.sheet)
 
 
 def rates_figure(summary: dict[str, dict]) -> plt.Figure:
@@ -454,9 +454,3 @@ def failure_sheet(shown: list[tuple[Pair, Any]]) -> Image.Image:
                                            (190, 30, 30))]))
     return contact_sheet(tiles, columns=4, max_lines=2)
 
-
-def save_figure(fig: plt.Figure, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)

@@ -36,7 +36,7 @@ from vlm.io import atomic_path, write_json  # noqa: E402
 from vlm.params import check  # noqa: E402
 from vlm.scenes.generate import load_raw  # noqa: E402
 from vlm.slices import DIMENSIONS, conditions_table, slice_accuracy  # noqa: E402
-from vlm.viz import contact_sheet  # noqa: E402
+from vlm.viz import contact_sheet, save_figure, save_image  # noqa: E402
 
 YES_NO_MAYBE = ["yes", "no", "maybe"]
 CALIBRATION_BINS = 10  # equal-width confidence bins of the expected calibration error
@@ -355,13 +355,3 @@ def failure_sheet(failures: pd.DataFrame, image_paths: dict[str, Path]) -> Image
                               (f"{row['command_type']}; {row['timeofday']}, {row['weather']}", (90, 90, 90))]))
     return contact_sheet(tiles, columns=4, max_lines=3)
 
-
-def save_figure(fig: plt.Figure, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-
-
-def save_image(image: Image.Image, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        image.save(tmp, format="PNG", optimize=True)

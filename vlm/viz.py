@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from PIL import Image, ImageDraw, ImageFont
+
+from vlm.io import atomic_path
 
 
 def contact_sheet(tiles: list[tuple[Image.Image, list[tuple[str, tuple[int, int, int]]]]], columns: int = 4,
@@ -30,3 +35,17 @@ def contact_sheet(tiles: list[tuple[Image.Image, list[tuple[str, tuple[int, int,
                 text = text[:-2] + "…"
             draw.text((x + 2, y + tile_h + 3 + j * line_h), text, fill=color, font=font)
     return sheet
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write a matplotlib figure as PNG atomically and close it."""
+    import matplotlib.pyplot as plt
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def save_image(image: Image.Image, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        image.save(tmp, format="PNG", optimize=True)

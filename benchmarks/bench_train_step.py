@@ -265,8 +265,6 @@ def compare(args, workdir: Path) -> dict[str, object]:
               f"{args.check_steps} steps: max {results[name]['loss_max_abs_diff']:.2e}, "
               f"last {results[name]['loss_last_abs_diff']:.2e}, mean of the last quarter "
               f"{results[name]['loss_tail_mean_diff']:+.2e}")
-    for run, _, _ in runs.values():
-        run.curves.close()
     return {"rounds": args.rounds, "steps_per_round": args.round_steps, "check_steps": args.check_steps,
             "results": results}
 
@@ -342,7 +340,6 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         timing = time_steps(run, source, args.steps)
         profile = profile_steps(run, source, args.profile_steps, args.top)
         flops = count_flops(run, source)
-        run.curves.close()
     peak = matmul_peak(run.device)
     achieved = flops["train_flops_per_question"] * timing["questions_per_s"]
     report = {

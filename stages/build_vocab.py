@@ -11,7 +11,7 @@ from pathlib import Path
 
 from vlm.cli import run
 from vlm.data.commands import SPLITS, read_commands
-from vlm.io import write_json
+from vlm.io import check_writable, write_json
 from vlm.params import build_config, load_params, section
 from vlm.tokenizer import TrafficCommandTokenizer, VocabConfig, coverage_by_split, vocab_metrics
 
@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--metrics", required=True)
     args = parser.parse_args(argv)
+    check_writable(args.out, args.metrics)
 
     config = build_config(VocabConfig, section(load_params(args.params), "vocab"), "vocab")
     splits = {name: read_commands(Path(args.commands_dir) / f"{name}.json", ("command", "answer")) for name in SPLITS}

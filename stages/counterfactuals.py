@@ -7,6 +7,7 @@ from vlm.cli import run
 from vlm.commands.generate import CommandsConfig
 from vlm.counterfactuals import CounterfactualsConfig, CounterfactualsPaths
 from vlm.counterfactuals import run as run_counterfactuals
+from vlm.io import check_writable
 from vlm.params import build_config, load_params, section
 from vlm.scenes.generate import ScenesConfig
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plot", required=True)
     parser.add_argument("--sheet", required=True)
     args = parser.parse_args(argv)
+    check_writable(args.metrics, args.table, args.plot, args.sheet)
     params = load_params(args.params)
     config = build_config(CounterfactualsConfig, section(params, "counterfactuals"), "counterfactuals")
     scenes = build_config(ScenesConfig, section(params, "scenes"), "scenes")

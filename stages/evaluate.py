@@ -5,6 +5,7 @@ from pathlib import Path
 
 from vlm.cli import run
 from vlm.evaluate import EvaluateConfig, EvaluatePaths, evaluate
+from vlm.io import check_writable
 from vlm.params import build_config, load_params, section
 
 
@@ -16,6 +17,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--raw", required=True)
     parser.add_argument("--metrics", required=True)
     args = parser.parse_args(argv)
+    check_writable(f"{args.metrics}/eval.json", f"{args.metrics}/eval/table.csv", f"{args.metrics}/plots/x.png")
     config = build_config(EvaluateConfig, section(load_params(args.params), "evaluate"), "evaluate")
     metrics_dir = Path(args.metrics)
     paths = EvaluatePaths(model=Path(args.models) / "vlm.pt", blind=Path(args.models) / "blind.pt",

@@ -5,7 +5,7 @@ import argparse
 from vlm.cli import run
 from vlm.commands.generate import CommandsConfig, command_stats, generate_commands
 from vlm.commands.sheet import commands_sheet
-from vlm.io import atomic_path, write_json, write_json_list
+from vlm.io import atomic_path, check_writable, write_json, write_json_list
 from vlm.params import build_config, load_params, section
 from vlm.scenes.generate import load_raw
 
@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metrics", required=True)
     parser.add_argument("--sheet", required=True)
     args = parser.parse_args(argv)
+    check_writable(args.out, args.metrics, args.sheet)
     config = build_config(CommandsConfig, section(load_params(args.params), "commands"), "commands")
     raw = load_raw(args.raw)
     splits = generate_commands(raw.scenes, raw.width, raw.height, config)

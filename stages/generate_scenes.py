@@ -3,7 +3,7 @@
 import argparse
 
 from vlm.cli import run
-from vlm.io import write_json
+from vlm.io import check_writable, write_json
 from vlm.params import build_config, load_params, section
 from vlm.scenes.generate import ScenesConfig, generate_scenes
 
@@ -14,6 +14,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--metrics", required=True)
     args = parser.parse_args(argv)
+    check_writable(args.out, args.metrics)
     config = build_config(ScenesConfig, section(load_params(args.params), "scenes"), "scenes")
     stats = generate_scenes(config, args.out)
     write_json(args.metrics, stats)

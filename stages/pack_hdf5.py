@@ -10,7 +10,8 @@ import argparse
 
 from vlm.cli import run
 from vlm.data.pack import PackConfig, pack_dataset
-from vlm.io import write_json
+from vlm.io import check_writable, write_json
+from vlm.models.vlm import check_image_size
 from vlm.params import build_config, load_params, section
 
 
@@ -22,7 +23,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="folder of the {split}_images.h5 files")
     parser.add_argument("--metrics", required=True)
     args = parser.parse_args(argv)
-    config = build_config(PackConfig, section(load_params(args.params), "pack"), "pack")
+    params = load_params(args.params)
+    config = build_config(PackConfig, section(params, "pack"), "pack")
+    check_image_size(section(params, "model"), config.image_size, "pack.image_size")  # before packing anything
+    check_writable(args.out + "/train_images.h5", args.metrics)
     metrics = pack_dataset(
         labels_path=f"{args.raw}/labels.json",
         source_path=f"{args.raw}/source.json",

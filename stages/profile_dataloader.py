@@ -6,7 +6,7 @@ import argparse
 
 from vlm.cli import run
 from vlm.data.profile import ProfileConfig, plot_dataloader_metrics, profile_dataloaders
-from vlm.io import write_json
+from vlm.io import check_writable, write_json
 from vlm.params import build_config, load_params, section
 from vlm.tokenizer import TrafficCommandTokenizer
 
@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metrics", required=True)
     parser.add_argument("--plot", required=True)
     args = parser.parse_args(argv)
+    check_writable(args.metrics, args.plot)
     config = build_config(ProfileConfig, section(load_params(args.params), "profile"), "profile")
     tokenizer = TrafficCommandTokenizer.from_file(f"{args.data}/vocab.json")
     metrics = profile_dataloaders(

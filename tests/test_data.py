@@ -239,7 +239,7 @@ def test_a_file_that_is_not_a_packed_split_is_rejected_naming_it(project, tokeni
     old_format.write_bytes(project.h5("train").read_bytes())
     with h5py.File(old_format, "r+") as f:
         f.attrs["format_version"] = 0
-    with pytest.raises(ValueError, match=r"old\.h5: format_version 0, expected 1; re-run the pack_hdf5 stage"):
+    with pytest.raises(ValueError, match=r"old\.h5: format_version 0, expected 2; re-run the pack_hdf5 stage"):
         TrafficVQADataset(project.commands("train"), old_format, tokenizer)
 
 

@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -176,3 +177,26 @@ def test_predict_errors_name_the_file(trained, tmp_path):
                       "--vocab", str(other_vocab)])
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         predict.main(["--checkpoint", str(tmp_path / "none.pt"), "--image", str(corrupt), "--question", "Is it night?"])
+
+
+@pytest.mark.parametrize("question, message", [
+    ("", "has no words"),
+    ("???", "has no words"),
+    ("Wie geht's dir heute?", "none of its words"),
+])
+def test_predict_refuses_a_question_it_cannot_read(trained, tmp_path, question, message):
+    _, _, models = trained
+    image = tmp_path / "x.jpg"
+    Image.new("RGB", (64, 48), (10, 20, 30)).save(image)
+    with pytest.raises(ValueError, match=re.escape(f"--question {question!r}: {message}")):
+        predict.main(["--checkpoint", str(models / "vlm.pt"), "--image", str(image), "--question", question])
+
+
+def test_predict_refuses_an_oversized_image(trained, tmp_path):
+    from test_faults import write_png_bomb
+
+    _, _, models = trained
+    bomb = tmp_path / "bomb.png"
+    write_png_bomb(bomb, 20_000, 20_000)
+    with pytest.raises(ValueError, match="bomb.png: image refused: more than 50,000,000 pixels"):
+        predict.main(["--checkpoint", str(models / "vlm.pt"), "--image", str(bomb), "--question", "Is it night?"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import zlib
 from pathlib import Path
 
 import h5py
@@ -41,7 +42,9 @@ def test_packed_layout_ids_annotations_and_pixels(project):
             annotations = list(f["annotations"].asstr()[:])
             assert [json.loads(a) for a in annotations] == [frames[i] for i in expected_ids]
             assert all(a == json.dumps(json.loads(a), sort_keys=True, separators=(",", ":")) for a in annotations)
-            assert f.attrs["image_size"] == PACK_SIZE and f.attrs["format_version"] == 1
+            assert f.attrs["image_size"] == PACK_SIZE and f.attrs["format_version"] == 2
+            assert f["checksums"].dtype == np.uint32
+            assert f["checksums"][:].tolist() == [zlib.crc32(image.tobytes()) for image in images[:]]
             assert f.attrs["split"] == split
             assert f["metadata/mean"].dtype == np.float32 and f["metadata/mean"].shape == (3,)
             # The squash keeps the whole width: left quarter shows the left colour, right quarter the right.
@@ -174,7 +177,8 @@ def test_pack_config_errors_name_the_key():
 def test_stage_script_writes_files_and_metrics(project, monkeypatch):
     from stages.pack_hdf5 import main
 
-    (project.root / "params.yaml").write_text(yaml.safe_dump({"pack": {"image_size": PACK_SIZE, "workers": 1}}))
+    (project.root / "params.yaml").write_text(yaml.safe_dump({"pack": {"image_size": PACK_SIZE, "workers": 1},
+                                                                     "model": {"siglip": {"patch_size": 8}}}))
     monkeypatch.chdir(project.root)
     main(["--raw", "data/raw", "--commands-dir", "data/processed/commands", "--out", "data/processed",
           "--metrics", "metrics/pack.json"])

@@ -68,7 +68,9 @@ def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkey
     monkeypatch.setattr(torch.optim.AdamW, "step", dying_step)
     with pytest.raises(KeyboardInterrupt):
         train(TINY_MODEL, tiny_train_config(), resumed, progress=False, frame_size=FRAME_SIZE)
-    assert _last(resumed)["state"]["step"] == 6
+    killed = _last(resumed)["state"]
+    assert killed["step"] == 6 and killed["seconds"] > 0
+    assert not resumed.model.exists() and not resumed.metrics.exists() and not resumed.live.exists()
     monkeypatch.setattr(torch.optim.AdamW, "step", original_step)
     metrics = train(TINY_MODEL, tiny_train_config(), resumed, progress=False, frame_size=FRAME_SIZE)
 
@@ -77,8 +79,10 @@ def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkey
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
     assert [r["train/loss"] for r in a["state"]["history"]] == [r["train/loss"] for r in b["state"]["history"]]
-    straight_metrics = torch.load(straight.model, weights_only=False)["metrics"]
-    assert straight_metrics == torch.load(resumed.model, weights_only=False)["metrics"]
+    assert straight.model.read_bytes() == resumed.model.read_bytes()  # the same model file, byte for byte
+    assert straight.metrics.read_bytes() == resumed.metrics.read_bytes()
+    # The timing counts the killed process's checkpointed seconds too, over the same questions.
+    assert metrics["seconds"] > killed["seconds"] and a["state"]["samples"] == b["state"]["samples"]
     # The curves of the resumed run are complete, not restarted at the interruption.
     rows = (resumed.live / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()
     assert len(rows) == 1 + metrics["steps"]

@@ -20,6 +20,7 @@ Every checkpoint file is written and read here.
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
 from dataclasses import dataclass
@@ -47,10 +48,15 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def save(path: str | os.PathLike, payload: dict[str, Any]) -> None:
-    """``torch.save`` atomically: a killed run never leaves a truncated file that looks valid. Through a file
-    handle, so the archive does not record the temporary file's random name (same payload, same bytes)."""
+    """``torch.save`` atomically: a killed run never leaves a truncated file that looks valid.
+
+    Serialised in memory first: the archive does not record the temporary file's random name (same payload,
+    same bytes), and a full disk surfaces as the ``OSError`` of a plain write (naming ``path``), not as the
+    ``RuntimeError`` torch's archive writer turns it into."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        torch.save(payload, f)
+        f.write(buffer.getbuffer())
 
 
 def model_payload(model: TrafficVLM, info: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:

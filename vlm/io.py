@@ -8,6 +8,8 @@ into place with ``os.replace`` (atomic on POSIX within one filesystem).
 from __future__ import annotations
 
 import contextlib
+import errno
+import glob
 import json
 import os
 import shutil
@@ -16,17 +18,27 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+# Errors of a write that fails for want of space or permission: re-raised naming the output they were writing.
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success move it onto ``path``.
 
     Works for files and directories: the caller creates whatever it likes at the yielded
-    path. On any exception the temporary is removed and ``path`` is left untouched.
+    path. On any exception the temporary is removed and ``path`` is left untouched; a full disk
+    or an unwritable folder is re-raised as an ``OSError`` that names ``path``. The temporary's
+    name carries the writer's pid (``.{name}.{pid}.{random}.tmp``), so temporaries left by a
+    killed process (no ``finally`` runs on SIGKILL) are removed by the next write of ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(path)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise _naming(e, path) from e
     os.close(fd)
     tmp = Path(tmp_name)
     tmp.unlink()
@@ -35,11 +47,65 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         os.replace(tmp, path)
+    except OSError as e:
+        raise _naming(e, path) from e
     finally:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        elif tmp.exists():
-            tmp.unlink()
+        _remove(tmp)
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporaries of ``path`` whose writing process no longer runs; return them."""
+    stale = []
+    for candidate in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = candidate.name[len(path.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and not _process_exists(int(pid)):
+            _remove(candidate)
+            stale.append(candidate)
+    return stale
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink(missing_ok=True)
+
+
+def _naming(error: OSError, path: Path) -> OSError:
+    """``error`` as one line naming ``path`` when it is a full disk or a permission problem, else unchanged."""
+    if error.errno not in _WRITE_ERRNOS:
+        return error
+    # the short system message (HDF5's own spans several lines), or the one an inner atomic write named
+    reason = getattr(error, "reason", None) or os.strerror(error.errno)
+    named = type(error)(error.errno, f"cannot write {path}: {reason}")
+    named.reason = reason
+    return named
+
+
+def check_writable(*paths: str | os.PathLike) -> None:
+    """Fail now, naming the folder, if an output could not be written there: for stages to call before
+    their expensive work. Tries a temporary file in each output's folder, or in its nearest existing
+    ancestor when the folder is still to be created (nothing is left behind)."""
+    for path in paths:
+        folder = Path(path).absolute().parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        try:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as e:
+            reason = e.strerror or os.strerror(e.errno or 0)
+            raise type(e)(e.errno, f"cannot write {path}: {folder} is not writable ({reason})") from e
 
 
 def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> None:

@@ -21,9 +21,21 @@ from vlm.cli import run
 from vlm.data.pack import decode_image
 
 
+def check_question(loaded: LoadedModel, question: str) -> None:
+    """Refuse a question the model cannot read: no words at all, or none it was trained on."""
+    words = [t for t in loaded.tokenizer.tokenize(question) if any(ch.isalnum() for ch in t)]
+    if not words:
+        raise ValueError(f"--question {question!r}: has no words; ask e.g. \"Is there a pedestrian?\"")
+    vocab = loaded.tokenizer.vocab
+    if not any(w in vocab for w in words):
+        raise ValueError(f"--question {question!r}: none of its words ({', '.join(words)}) is in the model's "
+                         f"vocabulary; the model was trained on questions like \"Is there a pedestrian?\"")
+
+
 @torch.no_grad()
 def answer_images(loaded: LoadedModel, image_paths: list[str], question: str) -> list[list[tuple[str, float]]]:
     """For each image, every answer with its probability, most probable first."""
+    check_question(loaded, question)
     images = np.stack([decode_image(p, loaded.image_size, loaded.resample) for p in image_paths])  # [N, S, S, 3]
     device = next(loaded.model.parameters()).device
     question_ids = torch.tensor(loaded.tokenizer.encode_question(question), device=device)

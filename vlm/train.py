@@ -4,13 +4,13 @@ Read it top to bottom in :func:`train`: :func:`setup` (inputs checked, data, mod
 :func:`resume` (the last checkpoint of the same run, if any), :func:`train_epoch` and :func:`end_epoch`
 for each epoch, :func:`finish`. One run writes:
 
-- ``{model}``: the best model on the val split (see :mod:`vlm.checkpoint`);
+- ``{model}``: the best model on the val split (see :mod:`vlm.checkpoint`), written when the run finishes;
 - ``{checkpoints}/{name}-last.pt``: everything needed to resume (model, optimizer, scheduler, the
   :class:`TrainState`), written every ``checkpoint_every`` optimizer steps and at the end of each epoch.
   A rerun with the same params and data resumes from it and ends with the same weights as an
   uninterrupted run (the data order and augmentation are functions of seed and epoch);
 - ``{metrics}`` (headline numbers), ``{timing}`` (seconds, questions/s) and per-step curves through
-  dvclive (``{live}/plots``).
+  dvclive (``{live}/plots``), all written when the run finishes.
 
 Under ``torchrun`` (``WORLD_SIZE`` > 1) each process trains on its share of the images with
 DistributedDataParallel (NCCL on GPUs, gloo on CPU); rank 0 evaluates and writes every file.
@@ -45,7 +45,7 @@ from vlm.data.grounding import HeadTargets, head_layout
 from vlm.data.h5file import PackedImageReader
 from vlm.data.loader import build_loader, set_epoch
 from vlm.inference import predict_dataset
-from vlm.io import write_json
+from vlm.io import atomic_path, check_writable, write_json
 from vlm.models import TrafficVLM, VLMConfig, build_vlm
 from vlm.models.vlm import VLMOutput
 from vlm.params import check
@@ -186,27 +186,19 @@ def first_answer_accuracy(logits: torch.Tensor, labels: torch.Tensor, prefix_len
     return (predicted == labels[rows, prefix_lengths]).float().mean().item()
 
 
-class CurveLogger:
-    """Per-step curves through dvclive, rebuilt from the history on resume."""
+def write_curves(live_dir: Path, history: list[dict[str, Any]]) -> None:
+    """The per-step curves of a finished run as a dvclive folder, written atomically from its history (a
+    killed run leaves no partial curves; a resumed one writes them whole)."""
+    from dvclive import Live
 
-    def __init__(self, live_dir: Path | None):
-        self.live = None
-        if live_dir is not None:
-            from dvclive import Live
-
-            self.live = Live(dir=str(live_dir), save_dvc_exp=False, dvcyaml=None)
-
-    def log(self, record: dict[str, Any]) -> None:
-        if self.live is None:
-            return
-        for key, value in record.items():
-            if key not in ("step", "epoch"):
-                self.live.log_metric(key, value, plot=True)
-        self.live.next_step()
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.end()
+    with atomic_path(live_dir) as tmp:
+        live = Live(dir=str(tmp), save_dvc_exp=False, dvcyaml=None)
+        for record in history:
+            for key, value in record.items():
+                if key not in ("step", "epoch"):
+                    live.log_metric(key, value, plot=True)
+            live.next_step()
+        live.end()
 
 
 @dataclass
@@ -229,7 +221,6 @@ class Run:
     total_steps: int  # what the LR schedule spans
     fingerprint: str  # a resume checkpoint is used only by a run with the same
     model_info: dict[str, Any]  # what the model checkpoint stores beside the weights
-    curves: CurveLogger
 
     @property
     def last_path(self) -> Path:
@@ -262,6 +253,8 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
     if blind and config.blind_epochs is not None:
         config = replace(config, epochs=config.blind_epochs)
     dist_info = Distributed.from_env()
+    if dist_info.is_main:  # an unwritable output folder fails now, not at the first checkpoint
+        check_writable(paths.model, paths.checkpoints / "last.pt", paths.metrics, paths.timing, paths.live)
     if dist_info.world_size > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     device = pick_device(dist_info)
@@ -307,7 +300,7 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
                ddp_model=ddp_model, optimizer=optimizer, scheduler=scheduler, loader=loader, val_set=val_set,
                answers=answers, candidates=[tokenizer.encode_answer(a) for a in answers], total_steps=total_steps,
                fingerprint=fingerprint(model_config, config, paths, dist_info.world_size, frame_size),
-               model_info=model_info, curves=CurveLogger(paths.live if dist_info.is_main else None))
+               model_info=model_info)
 
 
 def resume(run: Run) -> TrainState:
@@ -322,8 +315,6 @@ def resume(run: Run) -> TrainState:
     state = TrainState(**saved["state"])
     log.info("resuming %s from %s: epoch %d, batch %d, step %d", run.name, run.last_path, state.epoch + 1,
              state.batch, state.step)
-    for record in state.history:
-        run.curves.log(record)
     return state
 
 
@@ -358,7 +349,6 @@ def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
             state.history.append(record)
             break
         state.history.append(record)
-        run.curves.log(record)
         if state.step % config.checkpoint_every == 0:
             state.seconds += time.perf_counter() - started
             started = time.perf_counter()
@@ -371,13 +361,10 @@ def end_epoch(run: Run, state: TrainState) -> None:
     """Val accuracy, the best model so far, early stopping, the resume checkpoint."""
     record = state.history[-1]
     record["val/accuracy"] = accuracy = val_accuracy(run)
-    run.curves.log(record)
     if accuracy > state.best_accuracy:
         state.best_accuracy, state.bad_epochs = accuracy, 0
         state.best = checkpoint.model_payload(run.model, run.model_info,
                                               {"epoch": record["epoch"], "step": state.step, "val_accuracy": accuracy})
-        if run.dist.is_main:
-            checkpoint.save(run.paths.model, state.best)
     else:
         state.bad_epochs += 1
         patience = run.config.early_stopping_patience
@@ -390,17 +377,17 @@ def end_epoch(run: Run, state: TrainState) -> None:
 
 
 def finish(run: Run, state: TrainState) -> dict[str, Any]:
-    """Metrics (and the best model, when a finished run resumed after models/ was cleaned by dvc repro)."""
+    """The best model and the metrics: written only by a finished run (a killed one leaves none of its outputs,
+    only its resume checkpoint)."""
     metrics = {}
     if run.dist.is_main:
-        if not run.paths.model.exists():
-            checkpoint.save(run.paths.model, state.best)
+        checkpoint.save(run.paths.model, state.best)
         metrics = train_metrics(state, run.model)
         timing = train_timing(state, run.total_steps)
+        write_curves(run.paths.live, state.history)
         write_json(run.paths.metrics, metrics)
         write_json(run.paths.timing, timing)
         metrics = {**metrics, **timing}
-    run.curves.close()
     if run.dist.world_size > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -1,8 +1,9 @@
 """The packed-image HDF5 format: one writer, one reader, one place that knows the layout.
 
-Layout of ``data/processed/{split}_images.h5`` (``FORMAT_VERSION`` 1)::
+Layout of ``data/processed/{split}_images.h5`` (``FORMAT_VERSION`` 2)::
 
     images              uint8 [N, S, S, 3]   RGB, one chunk per image, no filters
+    checksums           uint32 [N]           CRC-32 of each image's bytes, verified on every read
     image_ids           utf-8 strings [N]    image file name without extension, sorted
     annotations         utf-8 strings [N]    the image's label frame as compact JSON (sorted keys)
     skipped_image_ids   utf-8 strings [K]    images of the split left out as corrupt (skip_corrupt)
@@ -13,18 +14,20 @@ Layout of ``data/processed/{split}_images.h5`` (``FORMAT_VERSION`` 1)::
 Byte-identical output for identical input: no object timestamps, a pinned file-format version,
 fixed chunk shapes and a fixed order of writes. Images are stored as raw chunks
 (``write_direct_chunk``/``read_direct_chunk``), which skips HDF5's selection machinery: a read is
-one ``pread`` into the caller's buffer.
+one ``pread`` into the caller's buffer, then its CRC-32 (about 12 us for 128 px, a fraction of the read):
+a file damaged in the middle fails naming the image instead of serving wrong pixels.
 """
 
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checksums
 # Pinned so that a newer HDF5 library writes the same bytes (and older readers can open the file).
 LIBVER = ("v110", "v110")
 STRING_DTYPE = h5py.string_dtype("utf-8")
@@ -51,6 +54,7 @@ class PackedImageWriter:
             chunks=(1, *shape), track_times=False)
         self._image_ids: list[str] = []
         self._annotations: list[str] = []
+        self._checksums: list[int] = []
 
     def __len__(self) -> int:
         return len(self._image_ids)
@@ -64,13 +68,17 @@ class PackedImageWriter:
         row = len(self._image_ids)
         if row >= self._images.shape[0]:
             self._images.resize(row + 1, axis=0)
-        self._images.id.write_direct_chunk((row, 0, 0, 0), np.ascontiguousarray(image).tobytes())
+        data = np.ascontiguousarray(image).tobytes()
+        self._images.id.write_direct_chunk((row, 0, 0, 0), data)
+        self._checksums.append(zlib.crc32(data))
         self._image_ids.append(image_id)
         self._annotations.append(annotation)
 
     def finish(self, mean: np.ndarray, std: np.ndarray, skipped_image_ids: list[str]) -> None:
         """Trim to the rows written, write the string tables and the normalisation stats, close."""
         self._images.resize(len(self._image_ids), axis=0)
+        self._file.create_dataset("checksums", data=np.array(self._checksums, dtype=np.uint32).reshape(-1),
+                                  track_times=False)
         for name, strings in (("image_ids", self._image_ids), ("annotations", self._annotations),
                               ("skipped_image_ids", skipped_image_ids)):
             self._file.create_dataset(name, data=np.array(strings, dtype=object).reshape(len(strings)),
@@ -107,7 +115,8 @@ class PackedImageReader:
                 self.skipped_image_ids = [str(s) for s in f["skipped_image_ids"].asstr()[:]]
                 self.mean = f["metadata/mean"][:].astype(np.float32)
                 self.std = f["metadata/std"][:].astype(np.float32)
-        except OSError as e:
+                self._checksums = f["checksums"][:].tolist()
+        except (OSError, KeyError, UnicodeDecodeError) as e:  # a damaged header, index or string table
             raise ValueError(f"{self.path}: not a readable HDF5 file ({e})") from e
         self._file: h5py.File | None = None
         self._pid: int | None = None
@@ -117,7 +126,8 @@ class PackedImageReader:
         if version != FORMAT_VERSION:
             raise ValueError(f"{self.path}: format_version {version}, expected {FORMAT_VERSION}; "
                              "re-run the pack_hdf5 stage")
-        for name in ("images", "image_ids", "annotations", "skipped_image_ids", "metadata/mean", "metadata/std"):
+        for name in ("images", "checksums", "image_ids", "annotations", "skipped_image_ids", "metadata/mean",
+                     "metadata/std"):
             if name not in f:
                 raise ValueError(f"{self.path}: missing dataset '{name}'")
         images = f["images"]
@@ -127,8 +137,9 @@ class PackedImageReader:
             raise ValueError(f"{self.path}: 'images' must be uint8 [N, {size}, {size}, 3] with one "
                              f"uncompressed chunk per image, got {images.dtype} {images.shape} "
                              f"chunks={images.chunks} compression={images.compression}")
-        if images.shape[0] != f["image_ids"].shape[0]:
-            raise ValueError(f"{self.path}: {images.shape[0]} images but {f['image_ids'].shape[0]} image_ids")
+        for name in ("image_ids", "checksums"):
+            if images.shape[0] != f[name].shape[0]:
+                raise ValueError(f"{self.path}: {images.shape[0]} images but {f[name].shape[0]} {name}")
 
     def __len__(self) -> int:
         return len(self.image_ids)
@@ -148,13 +159,21 @@ class PackedImageReader:
         return self._file["images"]
 
     def read_into(self, rows: list[int], out: np.ndarray) -> np.ndarray:
-        """Copy the images at ``rows`` into ``out`` (uint8 ``[len(rows), S, S, 3]``, C-contiguous)."""
+        """Copy the images at ``rows`` into ``out`` (uint8 ``[len(rows), S, S, 3]``, C-contiguous), each
+        checked against its stored CRC-32."""
         if not out.flags.c_contiguous or out.dtype != np.uint8:
             raise ValueError("read_into needs a C-contiguous uint8 output array")
         images = self._images()
         flat = out.reshape(len(rows), -1)
         for i, row in enumerate(rows):
-            images.id.read_direct_chunk((row, 0, 0, 0), out=flat[i])
+            try:
+                images.id.read_direct_chunk((row, 0, 0, 0), out=flat[i])
+            except (OSError, KeyError, ValueError) as e:  # a damaged chunk index
+                raise ValueError(f"{self.path}: image {row} ({self.image_ids[row]}) cannot be read ({e}); "
+                                 "the file is damaged: re-run the pack_hdf5 stage") from e
+            if zlib.crc32(flat[i]) != self._checksums[row]:
+                raise ValueError(f"{self.path}: image {row} ({self.image_ids[row]}) does not match its checksum; "
+                                 "the file is damaged: re-run the pack_hdf5 stage")
         return out
 
     def read_annotations(self) -> list[str]:

@@ -123,25 +123,13 @@ class VLMConfig:
             if path[-1] in where:
                 raise ParamError(f"model.{'.'.join(path)}: set from {source}, not in params.yaml")
 
-        patch_key = "model.siglip.patch_size"
         checkpoint = values.get("vision_checkpoint")
         if checkpoint is not None and values.get("vision", "siglip") == "siglip":
             # the encoder's sizes and pixel normalisation are the checkpoint's: model.siglip is not used
-            if not isinstance(checkpoint, str):
-                raise ParamError(f"model.vision_checkpoint: must be a path or null, got {checkpoint!r}")
-            try:
-                pretrained = siglip_config_from_pretrained(checkpoint)
-            except (OSError, ValueError) as e:
-                raise ParamError(f"model.vision_checkpoint: {e}") from e
-            values["siglip"] = {k: v for k, v in dataclasses.asdict(pretrained).items() if k != "image_size"}
+            values["siglip"] = {k: v for k, v in dataclasses.asdict(_pretrained_config(checkpoint)).items()
+                                if k != "image_size"}
             image_mean, image_std = _pretrained_normalisation(Path(checkpoint))
-            patch_key = "model.vision_checkpoint: its patch size"
-
-        patch_size = values["siglip"].get("patch_size", SiglipVisionConfig.patch_size)
-        vision = values.get("vision", "siglip") == "siglip"
-        if vision and isinstance(patch_size, int) and patch_size > 0 and image_size % patch_size:
-            raise ParamError(f"{patch_key}: must divide the image size of the data "
-                             f"({image_size} % {patch_size} = {image_size % patch_size})")
+        check_image_size(values, image_size, "the image size of the data")
         values["siglip"]["image_size"] = image_size
         values["gemma"]["vocab_size"] = vocab_size
         values["heads"].update(head_layout or {})
@@ -149,6 +137,31 @@ class VLMConfig:
         values["image_mean"] = [float(v) for v in (image_mean if image_mean is not None else (0.5, 0.5, 0.5))]
         values["image_std"] = [float(v) for v in (image_std if image_std is not None else (0.5, 0.5, 0.5))]
         return build_config(cls, values, "model")
+
+
+def check_image_size(model_section: Mapping[str, Any], image_size: int, source: str) -> None:
+    """Raise a ``ParamError`` unless the vision encoder's patch size (``model.siglip.patch_size``, or the
+    pretrained ``model.vision_checkpoint``'s) divides ``image_size``; ``source`` names where that size is set.
+    The pack stage calls it, so an impossible ``pack.image_size`` fails before any image is packed."""
+    if model_section.get("vision", "siglip") != "siglip":
+        return  # the blind baseline reads no image
+    checkpoint = model_section.get("vision_checkpoint")
+    if checkpoint is not None:
+        patch_size, key = _pretrained_config(checkpoint).patch_size, "model.vision_checkpoint: its patch size"
+    else:
+        siglip = model_section.get("siglip") or {}
+        patch_size, key = siglip.get("patch_size", SiglipVisionConfig.patch_size), "model.siglip.patch_size"
+    if isinstance(patch_size, int) and patch_size > 0 and image_size % patch_size:
+        raise ParamError(f"{key}: must divide {source} ({image_size} % {patch_size} = {image_size % patch_size})")
+
+
+def _pretrained_config(checkpoint: Any) -> SiglipVisionConfig:
+    if not isinstance(checkpoint, str):
+        raise ParamError(f"model.vision_checkpoint: must be a path or null, got {checkpoint!r}")
+    try:
+        return siglip_config_from_pretrained(checkpoint)
+    except (OSError, ValueError) as e:
+        raise ParamError(f"model.vision_checkpoint: {e}") from e
 
 
 def _pretrained_normalisation(checkpoint: Path) -> tuple[list[float], list[float]]:

@@ -33,6 +33,11 @@ IGNORED_CATEGORIES = frozenset({"other person", "other vehicle", "trailer"})
 # 2018 segmentation-style labels (poly2d only, no box): skipped.
 AREA_CATEGORIES = frozenset({"drivable area", "lane", "area/drivable", "area/alternative", "area/unknown"})
 
+# Limits a label file must keep (BDD100K frames have at most a few hundred labels, boxes inside 1280 x 720):
+# past them a frame is refused as malformed rather than slowing or overflowing the answer rules.
+MAX_LABELS_PER_FRAME = 10_000
+MAX_COORDINATE = 100_000.0  # |x|, |y| of a box corner, in pixels
+
 LIGHT_COLORS = ("red", "yellow", "green")
 _LIGHT_COLOR_IN = {"r": "red", "red": "red", "y": "yellow", "yellow": "yellow", "g": "green", "green": "green",
                    "na": None, "none": None, "": None}
@@ -115,6 +120,8 @@ def _object_from_label(label: Any, where: str) -> SceneObject | None:
         v = box.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise LabelError(f"{where}.box2d.{key}: expected a finite number, got {v!r}")
+        if abs(v) > MAX_COORDINATE:
+            raise LabelError(f"{where}.box2d.{key}: {v!r} is outside +-{MAX_COORDINATE:g} pixels")
         coords.append(float(v))
     x1, y1, x2, y2 = coords
     if x2 < x1 or y2 < y1:
@@ -145,16 +152,24 @@ def scene_from_frame(frame: Any, where: str = "frame") -> Scene:
     name = frame.get("name")
     if not isinstance(name, str) or not name:
         raise LabelError(f"{where}.name: missing or not a string")
+    if name in (".", "..") or any(ch in name for ch in "/\\\0"):
+        raise LabelError(f"{where}.name: {name!r} is not a plain file name")
     where = f"{where} ({name})"
     attributes = frame.get("attributes") or {}
     if not isinstance(attributes, dict):
         raise LabelError(f"{where}.attributes: must be an object")
     attributes = _lower_keys(attributes)
+    for key in ("weather", "scene", "timeofday"):
+        if not isinstance(attributes.get(key) or "", str):
+            raise LabelError(f"{where}.attributes.{key}: expected a string, got {attributes[key]!r}")
     labels = frame.get("labels")
     if labels is None:
         labels = []
     if not isinstance(labels, list):
         raise LabelError(f"{where}.labels: must be a list or null")
+    if len(labels) > MAX_LABELS_PER_FRAME:
+        raise LabelError(f"{where}.labels: {len(labels):,} labels, more than the {MAX_LABELS_PER_FRAME:,} a frame "
+                         "may have")
     objects = []
     for i, label in enumerate(labels):
         obj = _object_from_label(label, f"{where}.labels[{i}]")

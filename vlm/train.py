@@ -233,8 +233,8 @@ class Run:
 
 def train(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPaths, *, blind: bool = False,
           progress: bool = True, frame_size: tuple[float, float] | None = None) -> dict[str, Any]:
-    """Train a VLM (or, with ``blind``, the same decoder without an image and only ``model_params``' gemma
-    section) and return its metrics.
+    """Train a VLM (or, with ``blind``, the same decoder without an image: only ``model_params``' gemma
+    section and decoder_checkpoint) and return its metrics.
 
     ``frame_size``: width and height of the original frames, in which the label boxes behind the
     heads' targets are given (needed when the model has heads)."""
@@ -267,7 +267,9 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
     train_commands, train_h5 = paths.split("train")
     val_commands, val_h5 = paths.split("val")
     header = PackedImageReader(train_h5)
-    model_params = {"vision": "none", "gemma": model_params.get("gemma", {})} if blind else model_params
+    if blind:  # the same decoder (pretrained when the VLM's is), no image
+        model_params = {"vision": "none", "gemma": model_params.get("gemma", {}),
+                        "decoder_checkpoint": model_params.get("decoder_checkpoint")}
     model_config = VLMConfig.from_params(model_params, tokenizer.vocab_size, header.image_size,
                                          header.mean.tolist(), header.std.tolist(), head_layout())
     resample = header.resample

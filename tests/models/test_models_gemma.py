@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -141,7 +143,9 @@ def test_initializer_range_sets_the_initial_weight_scale(std):
     ({"num_attention_heads": 4, "num_key_value_heads": 3},
      "text.num_attention_heads: must be divisible by text.num_key_value_heads (4 % 3 = 1)"),
     ({"hidden_size": 30, "num_attention_heads": 4}, "text.hidden_size: must be divisible by text.num_attention_heads"),
-    ({"hidden_size": 30, "num_attention_heads": 10, "num_key_value_heads": 1}, "must be even for rotary"),
+    ({"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 7}, "text.head_dim: must be positive and even"),
+    ({"hidden_size": 30, "num_attention_heads": 10, "num_key_value_heads": 1},
+     "text.head_dim: must be positive and even for rotary embeddings, got 3"),
     ({"initializer_range": 0.0}, "text.initializer_range: must be positive, got 0.0"),
 ])
 def test_invalid_config_names_the_key(overrides, message):
@@ -153,16 +157,26 @@ def test_invalid_config_names_the_key(overrides, message):
 # ---------------------------------------------------------------- HuggingFace parity
 
 
-@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2), (4, 1)])
-def test_matches_hf_gemma_for_causal_lm(transformers, num_heads, num_kv_heads):
+def hf_gemma(transformers, num_heads: int, num_kv_heads: int, head_dim: int, vocab_size: int = 40):
+    """A HF GemmaForCausalLM of SMALL's sizes with random (not initial) weights."""
     torch.manual_seed(0)
-    hf_config = transformers.GemmaConfig(**SMALL, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-                                         head_dim=32 // num_heads, attn_implementation="eager")
+    hf_config = transformers.GemmaConfig(**{**SMALL, "vocab_size": vocab_size}, num_attention_heads=num_heads,
+                                         num_key_value_heads=num_kv_heads, head_dim=head_dim,
+                                         attn_implementation="eager")
     hf = transformers.GemmaForCausalLM(hf_config).eval()
     with torch.no_grad():
         for p in hf.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    ours = decoder(num_heads, num_kv_heads)
+    return hf
+
+
+# head_dim 16 with hidden 32 and 4 heads: the projections map 32 <-> 64, as Gemma-7B's map 3072 <-> 16 x 256
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(4, 4, 8), (4, 2, 8), (4, 1, 8), (4, 2, 16), (2, 1, 6)])
+def test_matches_hf_gemma_for_causal_lm(transformers, num_heads, num_kv_heads, head_dim):
+    hf = hf_gemma(transformers, num_heads, num_kv_heads, head_dim)
+    ours = GemmaForCausalLM(GemmaConfig(**SMALL, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                                        head_dim=head_dim)).eval()
+    assert ours.model.layers[0].self_attn.q_proj.weight.shape == (num_heads * head_dim, 32)
     ours.load_state_dict(hf.state_dict(), strict=True)
     ids, mask, lengths = padded_prompts()
     labels = ids.masked_fill(mask == 0, -100)
@@ -184,3 +198,47 @@ def test_output_from_computes_only_the_trailing_positions():
     tail, _ = model.model(embeds, slots, attention, output_from=4)
     assert tail.shape == (3, 3, 32)
     torch.testing.assert_close(tail, full[:, 4:], atol=1e-6, rtol=0)
+
+
+def test_head_dim_defaults_to_hidden_size_over_heads_and_may_differ():
+    assert GemmaConfig(**SMALL, num_attention_heads=4).head_dim == 8
+    assert GemmaConfig(**SMALL, num_attention_heads=4, head_dim=16).head_dim == 16
+    GemmaConfig(**{**SMALL, "hidden_size": 30}, num_attention_heads=4, num_key_value_heads=2, head_dim=8).validate()
+
+
+@pytest.mark.parametrize("safe_serialization", [True, False])
+def test_a_saved_hf_gemma_loads_into_the_decoder(transformers, tmp_path, safe_serialization):
+    from vlm.models.gemma import gemma_config_from_pretrained, load_pretrained_gemma
+
+    hf = hf_gemma(transformers, 4, 2, 16)
+    hf.save_pretrained(tmp_path, safe_serialization=safe_serialization)
+    config = gemma_config_from_pretrained(tmp_path)
+    assert (config.head_dim, config.num_attention_heads, config.num_key_value_heads) == (16, 4, 2)
+    ours = load_pretrained_gemma(tmp_path).eval()
+    ids, mask, lengths = padded_prompts()
+    with torch.no_grad():
+        expected, got = hf(input_ids=ids, attention_mask=mask).logits, ours(ids, mask).logits
+    for b, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(got[b, :n], expected[b, :n], atol=1e-4, rtol=0)
+
+    # Another vocabulary (this project's tokenizer): fresh token embeddings, every other weight the checkpoint's.
+    other = load_pretrained_gemma(tmp_path, vocab_size=57)
+    assert other.model.embed_tokens.weight.shape == (57, 32) and other.lm_head.weight is other.model.embed_tokens.weight
+    for key, value in hf.state_dict().items():
+        if "embed_tokens" not in key and key != "lm_head.weight":
+            assert torch.equal(other.state_dict()[key], value), key
+
+
+def test_a_damaged_or_foreign_decoder_checkpoint_is_a_clear_error(transformers, tmp_path):
+    from vlm.models.gemma import load_pretrained_gemma
+
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_pretrained_gemma(tmp_path)
+    hf_gemma(transformers, 4, 2, 8).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    with pytest.raises(ValueError, match="not the decoder its config.json describes"):
+        load_pretrained_gemma(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_activation": "relu"}))
+    with pytest.raises(ValueError, match="hidden activation 'relu' is not Gemma's gelu_pytorch_tanh"):
+        load_pretrained_gemma(tmp_path)

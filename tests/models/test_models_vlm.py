@@ -88,6 +88,26 @@ def test_pretrained_siglip_checkpoint_starts_the_vision_tower(tmp_path, config):
             assert torch.equal(model.vision_tower.state_dict()[key], value), key
 
 
+def test_pretrained_gemma_checkpoint_starts_the_decoder(transformers, tmp_path, config):
+    torch.manual_seed(2)
+    hf = transformers.GemmaForCausalLM(transformers.GemmaConfig(
+        vocab_size=1000, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16))
+    hf.save_pretrained(tmp_path)
+    section = {"decoder_checkpoint": str(tmp_path), "gemma": {"hidden_size": 64}}  # not used: the checkpoint's
+    cfg = VLMConfig.from_params(section, VOCAB_SIZE, image_size=32)
+    assert (cfg.gemma.hidden_size, cfg.gemma.head_dim, cfg.gemma.vocab_size) == (32, 16, VOCAB_SIZE)
+    model = build_vlm(cfg)
+    decoder = model.language_model.state_dict()
+    for key, value in hf.state_dict().items():
+        if "embed_tokens" not in key and key != "lm_head.weight":  # a 1000-token vocabulary is not ours
+            assert torch.equal(decoder[key], value), key
+    blind = VLMConfig.from_params({"vision": "none", "decoder_checkpoint": str(tmp_path)}, VOCAB_SIZE, 32)
+    assert blind.gemma == cfg.gemma
+    with pytest.raises(ParamError, match="model.decoder_checkpoint: Gemma checkpoint not found"):
+        VLMConfig.from_params({"decoder_checkpoint": str(tmp_path / "none")}, VOCAB_SIZE, 32)
+
+
 # ---------------------------------------------------------------- forward and the Batch contract
 
 

@@ -12,15 +12,22 @@ continuations share one prefix (see ``TrafficVLM.answer``).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vlm.models.attention import attention
+from vlm.models.pretrained import load_tensors, read_config, weights_file
 from vlm.params import check
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,10 +41,13 @@ class GemmaConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     initializer_range: float = 0.02  # std of the initial projections and embeddings (HF's name)
+    # Width of each attention head. None: hidden_size / num_attention_heads. As in HF it may differ from that
+    # (Gemma-7B: hidden 3072, 16 heads of 256); the projections then map hidden_size <-> heads * head_dim.
+    head_dim: int | None = None
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def __post_init__(self):
+        if self.head_dim is None and self.num_attention_heads > 0 and self.hidden_size % self.num_attention_heads == 0:
+            self.head_dim = self.hidden_size // self.num_attention_heads
 
     def validate(self, prefix: str = "GemmaConfig") -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -47,15 +57,15 @@ class GemmaConfig:
         check(self.rope_theta > 0, f"{prefix}.rope_theta", f"must be positive, got {self.rope_theta}")
         check(self.initializer_range > 0, f"{prefix}.initializer_range",
               f"must be positive, got {self.initializer_range}")
-        check(self.hidden_size % self.num_attention_heads == 0, f"{prefix}.hidden_size",
+        check(self.head_dim is not None, f"{prefix}.hidden_size",
               f"must be divisible by {prefix}.num_attention_heads "
-              f"({self.hidden_size} % {self.num_attention_heads} = {self.hidden_size % self.num_attention_heads})")
+              f"({self.hidden_size} % {self.num_attention_heads} = {self.hidden_size % self.num_attention_heads}) "
+              f"unless {prefix}.head_dim is set")
         check(self.num_attention_heads % self.num_key_value_heads == 0, f"{prefix}.num_attention_heads",
               f"must be divisible by {prefix}.num_key_value_heads ({self.num_attention_heads} % "
               f"{self.num_key_value_heads} = {self.num_attention_heads % self.num_key_value_heads})")
-        check(self.head_dim % 2 == 0, f"{prefix}.hidden_size",
-              f"{prefix}.hidden_size / {prefix}.num_attention_heads must be even for rotary embeddings, "
-              f"got {self.hidden_size} / {self.num_attention_heads} = {self.head_dim}")
+        check(self.head_dim > 0 and self.head_dim % 2 == 0, f"{prefix}.head_dim",
+              f"must be positive and even for rotary embeddings, got {self.head_dim}")
 
 
 @dataclass
@@ -333,3 +343,63 @@ def init_decoder_weights(module: nn.Module, std: float = 0.02) -> None:
             nn.init.zeros_(module.bias)
     elif isinstance(module, GemmaRMSNorm):
         nn.init.zeros_(module.weight)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pretrained checkpoints on disk
+# ---------------------------------------------------------------------------------------------
+
+# transformers' GemmaConfig defaults (Gemma-7B): a saved config.json lists only the values that differ from them.
+_HF_GEMMA_DEFAULTS = {"vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28,
+                      "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256, "rms_norm_eps": 1e-6,
+                      "rope_theta": 10000.0, "initializer_range": 0.02}
+_EMBED_KEY = "model.embed_tokens.weight"
+
+
+def gemma_config_from_pretrained(path: str | os.PathLike) -> GemmaConfig:
+    """The decoder config of a saved HF ``GemmaForCausalLM`` (or PaliGemma: its ``text_config``) folder."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"Gemma checkpoint not found: {path}")
+    found = read_config(Path(path))
+    if found is None:
+        raise FileNotFoundError(f"{path}: no config.json (a folder saved by GemmaForCausalLM.save_pretrained)")
+    config_file, raw = found
+    text = raw.get("text_config", raw)
+    activation = text.get("hidden_activation") or text.get("hidden_act") or "gelu_pytorch_tanh"
+    if activation != "gelu_pytorch_tanh":
+        raise ValueError(f"{config_file}: hidden activation {activation!r} is not Gemma's gelu_pytorch_tanh")
+    values = {**_HF_GEMMA_DEFAULTS, **{k: text[k] for k in _HF_GEMMA_DEFAULTS if text.get(k) is not None}}
+    return GemmaConfig(**values)
+
+
+def load_pretrained_gemma(path: str | os.PathLike, vocab_size: int | None = None) -> GemmaForCausalLM:
+    """Build a :class:`GemmaForCausalLM` from a saved HF ``GemmaForCausalLM`` (or PaliGemma) checkpoint.
+
+    Every decoder weight loads with ``strict=True`` (``language_model.`` of PaliGemma is stripped; the LM
+    head is tied to the embeddings). With a ``vocab_size`` other than the checkpoint's (this project's
+    tokenizer is its own), the token embeddings keep their fresh initialisation and everything else loads.
+    """
+    path = Path(path)
+    config = gemma_config_from_pretrained(path)
+    file = weights_file(path, "Gemma")
+    tensors = load_tensors(file)
+    prefixes = [k[: -len(_EMBED_KEY)] for k in tensors if k.endswith(_EMBED_KEY)]
+    if len(prefixes) != 1:
+        raise ValueError(f"{file}: expected one Gemma decoder ('*{_EMBED_KEY}'), found {len(prefixes)}")
+    state_dict = {k[len(prefixes[0]):]: v for k, v in tensors.items() if k.startswith(prefixes[0])}
+    if state_dict[_EMBED_KEY].shape != (config.vocab_size, config.hidden_size):
+        raise ValueError(f"{file}: {_EMBED_KEY} {tuple(state_dict[_EMBED_KEY].shape)} does not match its "
+                         f"config.json ({config.vocab_size}, {config.hidden_size})")
+    if vocab_size is not None and vocab_size != config.vocab_size:
+        log.info("%s: vocabulary of %d tokens, the tokenizer has %d: the token embeddings start fresh", path,
+                 config.vocab_size, vocab_size)
+        config = dataclasses.replace(config, vocab_size=vocab_size)
+    model = GemmaForCausalLM(config)
+    if config.vocab_size != state_dict[_EMBED_KEY].shape[0]:
+        state_dict[_EMBED_KEY] = model.model.embed_tokens.weight.detach()
+    state_dict["lm_head.weight"] = state_dict[_EMBED_KEY]  # tied
+    try:
+        model.load_state_dict(state_dict, strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"{file}: not the decoder its config.json describes ({e})") from e
+    return model

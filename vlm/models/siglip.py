@@ -10,7 +10,6 @@ written by older transformers (keys under ``vision_model.``) go through
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlm.models.attention import attention
+from vlm.models.pretrained import load_tensors, read_config, weights_file
 from vlm.params import check
 
 
@@ -253,7 +253,6 @@ def init_vit_weights(module: nn.Module, std: float = 0.02) -> None:
 _HF_VISION_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
                        "num_attention_heads": 12, "num_channels": 3, "image_size": 224, "patch_size": 16,
                        "layer_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh"}
-_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _PATCH_KEY = "embeddings.patch_embedding.weight"
 
 
@@ -264,7 +263,7 @@ def siglip_config_from_pretrained(path: str | os.PathLike, num_attention_heads: 
     (everything but the head count, which must then be given)."""
     config = _config_from_json(Path(path))
     if config is None:
-        config = _config_from_shapes(_vision_state_dict(_weights_file(Path(path))), num_attention_heads, path)
+        config = _config_from_shapes(_vision_state_dict(weights_file(Path(path), "SigLIP")), num_attention_heads, path)
     return config
 
 
@@ -281,7 +280,7 @@ def load_pretrained_siglip(path: str | os.PathLike, image_size: int | None = Non
     once (bicubic), so the encoder then runs natively at that size.
     """
     path = Path(path)
-    state_dict = _vision_state_dict(_weights_file(path))
+    state_dict = _vision_state_dict(weights_file(path, "SigLIP"))
     config = _config_from_json(path) or _config_from_shapes(state_dict, num_attention_heads, path)
     if image_size is not None and image_size != config.image_size:
         if image_size % config.patch_size:
@@ -297,11 +296,10 @@ def load_pretrained_siglip(path: str | os.PathLike, image_size: int | None = Non
 
 
 def _config_from_json(path: Path) -> SiglipVisionConfig | None:
-    config_file = (path if path.is_dir() else path.parent) / "config.json"
-    if not config_file.is_file():
+    found = read_config(path)
+    if found is None:
         return None
-    with open(config_file, encoding="utf-8") as f:
-        raw = json.load(f)
+    config_file, raw = found
     vision = raw["vision_config"] if "vision_config" in raw else raw
     values = {**_HF_VISION_DEFAULTS, **{k: vision[k] for k in _HF_VISION_DEFAULTS if k in vision}}
     if values.pop("hidden_act") != "gelu_pytorch_tanh":
@@ -323,30 +321,12 @@ def _config_from_shapes(state_dict: dict[str, torch.Tensor], num_attention_heads
         image_size=math.isqrt(num_positions) * patch_size, patch_size=patch_size)
 
 
-def _weights_file(path: Path) -> Path:
-    if path.is_file():
-        return path
-    if path.is_dir():
-        for name in _WEIGHT_FILES:
-            if (path / name).is_file():
-                return path / name
-        raise FileNotFoundError(f"{path}: no {' or '.join(_WEIGHT_FILES)} in this folder")
-    raise FileNotFoundError(f"SigLIP checkpoint not found: {path}")
-
-
-def _vision_state_dict(weights_file: Path) -> dict[str, torch.Tensor]:
+def _vision_state_dict(file: Path) -> dict[str, torch.Tensor]:
     """The vision-encoder tensors of a checkpoint file, keys relative to :class:`SiglipVisionModel`."""
-    if weights_file.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        tensors = load_file(weights_file)
-    elif weights_file.suffix in (".bin", ".pt", ".pth"):
-        tensors = torch.load(weights_file, map_location="cpu", weights_only=True)
-    else:
-        raise ValueError(f"{weights_file}: expected a .safetensors or .bin file")
+    tensors = load_tensors(file)
     prefixes = [k[: -len(_PATCH_KEY)] for k in tensors if k.endswith(_PATCH_KEY)]
     if len(prefixes) != 1:
-        raise ValueError(f"{weights_file}: expected one SigLIP vision encoder ('*{_PATCH_KEY}'), "
+        raise ValueError(f"{file}: expected one SigLIP vision encoder ('*{_PATCH_KEY}'), "
                          f"found {len(prefixes)}")
     prefix = prefixes[0]
     return {k[len(prefix):]: v for k, v in tensors.items()

@@ -29,7 +29,14 @@ from torch import nn
 
 from vlm.batch import Batch
 from vlm.models.connector import LinearConnector
-from vlm.models.gemma import GemmaConfig, GemmaForCausalLM, prefix_lm_mask, shifted_cross_entropy
+from vlm.models.gemma import (
+    GemmaConfig,
+    GemmaForCausalLM,
+    gemma_config_from_pretrained,
+    load_pretrained_gemma,
+    prefix_lm_mask,
+    shifted_cross_entropy,
+)
 from vlm.models.heads import HeadsConfig, VisionHeads
 from vlm.models.qformer import QFormerConfig, QFormerConnector
 from vlm.models.siglip import (
@@ -59,7 +66,8 @@ class VLMConfig:
     vision: Literal["siglip", "none"] = "siglip"
     connector: Literal["linear", "qformer"] = "linear"
     pixel_shuffle: int = 1  # linear connector: r x r neighbouring patches -> one image token (1 = PaliGemma)
-    vision_checkpoint: str | None = None
+    vision_checkpoint: str | None = None  # a saved HF SigLIP (or PaliGemma) folder: the encoder starts from it
+    decoder_checkpoint: str | None = None  # a saved HF GemmaForCausalLM (or PaliGemma) folder: the decoder too
     heads: HeadsConfig = field(default_factory=HeadsConfig)  # auxiliary vision heads; all off = PaliGemma
     siglip: SiglipVisionConfig = field(default_factory=SiglipVisionConfig)
     gemma: GemmaConfig = field(default_factory=GemmaConfig)
@@ -129,6 +137,15 @@ class VLMConfig:
             values["siglip"] = {k: v for k, v in dataclasses.asdict(_pretrained_config(checkpoint)).items()
                                 if k != "image_size"}
             image_mean, image_std = _pretrained_normalisation(Path(checkpoint))
+        decoder = values.get("decoder_checkpoint")
+        if decoder is not None:  # the decoder's sizes are the checkpoint's: model.gemma is not used
+            if not isinstance(decoder, str):
+                raise ParamError(f"model.decoder_checkpoint: must be a path or null, got {decoder!r}")
+            try:
+                pretrained_gemma = gemma_config_from_pretrained(decoder)
+            except (OSError, ValueError) as e:
+                raise ParamError(f"model.decoder_checkpoint: {e}") from e
+            values["gemma"] = {k: v for k, v in dataclasses.asdict(pretrained_gemma).items() if k != "vocab_size"}
         check_image_size(values, image_size, "the image size of the data")
         values["siglip"]["image_size"] = image_size
         values["gemma"]["vocab_size"] = vocab_size
@@ -353,7 +370,8 @@ def packed_candidates_mask(key_valid: torch.Tensor, prefix_total: torch.Tensor,
 
 def build_vlm(config: VLMConfig) -> TrafficVLM:
     """A model to train: fresh weights, with the pretrained SigLIP encoder when ``vision_checkpoint`` is set
-    (its position grid resampled to ``siglip.image_size``). To restore a trained model, use
+    (its position grid resampled to ``siglip.image_size``) and the pretrained decoder when ``decoder_checkpoint``
+    is (its token embeddings fresh unless its vocabulary is the tokenizer's). To restore a trained model, use
     ``TrafficVLM(config)`` and ``load_state_dict`` instead."""
     model = TrafficVLM(config)
     if config.vision == "siglip" and config.vision_checkpoint is not None:
@@ -362,4 +380,10 @@ def build_vlm(config: VLMConfig) -> TrafficVLM:
             raise ValueError(f"{config.vision_checkpoint}: encoder {pretrained.config} does not match the "
                              f"configured {config.siglip}")
         model.vision_tower.load_state_dict(pretrained.state_dict(), strict=True)
+    if config.decoder_checkpoint is not None:
+        decoder = load_pretrained_gemma(config.decoder_checkpoint, vocab_size=config.gemma.vocab_size)
+        if decoder.config != config.gemma:
+            raise ValueError(f"{config.decoder_checkpoint}: decoder {decoder.config} does not match the "
+                             f"configured {config.gemma}")
+        model.language_model.load_state_dict(decoder.state_dict(), strict=True)
     return model

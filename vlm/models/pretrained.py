@@ -1,0 +1,44 @@
+"""Reading HuggingFace checkpoints on disk (no download): a folder with ``config.json`` and
+``model.safetensors`` or ``pytorch_model.bin``, or one such weights file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def weights_file(path: Path, what: str) -> Path:
+    """The weights file of ``path`` (the file itself, or the first of :data:`WEIGHT_FILES` in the folder)."""
+    if path.is_file():
+        return path
+    if path.is_dir():
+        for name in WEIGHT_FILES:
+            if (path / name).is_file():
+                return path / name
+        raise FileNotFoundError(f"{path}: no {' or '.join(WEIGHT_FILES)} in this folder")
+    raise FileNotFoundError(f"{what} checkpoint not found: {path}")
+
+
+def load_tensors(file: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a ``.safetensors`` or ``torch.save``d (``.bin``, ``.pt``, ``.pth``) weights file."""
+    if file.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(file)
+    if file.suffix in (".bin", ".pt", ".pth"):
+        return torch.load(file, map_location="cpu", weights_only=True)
+    raise ValueError(f"{file}: expected a .safetensors or .bin file")
+
+
+def read_config(path: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The ``config.json`` in the folder ``path`` (or beside the weights file ``path``) and its content."""
+    config_file = (path if path.is_dir() else path.parent) / "config.json"
+    if not config_file.is_file():
+        return None
+    with open(config_file, encoding="utf-8") as f:
+        return config_file, json.load(f)

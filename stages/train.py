@@ -1,12 +1,14 @@
 """Stage train (and train_blind with --blind): the VLM on the train split, best model on val.
 
-Runs the same under torchrun for DDP: `torchrun --nproc_per_node=2 -m stages.train ...`.
+With train.nproc > 1 it relaunches itself under torchrun (that many DDP processes on this machine); it runs
+the same under a torchrun started by hand (several machines: `torchrun --nnodes ... -m stages.train ...`).
 """
 
 import argparse
+import sys
 from pathlib import Path
 
-from vlm.cli import run
+from vlm.cli import relaunch_distributed, run
 from vlm.params import build_config, load_params, section
 from vlm.scenes.generate import ScenesConfig
 from vlm.train import TrainConfig, TrainPaths, train
@@ -25,6 +27,7 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params(args.params)
     config = build_config(TrainConfig, section(params, "train"), "train")
+    relaunch_distributed(config.nproc, "stages.train", sys.argv[1:])  # train.nproc > 1: under torchrun
     paths = TrainPaths(data=args.data, model=args.model, checkpoints=args.checkpoints, metrics=args.metrics,
                        timing=args.timing, live=args.live)
     if args.blind:  # the text-only decoder reads no image: no frame size, no vision params

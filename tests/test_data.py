@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from collections import Counter
 
 import h5py
 import numpy as np
@@ -132,22 +131,25 @@ def test_grouped_sampler_splits_an_oversized_group():
     assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12]]
 
 
-@pytest.mark.parametrize("drop_last", [False, True])
-def test_grouped_sampler_shards_images_over_ranks_with_equal_step_counts(drop_last):
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_split_the_global_batches_of_one_process_at_world_size_times_the_batch(world_size):
     image_rows = np.random.default_rng(1).integers(0, 23, size=150)
-    shards = [list(GroupedBatchSampler(image_rows, 16, seed=5, rank=r, world_size=3, drop_last=drop_last))
-              for r in range(3)]
-    assert len({len(s) for s in shards}) == 1
-    images_per_rank = [{image_rows[q] for batch in shard for q in batch} for shard in shards]
-    assert all(not (a & b) for i, a in enumerate(images_per_rank) for b in images_per_rank[i + 1:])
-    seen = Counter(q for shard in shards for batch in shard for q in batch)
-    if drop_last:
-        assert max(seen.values()) == 1
-    else:
-        assert set(seen) == set(range(150))  # every question seen, short ranks repeat a few
-    for shard in shards:
-        padding_removed = [batch for i, batch in enumerate(shard) if batch not in shard[:i]]
-        check_epoch(padding_removed, image_rows, 16)
+    single = list(GroupedBatchSampler(image_rows, 16 * world_size, seed=5))
+    shards = [list(GroupedBatchSampler(image_rows, 16, seed=5, rank=r, world_size=world_size))
+              for r in range(world_size)]
+    assert all(len(shard) == len(single) for shard in shards)  # the same number of steps on every rank
+    for step, batch in enumerate(single):
+        parts = [shard[step] for shard in shards]
+        assert sum(parts, []) == batch  # rank by rank, the one process's batch in its order
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1 and min(map(len, parts)) >= 1
+
+
+def test_too_few_questions_for_the_ranks_join_the_previous_step():
+    shards = [list(GroupedBatchSampler([0, 0, 0, 1, 1, 1, 2], 3, shuffle=False, rank=r, world_size=2))
+              for r in range(2)]
+    assert shards == [[[0, 1, 2]], [[3, 4, 5, 6]]]  # the 7th question alone would leave rank 1 empty
+    with pytest.raises(ValueError, match="1 questions cannot be split over 2 ranks"):
+        list(GroupedBatchSampler([0], 4, rank=0, world_size=2))
 
 
 def test_loader_with_two_workers_gives_the_batches_of_zero_workers(project, tokenizer):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 
 def run(main: Callable[[], object]) -> None:
@@ -21,3 +21,15 @@ def run(main: Callable[[], object]) -> None:
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+def relaunch_distributed(nproc: int, module: str, argv: Sequence[str]) -> None:
+    """Replace this process by ``torchrun --standalone --nproc_per_node nproc -m module argv`` (``nproc``
+    DDP processes on this machine), unless it is one of them already (torchrun sets ``LOCAL_RANK``) or
+    ``nproc`` is 1. Several machines: run ``torchrun`` with its multi-node flags yourself."""
+    if nproc <= 1 or "LOCAL_RANK" in os.environ:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              f"--nproc_per_node={nproc}", "-m", module, *argv])

@@ -72,10 +72,11 @@ class TrainConfig:
     num_workers: int = 0  # DataLoader workers; 0 loads in the training process
     in_memory: bool = True  # hold the packed splits in RAM
     threads: int = 0  # torch CPU threads per process; 0 = the cores shared among processes
+    nproc: int = 1  # DDP processes on this machine: the stage relaunches itself under torchrun when > 1
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def validate(self, prefix: str = "train") -> None:
-        for name in ("epochs", "batch_size", "grad_accum", "checkpoint_every", "eval_batch_size"):
+        for name in ("epochs", "batch_size", "grad_accum", "checkpoint_every", "eval_batch_size", "nproc"):
             check(getattr(self, name) >= 1, f"{prefix}.{name}", f"must be >= 1, got {getattr(self, name)}")
         check(self.blind_epochs is None or self.blind_epochs >= 1, f"{prefix}.blind_epochs",
               f"must be >= 1 or null (= epochs), got {self.blind_epochs}")
@@ -337,7 +338,7 @@ def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
         boundary = (index + 1) % config.grad_accum == 0 or last_batch
         output = forward_backward(run, batch, sync_grads=boundary,
                                   where=f"epoch {state.epoch + 1}, batch {index + 1} (step {state.step})")
-        window.add(output, batch)
+        window.add(output, batch, run.dist.world_size)
         state.samples += len(batch) * run.dist.world_size
         if not boundary:
             continue
@@ -424,16 +425,25 @@ def optimizer_step(run: Run) -> None:
 
 
 class StepWindow:
-    """Means over the forward passes of one optimizer step, for its record."""
+    """Means over the forward passes of one optimizer step, for its record (under DDP, means over the
+    processes too: every process's part of the step counts, so the curve is the one of one process)."""
 
     def __init__(self):
         self.loss, self.accuracy, self.aux_loss, self.count = 0.0, 0.0, None, 0
 
-    def add(self, output, batch) -> None:
-        self.loss += output.loss.item()
-        if output.aux_loss is not None:
-            self.aux_loss = (self.aux_loss or 0.0) + output.aux_loss.item()
-        self.accuracy += first_answer_accuracy(output.logits.detach(), batch.labels, batch.prefix_lengths)
+    def add(self, output, batch, world_size: int = 1) -> None:
+        accuracy = first_answer_accuracy(output.logits.detach(), batch.labels, batch.prefix_lengths)
+        aux = output.aux_loss.detach() if output.aux_loss is not None else None
+        values = torch.stack([output.loss.detach().float(), torch.zeros_like(output.loss, dtype=torch.float)
+                              if aux is None else aux.float(), output.loss.new_tensor(accuracy, dtype=torch.float)])
+        if world_size > 1:
+            dist.all_reduce(values)
+            values /= world_size
+        loss, aux_loss, accuracy = values.tolist()
+        self.loss += loss
+        if aux is not None:
+            self.aux_loss = (self.aux_loss or 0.0) + aux_loss
+        self.accuracy += accuracy
         self.count += 1
 
     def pop(self) -> dict[str, float]:

@@ -1,21 +1,28 @@
-"""A test hook for tests/test_kills.py, imported at start-up only by the processes it starts (this folder is on
-their PYTHONPATH, nowhere else).
+"""Test hooks for tests/test_kills.py and tests/test_ddp.py, imported at start-up only by the processes they
+start (this folder is on their PYTHONPATH, nowhere else). Every output is moved into place by ``os.replace``
+(``vlm.io.atomic_path``), so wrapping it sees every final write.
 
-With ``VLM_TEST_KILL_BEFORE_REPLACE`` set, the process SIGKILLs itself just before it moves the temporary of
-an output whose path ends with that value into place: the output is fully written but not yet renamed, the
-last moment of a stage's final write.
+- ``VLM_TEST_KILL_BEFORE_REPLACE``: the process SIGKILLs itself just before it moves the temporary of an
+  output whose path ends with that value into place: the output is fully written but not yet renamed, the
+  last moment of a stage's final write.
+- ``VLM_TEST_RECORD_WRITES``: each ``os.replace`` appends ``"{RANK} {destination}"`` to that file (the DDP
+  rank from torchrun's environment, 0 without one).
 """
 
 import os
 import signal
 
-_target = os.environ.get("VLM_TEST_KILL_BEFORE_REPLACE")
-if _target:
+_kill_target = os.environ.get("VLM_TEST_KILL_BEFORE_REPLACE")
+_record = os.environ.get("VLM_TEST_RECORD_WRITES")
+if _kill_target or _record:
     _replace = os.replace
 
-    def _killing_replace(src, dst, *args, **kwargs):
-        if os.fspath(dst).endswith(_target):
+    def _hooked_replace(src, dst, *args, **kwargs):
+        if _kill_target and os.fspath(dst).endswith(_kill_target):
             os.kill(os.getpid(), signal.SIGKILL)
+        if _record:
+            with open(_record, "a", encoding="utf-8") as log:
+                log.write(f"{os.environ.get('RANK', '0')} {os.path.abspath(os.fspath(dst))}\n")
         return _replace(src, dst, *args, **kwargs)
 
-    os.replace = _killing_replace
+    os.replace = _hooked_replace

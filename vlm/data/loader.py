@@ -13,15 +13,15 @@ from vlm.data.sampler import GroupedBatchSampler
 
 
 def build_loader(dataset: TrafficVQADataset, batch_size: int, *, shuffle: bool, num_workers: int = 0,
-                 seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, rank: int = 0, world_size: int = 1,
                  pin_memory: bool | None = None) -> DataLoader:
     """A DataLoader over ``dataset`` with a ``GroupedBatchSampler`` (``batch_size`` counts questions).
 
     Workers are not persistent, so ``set_epoch`` reaches them: each epoch's iterator pickles
     (or forks) the dataset with its current epoch.
     """
-    sampler = GroupedBatchSampler(dataset.image_rows, batch_size, shuffle=shuffle, seed=seed,
-                                  drop_last=drop_last, rank=rank, world_size=world_size)
+    sampler = GroupedBatchSampler(dataset.image_rows, batch_size, shuffle=shuffle, seed=seed, rank=rank,
+                                  world_size=world_size)
     return DataLoader(
         dataset,
         batch_sampler=sampler,

@@ -1,10 +1,12 @@
 """A batch sampler that keeps the questions of an image together (the image is encoded once).
 
-Per epoch the images are shuffled with a generator seeded by ``(seed, epoch)``, split between
-DDP ranks (``images[rank::world_size]``), and each rank packs its images' question groups
-greedily into batches of at most ``batch_size`` questions. Ranks must run the same number of
-steps, so shorter ranks repeat their first batches (``drop_last=False``, like
-``DistributedSampler``'s padding) or longer ones drop their last (``drop_last=True``).
+Per epoch the images are shuffled with a generator seeded by ``(seed, epoch)`` and their question
+groups are packed greedily into batches of at most ``batch_size`` questions. Under DDP (``world_size``
+W) the packing is that of one process with batch ``W * batch_size``, and each of those global batches
+is cut into W consecutive parts of equal question counts (within one), rank r taking part r: W
+processes at batch b train on exactly the questions one process at batch W * b trains on, step for
+step, and every rank runs the same number of steps. An image whose questions straddle a cut is read
+by both ranks.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class GroupedBatchSampler(Sampler[list[int]]):
     """
 
     def __init__(self, image_rows: Sequence[int] | np.ndarray, batch_size: int, *, shuffle: bool = True,
-                 seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1):
+                 seed: int = 0, rank: int = 0, world_size: int = 1):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world_size:
@@ -36,7 +38,6 @@ class GroupedBatchSampler(Sampler[list[int]]):
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
-        self.drop_last = drop_last
         self.rank = rank
         self.world_size = world_size
         self.epoch = 0
@@ -45,13 +46,13 @@ class GroupedBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _pack(self, group_order: np.ndarray) -> list[list[int]]:
+    def _pack(self, group_order: np.ndarray, capacity: int) -> list[list[int]]:
         batches: list[list[int]] = []
         batch: list[int] = []
         for g in group_order.tolist():
-            for start in range(0, len(self.groups[g]), self.batch_size):
-                questions = self.groups[g][start:start + self.batch_size]
-                if len(batch) + len(questions) > self.batch_size:
+            for start in range(0, len(self.groups[g]), capacity):
+                questions = self.groups[g][start:start + capacity]
+                if len(batch) + len(questions) > capacity:
                     batches.append(batch)
                     batch = []
                 batch.extend(questions)
@@ -67,15 +68,16 @@ class GroupedBatchSampler(Sampler[list[int]]):
             group_order = np.random.default_rng((self.seed, self.epoch)).permutation(num_groups)
         else:
             group_order = np.arange(num_groups)
-        per_rank = [self._pack(group_order[r::self.world_size]) for r in range(self.world_size)]
-        counts = [len(b) for b in per_rank]
-        num_batches = min(counts) if self.drop_last else max(counts)
-        mine = per_rank[self.rank]
-        if num_batches > 0 and not mine:
-            raise ValueError(f"{num_groups} images cannot be split over {self.world_size} ranks")
-        while 0 < len(mine) < num_batches:
-            mine = mine + mine[:num_batches - len(mine)]
-        batches = mine[:num_batches]
+        world = self.world_size
+        global_batches = self._pack(group_order, self.batch_size * world)  # [steps][questions]
+        if world > 1 and global_batches and len(global_batches[-1]) < world:  # too few to give each rank one
+            if len(global_batches) == 1:
+                raise ValueError(f"{len(global_batches[0])} questions cannot be split over {world} ranks")
+            global_batches[-2].extend(global_batches.pop())
+        batches = []
+        for batch in global_batches:
+            n = len(batch)
+            batches.append(batch[n * self.rank // world:n * (self.rank + 1) // world])
         self._cached = (self.epoch, batches)
         return batches
 

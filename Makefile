@@ -4,12 +4,13 @@
 #   make scaling the accuracy-vs-compute curve (queued experiments, hours)
 #   make holdout the gap on a held-out combination of frame attributes (a queued experiment)
 #   make compare the experiments side by side: the test accuracies (VLM, blind) first, then whatever differs
+#   make memory  peak memory of every stage at 1,000 and 10,000 synthetic images (tens of minutes)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup repro test compare bench scaling holdout clean
+.PHONY: setup repro test compare bench memory scaling holdout clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +41,10 @@ bench: $(STAMP)
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_model.py --out metrics/bench_model.json
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_loader.py --images data/raw/images --out metrics/bench_pack.json
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_train_step.py --data data/processed --out metrics/bench_train_step.json
+
+# Peak RSS per stage (and per DDP rank) at two dataset sizes, each in a throw-away project: what grows with the data.
+memory: $(STAMP)
+	PYTHONPATH=. $(BIN)/python benchmarks/bench_memory.py --sizes 1000 10000 --out metrics/bench_memory.json
 
 # The accuracy-vs-compute curve: queued `dvc exp run`s at 1x-8x the default epochs and at 224 px, one at a time
 # (hours on 2 cores; re-running resumes), collected into metrics/scaling.json and metrics/plots/scaling.png.

@@ -100,3 +100,15 @@ def test_bench_train_step_compare(tmp_path, tiny_run):
     assert results["baseline"]["speedup"] == 1 and results["baseline"]["loss_max_abs_diff"] == 0
     for name in ("foreach_adamw", "channels_last"):
         assert results[name]["speedup"] > 0 and results[name]["loss_max_abs_diff"] < 1e-2
+
+
+@pytest.mark.xdist_group("ddp")
+def test_bench_memory(tmp_path):
+    report = run_benchmark("bench_memory.py", tmp_path / "memory.json", "--sizes", "24",
+                           "--variants", "train (2 ranks, HDF5)")
+    [run] = report["runs"]
+    assert run["images"] == 24 and run["raw_bytes"] > 0 and set(run["packed_bytes"]) == {"train", "val", "test"}
+    stages = {"generate_scenes", "generate_commands", "build_vocab", "pack_hdf5", "train_blind",
+              "train (2 ranks, HDF5)", "evaluate"}
+    assert set(run["stages"]) == stages
+    assert all(r["peak_rss_mib"] > 10 and r["seconds"] > 0 for r in run["stages"].values())

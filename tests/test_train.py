@@ -177,3 +177,19 @@ def test_bad_model_params_fail_before_training(processed, tmp_path):
     with pytest.raises(ParamError, match="model.siglip.patch_size: must divide the image size"):
         train(bad, tiny_train_config(), paths, progress=False, frame_size=FRAME_SIZE)
     assert not paths.model.exists() and not paths.checkpoints.exists()
+
+
+def test_in_memory_auto_holds_the_images_when_they_fit_once_per_process(processed, caplog):
+    from vlm.data.h5file import PackedImageReader
+    from vlm.train import hold_in_memory
+
+    files = [processed / "train_images.h5", processed / "val_images.h5"]
+    megabytes = sum(PackedImageReader.image_bytes(f) for f in files) / 2**20  # 40 images of 32 x 32 x 3
+    assert megabytes == pytest.approx(40 * 32 * 32 * 3 / 2**20, rel=0.2)
+    fits = TrainConfig(in_memory="auto", in_memory_budget_mb=1)  # 1 MB: one copy fits, eight do not
+    with caplog.at_level(logging.INFO, logger="vlm.train"):
+        assert hold_in_memory(fits, files, processes_here=1)
+        assert not hold_in_memory(fits, files, processes_here=int(1 / megabytes) + 1)
+    assert "read from the HDF5 files" in caplog.text
+    assert hold_in_memory(TrainConfig(in_memory=False), files, 1) is False
+    assert hold_in_memory(TrainConfig(in_memory=True, in_memory_budget_mb=0), files, 8) is True

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -70,7 +70,11 @@ class TrainConfig:
     early_stopping_patience: int = 0  # epochs without a better val accuracy before stopping; 0 = never
     eval_batch_size: int = 256
     num_workers: int = 0  # DataLoader workers; 0 loads in the training process
-    in_memory: bool = True  # hold the packed splits in RAM
+    # hold the packed train and val images in RAM; auto: when they fit in_memory_budget_mb together with the
+    # copies of the other processes on this machine, else read them from the HDF5 files (the OS page cache then
+    # holds one copy for all processes)
+    in_memory: bool | Literal["auto"] = "auto"
+    in_memory_budget_mb: int = 4096
     threads: int = 0  # torch CPU threads per process; 0 = the cores shared among processes
     nproc: int = 1  # DDP processes on this machine: the stage relaunches itself under torchrun when > 1
     augment: AugmentConfig = field(default_factory=AugmentConfig)
@@ -82,7 +86,8 @@ class TrainConfig:
               f"must be >= 1 or null (= epochs), got {self.blind_epochs}")
         check(self.lr > 0, f"{prefix}.lr", f"must be > 0, got {self.lr}")
         check(0 <= self.min_lr_ratio <= 1, f"{prefix}.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
-        for name in ("warmup_steps", "weight_decay", "grad_clip", "early_stopping_patience", "num_workers", "threads"):
+        for name in ("warmup_steps", "weight_decay", "grad_clip", "early_stopping_patience", "num_workers", "threads",
+                     "in_memory_budget_mb"):
             check(getattr(self, name) >= 0, f"{prefix}.{name}", f"must be >= 0, got {getattr(self, name)}")
         self.augment.validate(f"{prefix}.augment")
 
@@ -280,9 +285,10 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
     if grid is not None and frame_size is None:
         raise ValueError("train(): a model with heads needs the frame size its labels' boxes are given in")
     targets = None if grid is None else HeadTargets(grid, frame_size)
+    in_memory = hold_in_memory(config, [train_h5, val_h5], int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     train_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
-                                  in_memory=config.in_memory, seed=config.seed, targets=targets)
-    val_set = TrafficVQADataset(val_commands, val_h5, tokenizer, in_memory=config.in_memory)
+                                  in_memory=in_memory, seed=config.seed, targets=targets)
+    val_set = TrafficVQADataset(val_commands, val_h5, tokenizer, in_memory=in_memory)
     answers = sorted({r["answer"] for r in train_set.records})
     loader = build_loader(train_set, config.batch_size, shuffle=True, num_workers=config.num_workers,
                           seed=config.seed, rank=dist_info.rank, world_size=dist_info.world_size)
@@ -473,6 +479,19 @@ def val_accuracy(run: Run) -> float:
     if run.dist.world_size > 1:
         dist.broadcast(accuracy, src=0)
     return float(accuracy.item())
+
+
+def hold_in_memory(config: TrainConfig, files: list[Path], processes_here: int) -> bool:
+    """``train.in_memory``, with ``auto`` resolved: the images of ``files`` fit the budget once per process
+    on this machine."""
+    if config.in_memory != "auto":
+        return config.in_memory
+    needed_mb = processes_here * sum(PackedImageReader.image_bytes(f) for f in files) / 2**20
+    fits = needed_mb <= config.in_memory_budget_mb
+    log.info("in_memory auto: %d process(es) x the train and val images = %.0f MB %s train.in_memory_budget_mb "
+             "(%d): %s", processes_here, needed_mb, "<=" if fits else ">", config.in_memory_budget_mb,
+             "held in RAM" if fits else "read from the HDF5 files")
+    return fits
 
 
 def fingerprint(model_config: VLMConfig, config: TrainConfig, paths: TrainPaths, world_size: int,

@@ -144,6 +144,12 @@ class PackedImageReader:
     def __len__(self) -> int:
         return len(self.image_ids)
 
+    @staticmethod
+    def image_bytes(path: str | os.PathLike) -> int:
+        """Bytes of the images of the packed file at ``path`` (what holding them in RAM takes)."""
+        with h5py.File(path, "r") as f:
+            return int(f["images"].size) * f["images"].dtype.itemsize
+
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_file"] = None

@@ -1,0 +1,113 @@
+"""Peak memory of each stage at several dataset sizes: what grows with the data, and by how much.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_memory.py --sizes 1000 10000 --out metrics/bench_memory.json
+
+For each size, a throw-away project folder gets the repository's params.yaml with ``scenes.num_images`` set
+to the size and one training epoch, and runs the stages of dvc.yaml in order (their own ``cmd``, as
+``dvc repro`` would). A stage's peak is the resident set of its largest process (``wait4``'s
+``ru_maxrss``: the stage itself or one of its workers or DDP ranks). ``train`` runs four ways: images
+held in RAM, read from HDF5, and each with 2 DDP processes (``train.nproc: 2``; the figure is then the
+largest rank). Wall seconds are recorded too: they are this machine's, and only comparable between runs
+on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from vlm.io import write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("generate_scenes", "generate_commands", "build_vocab", "pack_hdf5", "train_blind", "train", "evaluate")
+TRAIN_VARIANTS = {  # name: train params
+    "train": {"in_memory": True},
+    "train (HDF5)": {"in_memory": False},
+    "train (2 ranks)": {"in_memory": True, "nproc": 2},
+    "train (2 ranks, HDF5)": {"in_memory": False, "nproc": 2},
+}
+
+
+def run_stage(cmd: str, cwd: Path) -> dict:
+    """Run ``cmd``; its wall seconds and the peak RSS (MiB) of its largest process."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    start = time.perf_counter()
+    process = subprocess.Popen(shlex.split(cmd), cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - start
+    stderr = process.stderr.read().decode(errors="replace")
+    process.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{cmd} failed:\n{stderr[-3000:]}")
+    return {"peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "seconds": round(seconds, 1)}
+
+
+def write_params(folder: Path, images: int, train: dict, epochs: int) -> None:
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["scenes"]["num_images"] = images
+    params["train"].update({"epochs": epochs, "blind_epochs": 1, **train})
+    (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def measure(images: int, epochs: int, workdir: Path, variants: list[str]) -> dict:
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    folder = workdir / f"{images}"
+    folder.mkdir()
+    (folder / "data" / "bdd100k").mkdir(parents=True)
+    write_params(folder, images, TRAIN_VARIANTS["train"], epochs)
+    results = {}
+    for name in STAGES:
+        if name != "train":
+            results[name] = run_stage(stages[name]["cmd"], folder)
+            print(f"{images:>7} images  {name:<24} {results[name]['peak_rss_mib']:8.1f} MiB "
+                  f"{results[name]['seconds']:7.1f} s", flush=True)
+            continue
+        for variant in variants:
+            train = TRAIN_VARIANTS[variant]
+            write_params(folder, images, train, epochs)
+            for stale in (folder / "models" / "checkpoints").glob("*"):
+                stale.unlink()  # each variant trains from scratch
+            results[variant] = run_stage(stages["train"]["cmd"], folder)
+            print(f"{images:>7} images  {variant:<24} {results[variant]['peak_rss_mib']:8.1f} MiB "
+                  f"{results[variant]['seconds']:7.1f} s", flush=True)
+        write_params(folder, images, TRAIN_VARIANTS["train"], epochs)
+    packed = {split: (folder / "data" / "processed" / f"{split}_images.h5").stat().st_size
+              for split in ("train", "val", "test")}
+    return {"images": images, "stages": results, "packed_bytes": packed,
+            "raw_bytes": sum(f.stat().st_size for f in (folder / "data" / "raw").rglob("*") if f.is_file())}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--variants", nargs="+", choices=list(TRAIN_VARIANTS), default=list(TRAIN_VARIANTS),
+                        help="the ways to run train")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as workdir:
+        runs = [measure(size, args.epochs, Path(workdir), args.variants) for size in args.sizes]
+    report = {"machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+                          "python": sys.version.split()[0]},
+              "epochs": args.epochs, "runs": runs}
+    if len(runs) >= 2:
+        small, large = runs[0]["stages"], runs[-1]["stages"]  # peak at the largest size / at the smallest
+        report["growth"] = {name: round(large[name]["peak_rss_mib"] / small[name]["peak_rss_mib"], 2) for name in small}
+    if args.out:
+        write_json(args.out, report)
+    return report
+
+
+if __name__ == "__main__":
+    main()

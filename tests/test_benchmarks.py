@@ -102,7 +102,6 @@ def test_bench_train_step_compare(tmp_path, tiny_run):
         assert results[name]["speedup"] > 0 and results[name]["loss_max_abs_diff"] < 1e-2
 
 
-@pytest.mark.xdist_group("ddp")
 def test_bench_memory(tmp_path):
     report = run_benchmark("bench_memory.py", tmp_path / "memory.json", "--sizes", "24",
                            "--variants", "train (2 ranks, HDF5)")

@@ -140,12 +140,14 @@ def test_two_dvc_repro_at_once(project):
     """A second `dvc repro` in the same workspace while the first runs a stage: DVC's lock stops it; the
     first finishes and its outputs and dvc.lock are intact."""
     processed = project.path / "data" / "processed"
-    first = _start(project, "dvc repro -f -s pack_hdf5")
+    # the first holds the lock for 20 s more once its stage is writing: past DVC's few seconds of retrying
+    first = _start(project, "dvc repro -f -s pack_hdf5", VLM_TEST_PAUSE_BEFORE_REPLACE="train_images.h5:20")
     deadline = time.monotonic() + 120
     while not list(processed.glob(".*_images.h5.*.tmp")) and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert first.poll() is None, "the first dvc repro should still be running"
     second = project.run("dvc", "repro", "-f", "-s", "pack_hdf5", check=False)
+    assert first.poll() is None, "the first dvc repro should still hold the lock"
     assert second.returncode != 0 and "lock" in (second.stdout + second.stderr).lower()
     assert first.wait() == 0, first.stderr.read()
     assert "up to date" in project.run("dvc", "status", "pack_hdf5").stdout

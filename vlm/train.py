@@ -12,8 +12,9 @@ for each epoch, :func:`finish`. One run writes:
 - ``{metrics}`` (headline numbers), ``{timing}`` (seconds, questions/s) and per-step curves through
   dvclive (``{live}/plots``), all written when the run finishes.
 
-Under ``torchrun`` (``WORLD_SIZE`` > 1) each process trains on its share of the images with
-DistributedDataParallel (NCCL on GPUs, gloo on CPU); rank 0 evaluates and writes every file.
+Under ``torchrun`` (``WORLD_SIZE`` > 1; ``train.nproc`` relaunches the stage under it) each process trains on
+its part of every step's batch (:mod:`vlm.data.sampler`) with DistributedDataParallel (NCCL on GPUs, gloo on
+CPU); rank 0 evaluates and writes every file.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ def test_det20_fixture_real_frame(bdd_fixture_dir):
     assert (scene.weather, scene.scene, scene.timeofday) == ("overcast", "city street", "daytime")
     assert [o.category for o in scene.objects] == ["traffic sign"] * 4
     assert all(o.light_color is None for o in scene.objects)
-    assert scene.objects[0].box == pytest.approx((1000.698742, 281.992415, 1040.626872, 326.91156))
+    # the file's 1000.698742, 281.992415, 1040.626872, 326.91156 held to 1/1000 px
+    assert scene.objects[0].box == (1000.699, 281.992, 1040.627, 326.912)
 
 
 def test_2018_dialect_names_and_colours():

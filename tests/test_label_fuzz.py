@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from vlm.commands.generate import CommandsConfig
@@ -50,8 +50,15 @@ frame = st.fixed_dictionaries({"name": name},
 labels_file = st.lists(frame, max_size=4) | st.fixed_dictionaries({"frames": st.lists(frame, max_size=3)}) | json_values
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Derandomized so that CI sees the same 400 examples every run; the examples below are failures that random
+# runs found (a control character in a name, a coordinate finer than the 1/1000 px written back).
+@settings(max_examples=400, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(content=labels_file)
+@example(content=[{"name": "\n", "labels": [{"category": "car", "box2d": {"x1": 0, "y1": 1, "x2": 0, "y2": 0}}]}])
+@example(content=[{"name": "a\u2028b", "labels": []}])
+@example(content=[{"name": "0", "labels": [{"category": "pedestrian",
+                                            "box2d": {"x1": 0.0, "y1": -0.0625, "x2": 0.0, "y2": 0.0}}]}])
 def test_fuzzed_labels_are_refused_clearly_or_handled(tmp_path, content):
     path = tmp_path / "labels.json"
     path.write_text(json.dumps(content, ensure_ascii=False), encoding="utf-8")

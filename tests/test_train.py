@@ -41,6 +41,27 @@ def test_trains_writes_model_metrics_and_curves(processed, tmp_path):
     assert len((curves / "val" / "accuracy.tsv").read_text().splitlines()) == 1 + 2
 
 
+def test_curves_are_written_in_dvclives_own_layout(tmp_path):
+    from dvclive import Live
+
+    history = [{"step": step, "epoch": step // 3, "train/loss": 2.0 / (step + 1), "train/accuracy": step / 7,
+                "lr": 1e-4 * (step + 1), **({"val/accuracy": step / 8} if step % 3 == 2 else {})}
+               for step in range(7)]
+    vlm.train.write_curves(tmp_path / "ours", history)
+    live = Live(dir=str(tmp_path / "dvclive"), save_dvc_exp=False, dvcyaml=None)
+    for record in history:
+        for key, value in record.items():
+            if key not in ("step", "epoch"):
+                live.log_metric(key, value, plot=True)
+        live.next_step()
+    live.end()
+    ours = sorted(p.relative_to(tmp_path / "ours") for p in (tmp_path / "ours").rglob("*") if p.is_file())
+    theirs = sorted(p.relative_to(tmp_path / "dvclive") for p in (tmp_path / "dvclive").rglob("*") if p.is_file())
+    assert ours == theirs and len(ours) == 5
+    for name in ours:
+        assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "dvclive" / name).read_bytes(), name
+
+
 def test_training_reduces_the_loss(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
     train(TINY_MODEL, tiny_train_config(epochs=4), paths, progress=False, frame_size=FRAME_SIZE)

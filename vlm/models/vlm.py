@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -134,17 +134,12 @@ class VLMConfig:
         checkpoint = values.get("vision_checkpoint")
         if checkpoint is not None and values.get("vision", "siglip") == "siglip":
             # the encoder's sizes and pixel normalisation are the checkpoint's: model.siglip is not used
-            values["siglip"] = {k: v for k, v in dataclasses.asdict(_pretrained_config(checkpoint)).items()
-                                if k != "image_size"}
+            pretrained_siglip = _pretrained_config("vision_checkpoint", checkpoint, siglip_config_from_pretrained)
+            values["siglip"] = {k: v for k, v in dataclasses.asdict(pretrained_siglip).items() if k != "image_size"}
             image_mean, image_std = _pretrained_normalisation(Path(checkpoint))
         decoder = values.get("decoder_checkpoint")
         if decoder is not None:  # the decoder's sizes are the checkpoint's: model.gemma is not used
-            if not isinstance(decoder, str):
-                raise ParamError(f"model.decoder_checkpoint: must be a path or null, got {decoder!r}")
-            try:
-                pretrained_gemma = gemma_config_from_pretrained(decoder)
-            except (OSError, ValueError) as e:
-                raise ParamError(f"model.decoder_checkpoint: {e}") from e
+            pretrained_gemma = _pretrained_config("decoder_checkpoint", decoder, gemma_config_from_pretrained)
             values["gemma"] = {k: v for k, v in dataclasses.asdict(pretrained_gemma).items() if k != "vocab_size"}
         check_image_size(values, image_size, "the image size of the data")
         values["siglip"]["image_size"] = image_size
@@ -164,7 +159,8 @@ def check_image_size(model_section: Mapping[str, Any], image_size: int, source: 
         return  # the blind baseline reads no image
     checkpoint = model_section.get("vision_checkpoint")
     if checkpoint is not None:
-        patch_size, key = _pretrained_config(checkpoint).patch_size, "model.vision_checkpoint: its patch size"
+        patch_size = _pretrained_config("vision_checkpoint", checkpoint, siglip_config_from_pretrained).patch_size
+        key = "model.vision_checkpoint: its patch size"
     else:
         siglip = model_section.get("siglip") or {}
         patch_size, key = siglip.get("patch_size", SiglipVisionConfig.patch_size), "model.siglip.patch_size"
@@ -172,13 +168,14 @@ def check_image_size(model_section: Mapping[str, Any], image_size: int, source: 
         raise ParamError(f"{key}: must divide {source} ({image_size} % {patch_size} = {image_size % patch_size})")
 
 
-def _pretrained_config(checkpoint: Any) -> SiglipVisionConfig:
+def _pretrained_config(key: str, checkpoint: Any, read: Callable[[str], Any]) -> Any:
+    """``read(checkpoint)``: the config of the checkpoint that ``model.{key}`` names, or a ``ParamError``."""
     if not isinstance(checkpoint, str):
-        raise ParamError(f"model.vision_checkpoint: must be a path or null, got {checkpoint!r}")
+        raise ParamError(f"model.{key}: must be a path or null, got {checkpoint!r}")
     try:
-        return siglip_config_from_pretrained(checkpoint)
+        return read(checkpoint)
     except (OSError, ValueError) as e:
-        raise ParamError(f"model.vision_checkpoint: {e}") from e
+        raise ParamError(f"model.{key}: {e}") from e
 
 
 def _pretrained_normalisation(checkpoint: Path) -> tuple[list[float], list[float]]:

@@ -122,7 +122,7 @@ def _object_from_label(label: Any, where: str) -> SceneObject | None:
             raise LabelError(f"{where}.box2d.{key}: expected a finite number, got {v!r}")
         if abs(v) > MAX_COORDINATE:
             raise LabelError(f"{where}.box2d.{key}: {v!r} is outside +-{MAX_COORDINATE:g} pixels")
-        coords.append(float(v))
+        coords.append(round(float(v), 3))  # 1/1000 px, the precision scene_to_frame writes
     x1, y1, x2, y2 = coords
     if x2 < x1 or y2 < y1:
         raise LabelError(f"{where}.box2d: x2 < x1 or y2 < y1 ({x1}, {y1}, {x2}, {y2})")
@@ -152,7 +152,7 @@ def scene_from_frame(frame: Any, where: str = "frame") -> Scene:
     name = frame.get("name")
     if not isinstance(name, str) or not name:
         raise LabelError(f"{where}.name: missing or not a string")
-    if name in (".", "..") or any(ch in name for ch in "/\\\0"):
+    if name in (".", "..") or any(ch in name for ch in "/\\") or not name.isprintable():
         raise LabelError(f"{where}.name: {name!r} is not a plain file name")
     where = f"{where} ({name})"
     attributes = frame.get("attributes") or {}

@@ -44,7 +44,8 @@ def test_trains_writes_model_metrics_and_curves(processed, tmp_path):
 def test_curves_are_written_in_dvclives_own_layout(tmp_path):
     from dvclive import Live
 
-    history = [{"step": step, "epoch": step // 3, "train/loss": 2.0 / (step + 1), "train/accuracy": step / 7,
+    # "step": the optimizer steps done, as training records them; dvclive counts its own from 0
+    history = [{"step": step + 1, "epoch": step // 3, "train/loss": 2.0 / (step + 1), "train/accuracy": step / 7,
                 "lr": 1e-4 * (step + 1), **({"val/accuracy": step / 8} if step % 3 == 2 else {})}
                for step in range(7)]
     vlm.train.write_curves(tmp_path / "ours", history)

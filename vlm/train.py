@@ -204,19 +204,17 @@ def write_curves(live_dir: Path, history: list[dict[str, Any]]) -> None:
     """
     curves: dict[str, list[tuple[int, float]]] = {}
     summary: dict[str, Any] = {}
-    for record in history:
+    for step, record in enumerate(history):  # dvclive's step: the record's position, from 0
         for key, value in record.items():
             if key in ("step", "epoch"):
                 continue
-            curves.setdefault(key, []).append((record["step"], value))
+            curves.setdefault(key, []).append((step, value))
             *parents, leaf = key.split("/")
             node = summary
             for parent in parents:
                 node = node.setdefault(parent, {})
             node[leaf] = value
-        summary.setdefault("step", record["step"])
-    if history:
-        summary["step"] = history[-1]["step"]
+        summary["step"] = step
     with atomic_path(live_dir) as tmp:
         tmp.mkdir()
         for key, rows in curves.items():

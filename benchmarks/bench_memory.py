@@ -9,11 +9,20 @@ to the size and one training epoch, and runs the stages of dvc.yaml in order (th
 held in RAM, read from HDF5, and each with 2 DDP processes (``train.nproc: 2``; the figure is then the
 largest rank). Wall seconds are recorded too: they are this machine's, and only comparable between runs
 on an otherwise idle machine.
+
+``--extrapolate N`` adds what the largest size's run implies for N images (real BDD100K has 100,000),
+linearly: every stage's seconds, the packed and raw bytes, and the training questions per epoch times
+N / size. Linear holds where a stage's work is per image (rendering or reading, packing, one epoch's
+steps); a stage's fixed start-up (imports, a model build) makes it an overestimate.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_memory.py --sizes 10000 --image-size 224 --variants train \
+        --extrapolate 100000 --out metrics/bench_memory_224px.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shlex
@@ -53,19 +62,21 @@ def run_stage(cmd: str, cwd: Path) -> dict:
     return {"peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "seconds": round(seconds, 1)}
 
 
-def write_params(folder: Path, images: int, train: dict, epochs: int) -> None:
+def write_params(folder: Path, images: int, train: dict, epochs: int, image_size: int | None) -> None:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["scenes"]["num_images"] = images
+    if image_size is not None:
+        params["pack"]["image_size"] = image_size
     params["train"].update({"epochs": epochs, "blind_epochs": 1, **train})
     (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-def measure(images: int, epochs: int, workdir: Path, variants: list[str]) -> dict:
+def measure(images: int, epochs: int, workdir: Path, variants: list[str], image_size: int | None) -> dict:
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     folder = workdir / f"{images}"
     folder.mkdir()
     (folder / "data" / "bdd100k").mkdir(parents=True)
-    write_params(folder, images, TRAIN_VARIANTS["train"], epochs)
+    write_params(folder, images, TRAIN_VARIANTS["train"], epochs, image_size)
     results = {}
     for name in STAGES:
         if name != "train":
@@ -75,17 +86,30 @@ def measure(images: int, epochs: int, workdir: Path, variants: list[str]) -> dic
             continue
         for variant in variants:
             train = TRAIN_VARIANTS[variant]
-            write_params(folder, images, train, epochs)
+            write_params(folder, images, train, epochs, image_size)
             for stale in (folder / "models" / "checkpoints").glob("*"):
                 stale.unlink()  # each variant trains from scratch
             results[variant] = run_stage(stages["train"]["cmd"], folder)
             print(f"{images:>7} images  {variant:<24} {results[variant]['peak_rss_mib']:8.1f} MiB "
                   f"{results[variant]['seconds']:7.1f} s", flush=True)
-        write_params(folder, images, TRAIN_VARIANTS["train"], epochs)
+        write_params(folder, images, TRAIN_VARIANTS["train"], epochs, image_size)
     packed = {split: (folder / "data" / "processed" / f"{split}_images.h5").stat().st_size
               for split in ("train", "val", "test")}
-    return {"images": images, "stages": results, "packed_bytes": packed,
-            "raw_bytes": sum(f.stat().st_size for f in (folder / "data" / "raw").rglob("*") if f.is_file())}
+    commands = json.loads((folder / "metrics" / "commands.json").read_text())
+    image_size = json.loads((folder / "metrics" / "pack.json").read_text())["image_size"]
+    return {"images": images, "image_size": image_size, "stages": results, "packed_bytes": packed,
+            "raw_bytes": sum(f.stat().st_size for f in (folder / "data" / "raw").rglob("*") if f.is_file()),
+            "train_questions_per_epoch": commands["train"]["questions"]}
+
+
+def extrapolate(run: dict, images: int) -> dict:
+    """``run``'s figures times ``images / run["images"]`` (see the module docstring for when that holds)."""
+    scale = images / run["images"]
+    return {"images": images, "from_images": run["images"],
+            "stage_seconds": {name: round(r["seconds"] * scale) for name, r in run["stages"].items()},
+            "packed_bytes": round(sum(run["packed_bytes"].values()) * scale),
+            "raw_bytes": round(run["raw_bytes"] * scale),
+            "train_questions_per_epoch": round(run["train_questions_per_epoch"] * scale)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -94,16 +118,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--variants", nargs="+", choices=list(TRAIN_VARIANTS), default=list(TRAIN_VARIANTS),
                         help="the ways to run train")
+    parser.add_argument("--image-size", type=int, default=None, help="pack.image_size (default: params.yaml's)")
+    parser.add_argument("--extrapolate", type=int, default=None, metavar="N",
+                        help="add the largest run's figures scaled to N images")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as workdir:
-        runs = [measure(size, args.epochs, Path(workdir), args.variants) for size in args.sizes]
+        runs = [measure(size, args.epochs, Path(workdir), args.variants, args.image_size) for size in args.sizes]
     report = {"machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                           "python": sys.version.split()[0]},
-              "epochs": args.epochs, "runs": runs}
+              "epochs": args.epochs, "image_size": runs[0]["image_size"], "runs": runs}
     if len(runs) >= 2:
         small, large = runs[0]["stages"], runs[-1]["stages"]  # peak at the largest size / at the smallest
         report["growth"] = {name: round(large[name]["peak_rss_mib"] / small[name]["peak_rss_mib"], 2) for name in small}
+    if args.extrapolate:
+        report["extrapolated"] = extrapolate(runs[-1], args.extrapolate)
     if args.out:
         write_json(args.out, report)
     return report

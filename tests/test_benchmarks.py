@@ -104,8 +104,14 @@ def test_bench_train_step_compare(tmp_path, tiny_run):
 
 def test_bench_memory(tmp_path):
     report = run_benchmark("bench_memory.py", tmp_path / "memory.json", "--sizes", "24",
-                           "--variants", "train (2 ranks, HDF5)")
+                           "--variants", "train (2 ranks, HDF5)", "--image-size", "32", "--extrapolate", "240")
     [run] = report["runs"]
+    assert report["image_size"] == run["image_size"] == 32
+    extrapolated = report["extrapolated"]
+    assert extrapolated["images"] == 240 and extrapolated["from_images"] == 24
+    assert extrapolated["packed_bytes"] == 10 * sum(run["packed_bytes"].values())
+    assert extrapolated["train_questions_per_epoch"] == 10 * run["train_questions_per_epoch"] > 0
+    assert extrapolated["stage_seconds"]["pack_hdf5"] == round(10 * run["stages"]["pack_hdf5"]["seconds"])
     assert run["images"] == 24 and run["raw_bytes"] > 0 and set(run["packed_bytes"]) == {"train", "val", "test"}
     stages = {"generate_scenes", "generate_commands", "build_vocab", "pack_hdf5", "train_blind",
               "train (2 ranks, HDF5)", "evaluate"}

@@ -93,3 +93,16 @@ def test_holdout_paragraph_is_the_committed_gap():
     for number in (f"on the {gap['frames']} rainy nights", f"{gap['seen_in_training']['accuracy']:.3f} for the model",
                    f"{gap['held_out']['accuracy']:.3f} for the one", f"a gap of {gap['gap']:.3f}"):
         assert number in text, number
+
+
+def test_stage_speed_rows_are_the_committed_run():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    scenes, pack, loader = _json("metrics/scenes.json"), _json("metrics/pack.json"), _json("metrics/dataloader.json")
+    best = loader["best"]["128px"]
+    for expected in (f"{scenes['images_per_s']:.1f} images/s ({scenes['images']} in {scenes['seconds']:.1f} s)",
+                     f"packing to {pack['image_size']} px HDF5, {pack['workers']} processes | "
+                     f"{pack['images_per_s']:.1f} images/s",
+                     f"{loader['speedup']['128px']:.2f}x the textbook loader at 128 px "
+                     f"({best['ours']['samples_per_s']:,.0f} vs {best['naive']['samples_per_s']:,.0f} samples/s), "
+                     f"{loader['speedup']['224px']:.2f}x at 224 px"):
+        assert expected in text, expected

@@ -50,15 +50,14 @@ def run_stage(cmd: str, cwd: Path) -> dict:
     """Run ``cmd``; its wall seconds and the peak RSS (MiB) of its largest process."""
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-    start = time.perf_counter()
-    process = subprocess.Popen(shlex.split(cmd), cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
-    seconds = time.perf_counter() - start
-    stderr = process.stderr.read().decode(errors="replace")
-    process.stderr.close()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{cmd} failed:\n{stderr[-3000:]}")
+    with tempfile.TemporaryFile() as stderr:  # a file, not a pipe: a stage's progress bars would fill a pipe
+        start = time.perf_counter()
+        process = subprocess.Popen(shlex.split(cmd), cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - start
+        if os.waitstatus_to_exitcode(status) != 0:
+            stderr.seek(0)
+            raise SystemExit(f"{cmd} failed:\n{stderr.read().decode(errors='replace')[-3000:]}")
     return {"peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "seconds": round(seconds, 1)}
 
 

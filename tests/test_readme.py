@@ -106,3 +106,13 @@ def test_stage_speed_rows_are_the_committed_run():
                      f"({best['ours']['samples_per_s']:,.0f} vs {best['naive']['samples_per_s']:,.0f} samples/s), "
                      f"{loader['speedup']['224px']:.2f}x at 224 px"):
         assert expected in text, expected
+
+
+def test_memory_table_is_the_committed_benchmark():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    report = _json("metrics/bench_memory.json")
+    small, large = report["runs"]
+    for name in small["stages"]:
+        row = (f"| {name} | {small['stages'][name]['peak_rss_mib']:.0f} | {large['stages'][name]['peak_rss_mib']:.0f} "
+               f"| {report['growth'][name]:.2f}x |")
+        assert row in text, row

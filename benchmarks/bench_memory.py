@@ -22,7 +22,6 @@ steps); a stage's fixed start-up (imports, a model build) makes it an overestima
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shlex
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from vlm.io import write_json
+from vlm.io import read_json, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("generate_scenes", "generate_commands", "build_vocab", "pack_hdf5", "train_blind", "train", "evaluate")
@@ -94,9 +93,9 @@ def measure(images: int, epochs: int, workdir: Path, variants: list[str], image_
         write_params(folder, images, TRAIN_VARIANTS["train"], epochs, image_size)
     packed = {split: (folder / "data" / "processed" / f"{split}_images.h5").stat().st_size
               for split in ("train", "val", "test")}
-    commands = json.loads((folder / "metrics" / "commands.json").read_text())
-    image_size = json.loads((folder / "metrics" / "pack.json").read_text())["image_size"]
-    return {"images": images, "image_size": image_size, "stages": results, "packed_bytes": packed,
+    commands = read_json(folder / "metrics" / "commands.json", what="commands metrics")
+    pack = read_json(folder / "metrics" / "pack.json", what="pack metrics")
+    return {"images": images, "image_size": pack["image_size"], "stages": results, "packed_bytes": packed,
             "raw_bytes": sum(f.stat().st_size for f in (folder / "data" / "raw").rglob("*") if f.is_file()),
             "train_questions_per_epoch": commands["train"]["questions"]}
 

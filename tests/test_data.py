@@ -245,6 +245,30 @@ def test_a_file_that_is_not_a_packed_split_is_rejected_naming_it(project, tokeni
         TrafficVQADataset(project.commands("train"), old_format, tokenizer)
 
 
+def test_targets_built_per_fetch_equal_the_ones_held_in_ram(project, tokenizer):
+    heads = HeadTargets(4, FRAME)
+    for augment in (None, MIRROR_ONLY):
+        from_labels = dataset(project, tokenizer, augment=augment, targets=heads)
+        in_ram = dataset(project, tokenizer, augment=augment, targets=heads, in_memory=True)
+        assert in_ram.in_memory and not from_labels.in_memory
+        indices = list(range(len(from_labels)))
+        for a, b in zip(from_labels.__getitems__(indices), in_ram.__getitems__(indices)):
+            np.testing.assert_array_equal(a["targets"], b["targets"])
+            assert a["command"] == b["command"]
+
+
+def test_a_bad_stored_label_fails_when_the_dataset_is_built_not_mid_epoch(project, tokenizer, tmp_path):
+    damaged = tmp_path / "train_images.h5"
+    damaged.write_bytes(project.h5("train").read_bytes())
+    with h5py.File(damaged, "r+") as f:
+        f["annotations"][3] = '{"name": "img.jpg", "labels": [{"category": "car", "box2d": {"x1": 0}}]}'
+    TrafficVQADataset(project.commands("train"), damaged, tokenizer)  # without targets the labels are not read
+    for in_memory in (False, True):
+        with pytest.raises(ValueError, match=r"annotation\[3\]"):
+            TrafficVQADataset(project.commands("train"), damaged, tokenizer, in_memory=in_memory,
+                              targets=HeadTargets(4, FRAME))
+
+
 def test_head_targets_follow_the_image_and_its_mirror(project, tokenizer):
     plain = dataset(project, tokenizer, targets=HeadTargets(4, FRAME))
     mirrored = dataset(project, tokenizer, augment=MIRROR_ONLY, targets=HeadTargets(4, FRAME))

@@ -174,6 +174,16 @@ def test_gradient_accumulation_and_blind(processed, tmp_path):
     assert loaded.model.config.vision == "none" and loaded.model.num_image_tokens == 0
 
 
+def test_the_blind_model_never_holds_the_images_in_ram(processed, tmp_path):
+    from vlm.train import setup
+
+    config = tiny_train_config(in_memory=True)
+    blind = setup(TINY_MODEL, config, paths_for(processed, tmp_path, "blind"), blind=True, frame_size=FRAME_SIZE)
+    seeing = setup(TINY_MODEL, config, paths_for(processed, tmp_path), blind=False, frame_size=FRAME_SIZE)
+    assert not blind.loader.dataset.in_memory and not blind.val_set.in_memory
+    assert seeing.loader.dataset.in_memory and seeing.val_set.in_memory
+
+
 def test_lr_schedule():
     assert lr_factor(0, 10, 100, 0.1) == pytest.approx(0.1)
     assert lr_factor(9, 10, 100, 0.1) == pytest.approx(1.0)
@@ -213,5 +223,8 @@ def test_in_memory_auto_holds_the_images_when_they_fit_once_per_process(processe
         assert hold_in_memory(fits, files, processes_here=1)
         assert not hold_in_memory(fits, files, processes_here=int(1 / megabytes) + 1)
     assert "read from the HDF5 files" in caplog.text
+    targets = int(megabytes * 2**20)  # targets as large as the images: two copies do not fit a budget of one
+    just_fits = TrainConfig(in_memory="auto", in_memory_budget_mb=megabytes * 1.5)
+    assert hold_in_memory(just_fits, files, 1) and not hold_in_memory(just_fits, files, 1, targets_bytes=targets)
     assert hold_in_memory(TrainConfig(in_memory=False), files, 1) is False
     assert hold_in_memory(TrainConfig(in_memory=True, in_memory_budget_mb=0), files, 8) is True

@@ -72,9 +72,9 @@ class TrainConfig:
     early_stopping_patience: int = 0  # epochs without a better val accuracy before stopping; 0 = never
     eval_batch_size: int = 256
     num_workers: int = 0  # DataLoader workers; 0 loads in the training process
-    # hold the packed train and val images in RAM; auto: when they fit in_memory_budget_mb together with the
-    # copies of the other processes on this machine, else read them from the HDF5 files (the OS page cache then
-    # holds one copy for all processes)
+    # hold the packed train and val images and the heads' targets in RAM; auto: when they fit in_memory_budget_mb
+    # together with the copies of the other processes on this machine, else read the images from the HDF5 files
+    # (the OS page cache then holds one copy for all processes) and build the targets per batch
     in_memory: bool | Literal["auto"] = "auto"
     in_memory_budget_mb: int = 4096
     threads: int = 0  # torch CPU threads per process; 0 = the cores shared among processes
@@ -305,7 +305,9 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
     if grid is not None and frame_size is None:
         raise ValueError("train(): a model with heads needs the frame size its labels' boxes are given in")
     targets = None if grid is None else HeadTargets(grid, frame_size)
-    in_memory = hold_in_memory(config, [train_h5, val_h5], int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    # the blind model reads no pixel: its images are never worth RAM
+    in_memory = not blind and hold_in_memory(config, [train_h5, val_h5], int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                                              0 if targets is None else targets.bytes_per_image * len(header))
     train_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
                                   in_memory=in_memory, seed=config.seed, targets=targets)
     val_set = TrafficVQADataset(val_commands, val_h5, tokenizer, in_memory=in_memory)
@@ -501,16 +503,16 @@ def val_accuracy(run: Run) -> float:
     return float(accuracy.item())
 
 
-def hold_in_memory(config: TrainConfig, files: list[Path], processes_here: int) -> bool:
-    """``train.in_memory``, with ``auto`` resolved: the images of ``files`` fit the budget once per process
-    on this machine."""
+def hold_in_memory(config: TrainConfig, files: list[Path], processes_here: int, targets_bytes: int = 0) -> bool:
+    """``train.in_memory``, with ``auto`` resolved: the images of ``files`` and the heads' targets
+    (``targets_bytes``) fit the budget once per process on this machine."""
     if config.in_memory != "auto":
         return config.in_memory
-    needed_mb = processes_here * sum(PackedImageReader.image_bytes(f) for f in files) / 2**20
+    needed_mb = processes_here * (sum(PackedImageReader.image_bytes(f) for f in files) + targets_bytes) / 2**20
     fits = needed_mb <= config.in_memory_budget_mb
-    log.info("in_memory auto: %d process(es) x the train and val images = %.0f MB %s train.in_memory_budget_mb "
-             "(%d): %s", processes_here, needed_mb, "<=" if fits else ">", config.in_memory_budget_mb,
-             "held in RAM" if fits else "read from the HDF5 files")
+    log.info("in_memory auto: %d process(es) x the train and val images and the heads' targets = %.0f MB %s "
+             "train.in_memory_budget_mb (%d): %s", processes_here, needed_mb, "<=" if fits else ">",
+             config.in_memory_budget_mb, "held in RAM" if fits else "read from the HDF5 files, targets built per batch")
     return fits
 
 

@@ -67,9 +67,11 @@ class TrafficVQADataset(Dataset):
     record's ``question_id``, ``image_id``, ``command``, ``answer``, ``command_type``, ``metadata``.
 
     ``augment``: an ``AugmentConfig`` for training (deterministic per seed, epoch and image; call
-    ``set_epoch`` each epoch), None for evaluation. ``in_memory``: read the whole split into RAM
-    once (shared copy-on-write with forked workers). Otherwise the HDF5 file is opened lazily in
-    each process. Questions whose image the pack stage skipped as corrupt are dropped
+    ``set_epoch`` each epoch), None for evaluation. ``in_memory``: read the whole split (and its
+    targets) into RAM once (shared copy-on-write with forked workers). Otherwise the HDF5 file is
+    opened lazily in each process and the targets are built per fetch from the stored labels, so
+    memory does not grow with the split (about 1.5 KB of label text per image instead of
+    ``HeadTargets.bytes_per_image``). Questions whose image the pack stage skipped as corrupt are dropped
     (``num_dropped``); any other question without its image is an error. ``targets``: also give each
     sample its image's targets ``[G*G, C]`` for the model's auxiliary heads (:mod:`vlm.data.grounding`).
     """
@@ -112,10 +114,17 @@ class TrafficVQADataset(Dataset):
             self._mirrored_question_ids = TokenTable(self._mirrored_commands, tokenizer.encode_question)
             self._mirrored_answer_ids = TokenTable(self._mirrored_answers, tokenizer.encode_answer)
 
+        self.in_memory = in_memory
         self.targets = targets
-        self._targets: np.ndarray | None = None  # float32 [N, G*G, C]
+        self._ram_targets: np.ndarray | None = None  # float32 [N, G*G, C] when held in RAM
+        self._annotations: list[str] | None = None  # else each image's label frame, its targets built per fetch
         if targets is not None:
-            self._targets = targets.from_annotations(self.images.read_annotations())
+            annotations = self.images.read_annotations()
+            if in_memory:
+                self._ram_targets = targets.from_annotations(annotations)
+            else:
+                targets.check(annotations)  # a bad label fails now, not in the middle of an epoch
+                self._annotations = annotations
 
         self._ram_images: np.ndarray | None = None  # uint8 [N, 3, S, S] when held in RAM
         if in_memory:
@@ -151,7 +160,7 @@ class TrafficVQADataset(Dataset):
         distinct_rows, slot_of_question = np.unique(rows, return_inverse=True)  # sorted: sequential reads
         chw_images = torch.from_numpy(self._read_images(distinct_rows))  # uint8 [n, 3, S, S]
         mirrored = [False] * len(distinct_rows)
-        targets = None if self._targets is None else list(self._targets[distinct_rows])  # n x [G*G, C]
+        targets = self._read_targets(distinct_rows)  # n x [G*G, C], or None
         if self.augment is not None:
             augmented = []
             with single_threaded_torch():
@@ -199,6 +208,15 @@ class TrafficVQADataset(Dataset):
         size = self.images.image_size
         hwc = self.images.read_into(rows.tolist(), np.empty((len(rows), size, size, 3), dtype=np.uint8))
         return np.ascontiguousarray(hwc.transpose(0, 3, 1, 2))
+
+    def _read_targets(self, rows: np.ndarray) -> list[np.ndarray] | None:
+        """The heads' targets float32 ``[G*G, C]`` of the images at ``rows`` (None without targets)."""
+        if self._ram_targets is not None:
+            return list(self._ram_targets[rows])
+        if self._annotations is not None:
+            return [self.targets.of(self._annotations[row], where=f"{self.images.path}: annotation[{row}]")
+                    for row in rows.tolist()]
+        return None
 
     def _read_all_images(self, block: int = 256) -> np.ndarray:
         """The whole split as uint8 ``[N, 3, S, S]``, read block by block (no second full copy)."""

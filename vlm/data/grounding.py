@@ -66,13 +66,27 @@ class HeadTargets:
     grid: int
     frame_size: tuple[float, float]
 
+    @property
+    def bytes_per_image(self) -> int:
+        """What one image's targets take in RAM (float32 ``[grid*grid, C]``)."""
+        return self.grid * self.grid * len(GROUNDING_CHANNELS) * 4
+
+    def of(self, annotation: str, where: str) -> np.ndarray:
+        """float32 ``[grid*grid, C]`` of one label frame stored beside a packed image (a JSON string)."""
+        return grounding_targets(scene_from_frame(json.loads(annotation), where=where), *self.frame_size, self.grid)
+
     def from_annotations(self, annotations: Sequence[str]) -> np.ndarray:
-        """float32 ``[N, grid*grid, C]`` from the label frames stored beside packed images (JSON strings)."""
+        """float32 ``[N, grid*grid, C]`` of the label frames ``annotations``."""
         out = np.zeros((len(annotations), self.grid * self.grid, len(GROUNDING_CHANNELS)), dtype=np.float32)
         for i, annotation in enumerate(annotations):
-            out[i] = grounding_targets(scene_from_frame(json.loads(annotation), where=f"annotation[{i}]"),
-                                       *self.frame_size, self.grid)
+            out[i] = self.of(annotation, where=f"annotation[{i}]")
         return out
+
+    @staticmethod
+    def check(annotations: Sequence[str]) -> None:
+        """Raise the reader's error for the first label frame in ``annotations`` that is not a valid scene."""
+        for i, annotation in enumerate(annotations):
+            scene_from_frame(json.loads(annotation), where=f"annotation[{i}]")
 
     def mirror(self, targets: np.ndarray) -> np.ndarray:
         """The targets of the horizontally flipped image: cell columns reversed, ``[G*G, C]``."""

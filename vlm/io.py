@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +128,15 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
         raise ValueError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
 
 
-def write_json_list(path: str | os.PathLike, items: list) -> None:
-    """Write a JSON list atomically with one compact item per line: one document, yet diffable."""
+def write_json_list(path: str | os.PathLike, items: Iterable) -> int:
+    """Write a JSON list atomically with one compact item per line: one document, yet diffable. Items are
+    written as ``items`` yields them (a generator is never held whole); returns how many there were."""
+    count = 0
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write("[\n" + ",\n".join(json.dumps(x, ensure_ascii=False) for x in items) + "\n]\n")
+            f.write("[\n")
+            for item in items:
+                f.write((",\n" if count else "") + json.dumps(item, ensure_ascii=False))
+                count += 1
+            f.write("\n]\n")
+    return count

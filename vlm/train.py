@@ -199,8 +199,8 @@ def write_curves(live_dir: Path, history: list[dict[str, Any]]) -> None:
     run leaves no partial curves; a resumed one writes them whole).
 
     ``plots/metrics/<name>.tsv`` holds a metric's ``step``/value rows and ``metrics.json`` the last value of
-    each, nested at its slashes, as ``dvclive.Live.log_metric`` writes them. Written here in one pass: dvclive
-    rewrites its summary at every step, 40 s for the default run's 2,800 steps.
+    each, nested at its slashes, as ``dvclive.Live.log_metric`` writes them. Written here in one pass, because
+    dvclive rewrites its summary at every step (docs/experiments.md has what that cost).
     """
     curves: dict[str, list[tuple[int, float]]] = {}
     summary: dict[str, Any] = {}

@@ -69,10 +69,10 @@ class TrafficVQADataset(Dataset):
     ``augment``: an ``AugmentConfig`` for training (deterministic per seed, epoch and image; call
     ``set_epoch`` each epoch), None for evaluation. ``in_memory``: read the whole split (and its
     targets) into RAM once (shared copy-on-write with forked workers). Otherwise the HDF5 file is
-    opened lazily in each process and the targets are built per fetch from the stored labels, so
-    memory does not grow with the split (about 1.5 KB of label text per image instead of
-    ``HeadTargets.bytes_per_image``). Questions whose image the pack stage skipped as corrupt are dropped
-    (``num_dropped``); any other question without its image is an error. ``targets``: also give each
+    opened lazily in each process and the targets are built per fetch from the stored labels, so a
+    process holds each image's label text instead of its ``HeadTargets.bytes_per_image``. Questions
+    whose image the pack stage skipped as corrupt are dropped (``num_dropped``); any other question
+    without its image is an error. ``targets``: also give each
     sample its image's targets ``[G*G, C]`` for the model's auxiliary heads (:mod:`vlm.data.grounding`).
     """
 

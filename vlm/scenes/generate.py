@@ -9,6 +9,7 @@ content digest in ``source.json`` makes the folder change when one of them does,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -112,17 +113,18 @@ def generate_synthetic(config: ScenesConfig, out_dir: str | os.PathLike, progres
                 for i in range(config.num_images)]
         workers = min(config.num_workers, config.num_images)
         start = time.perf_counter()
-        if workers > 1:
-            with multiprocessing.get_context("fork").Pool(workers) as pool:
-                frames = list(tqdm(pool.imap(_render_one, jobs, chunksize=8), total=len(jobs),
-                                   desc="render scenes", unit="img", disable=not progress))
-        else:
-            frames = [_render_one(j) for j in tqdm(jobs, desc="render scenes", unit="img", disable=not progress)]
+        with contextlib.ExitStack() as stack:  # each label frame is written as its image is done: none is held
+            if workers > 1:
+                pool = stack.enter_context(multiprocessing.get_context("fork").Pool(workers))
+                frames = pool.imap(_render_one, jobs, chunksize=8)
+            else:
+                frames = map(_render_one, jobs)
+            images = write_json_list(tmp / "labels.json", tqdm(frames, total=len(jobs), desc="render scenes",
+                                                                unit="img", disable=not progress))
         seconds = time.perf_counter() - start
-        write_json_list(tmp / "labels.json", frames)
-        _write_source(tmp, "synthetic", out_dir / "images", config.width, config.height, len(frames))
-    return {"source": "synthetic", "images": len(frames), "workers": workers, "seconds": round(seconds, 3),
-            "images_per_s": round(len(frames) / seconds, 1)}
+        _write_source(tmp, "synthetic", out_dir / "images", config.width, config.height, images)
+    return {"source": "synthetic", "images": images, "workers": workers, "seconds": round(seconds, 3),
+            "images_per_s": round(images / seconds, 1)}
 
 
 def bdd100k_paths(bdd: BDD100KConfig) -> tuple[Path, Path]:

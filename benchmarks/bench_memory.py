@@ -15,6 +15,13 @@ linearly: every stage's seconds, the packed and raw bytes, and the training ques
 N / size. Linear holds where a stage's work is per image (rendering or reading, packing, one epoch's
 steps); a stage's fixed start-up (imports, a model build) makes it an overestimate.
 
+It also bounds one training epoch on one GPU from below, on paper, with two figures measured at the
+largest size: the train stage's input pipeline alone (its loader as ``vlm/train.py`` builds it, reading
+HDF5 and building the heads' targets per batch, in one process on this CPU: questions/s) and the model's
+FLOPs per question (forward and backward, ``benchmarks/bench_train_step.py``'s count). An epoch takes at
+least the longer of the loader's time for the epoch's questions and the FLOPs' time at
+``--gpu-peak-tflops`` (989: an H100 SXM's dense bf16 peak, from NVIDIA's datasheet).
+
     PYTHONPATH=. .venv/bin/python benchmarks/bench_memory.py --sizes 10000 --image-size 224 --variants train \
         --extrapolate 100000 --out metrics/bench_memory_224px.json
 """
@@ -33,6 +40,8 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.bench_train_step import batches, build_run, count_flops
+from vlm.data.loader import set_epoch
 from vlm.io import read_json, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,18 +105,40 @@ def measure(images: int, epochs: int, workdir: Path, variants: list[str], image_
     commands = read_json(folder / "metrics" / "commands.json", what="commands metrics")
     pack = read_json(folder / "metrics" / "pack.json", what="pack metrics")
     return {"images": images, "image_size": pack["image_size"], "stages": results, "packed_bytes": packed,
+            "training_input": training_input(folder),
             "raw_bytes": sum(f.stat().st_size for f in (folder / "data" / "raw").rglob("*") if f.is_file()),
             "train_questions_per_epoch": commands["train"]["questions"]}
 
 
-def extrapolate(run: dict, images: int) -> dict:
-    """``run``'s figures times ``images / run["images"]`` (see the module docstring for when that holds)."""
+def training_input(folder: Path) -> dict:
+    """One epoch of the train stage's loader alone, reading HDF5 (``train.in_memory: false``) in this process,
+    and the model's FLOPs per question, on the project in ``folder``."""
+    (folder / "probe").mkdir()
+    run = build_run(str(folder / "params.yaml"), folder / "data" / "processed", folder / "probe", {"in_memory": False})
+    set_epoch(run.loader, 0)
+    questions, start = 0, time.perf_counter()
+    for batch in run.loader:
+        questions += len(batch)
+    seconds = time.perf_counter() - start
+    flops = count_flops(run, batches(run))
+    return {"loader_questions_per_s": round(questions / seconds, 1),
+            "train_gflops_per_question": round(flops["train_flops_per_question"] / 1e9, 4)}
+
+
+def extrapolate(run: dict, images: int, gpu_peak_tflops: float) -> dict:
+    """``run``'s figures times ``images / run["images"]`` (see the module docstring for when that holds), and
+    the two lower bounds of one GPU epoch's seconds."""
     scale = images / run["images"]
+    questions = round(run["train_questions_per_epoch"] * scale)
+    arithmetic = questions * run["training_input"]["train_gflops_per_question"] * 1e9 / (gpu_peak_tflops * 1e12)
     return {"images": images, "from_images": run["images"],
             "stage_seconds": {name: round(r["seconds"] * scale) for name, r in run["stages"].items()},
             "packed_bytes": round(sum(run["packed_bytes"].values()) * scale),
             "raw_bytes": round(run["raw_bytes"] * scale),
-            "train_questions_per_epoch": round(run["train_questions_per_epoch"] * scale)}
+            "train_questions_per_epoch": questions,
+            "gpu_epoch": {"peak_tflops": gpu_peak_tflops,
+                          "loader_seconds": round(questions / run["training_input"]["loader_questions_per_s"], 1),
+                          "arithmetic_seconds_at_peak": float(f"{arithmetic:.3g}")}}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -119,6 +150,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--image-size", type=int, default=None, help="pack.image_size (default: params.yaml's)")
     parser.add_argument("--extrapolate", type=int, default=None, metavar="N",
                         help="add the largest run's figures scaled to N images")
+    parser.add_argument("--gpu-peak-tflops", type=float, default=989.0,
+                        help="the GPU's peak for the on-paper epoch bound (989: H100 SXM, dense bf16)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as workdir:
@@ -130,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
         small, large = runs[0]["stages"], runs[-1]["stages"]  # peak at the largest size / at the smallest
         report["growth"] = {name: round(large[name]["peak_rss_mib"] / small[name]["peak_rss_mib"], 2) for name in small}
     if args.extrapolate:
-        report["extrapolated"] = extrapolate(runs[-1], args.extrapolate)
+        report["extrapolated"] = extrapolate(runs[-1], args.extrapolate, args.gpu_peak_tflops)
     if args.out:
         write_json(args.out, report)
     return report

@@ -3,9 +3,9 @@
 import argparse
 
 from vlm.cli import run
-from vlm.commands.generate import CommandsConfig, command_stats, generate_commands
-from vlm.commands.sheet import commands_sheet
-from vlm.io import atomic_path, check_writable, write_json, write_json_list
+from vlm.commands.generate import BalancedCommands, CommandsConfig
+from vlm.commands.sheet import commands_sheet, pick_images
+from vlm.io import atomic_path, check_writable, write_json
 from vlm.params import build_config, load_params, section
 from vlm.scenes.generate import load_raw
 
@@ -21,19 +21,17 @@ def main(argv: list[str] | None = None) -> None:
     check_writable(args.out, args.metrics, args.sheet)
     config = build_config(CommandsConfig, section(load_params(args.params), "commands"), "commands")
     raw = load_raw(args.raw)
-    splits = generate_commands(raw.scenes, raw.width, raw.height, config)
+    commands = BalancedCommands(raw.iter_scenes, raw.width, raw.height, config)
+    shown = pick_images(commands.images("test"), seed=config.seed)
     with atomic_path(args.out) as tmp:
         tmp.mkdir(parents=True)
-        for split, records in splits.items():
-            write_json_list(tmp / f"{split}.json", records)
-    stats = command_stats(splits)
+        shown_records = commands.write(tmp, collect=set(shown))
+    stats = commands.stats
     write_json(args.metrics, stats)
-    paths = {s.image_id: raw.image_dir / s.name for s in raw.scenes}
-    sheet = commands_sheet(splits["test"], paths, seed=config.seed)
+    sheet = commands_sheet([(raw.image_dir / name, records) for name, records in shown_records])
     with atomic_path(args.sheet) as tmp:
         sheet.save(tmp, format="PNG", optimize=True)
     print(", ".join(f"{split}: {s['questions']} questions on {s['images']} images" for split, s in stats.items()))
-
 
 if __name__ == "__main__":
     run(main)

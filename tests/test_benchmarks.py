@@ -112,6 +112,11 @@ def test_bench_memory(tmp_path):
     assert extrapolated["packed_bytes"] == 10 * sum(run["packed_bytes"].values())
     assert extrapolated["train_questions_per_epoch"] == 10 * run["train_questions_per_epoch"] > 0
     assert extrapolated["stage_seconds"]["pack_hdf5"] == round(10 * run["stages"]["pack_hdf5"]["seconds"])
+    probe, gpu = run["training_input"], extrapolated["gpu_epoch"]
+    assert probe["loader_questions_per_s"] > 0 and probe["train_gflops_per_question"] > 0
+    assert gpu["loader_seconds"] == pytest.approx(
+        extrapolated["train_questions_per_epoch"] / probe["loader_questions_per_s"], abs=0.05)
+    assert gpu["peak_tflops"] == 989.0 and 0 < gpu["arithmetic_seconds_at_peak"] < gpu["loader_seconds"]
     assert run["images"] == 24 and run["raw_bytes"] > 0 and set(run["packed_bytes"]) == {"train", "val", "test"}
     stages = {"generate_scenes", "generate_commands", "build_vocab", "pack_hdf5", "train_blind",
               "train (2 ranks, HDF5)", "evaluate"}

@@ -4,8 +4,10 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from vlm.commands.generate import CommandsConfig, command_stats, generate_commands, split_images
+from vlm.commands.generate import BalancedCommands, CommandsConfig, split_images
 from vlm.commands.templates import ACTIONS, COMMAND_TYPES, PLURALS, TEMPLATES
+from vlm.data.commands import SPLITS
+from vlm.io import read_json
 from vlm.params import ParamError, build_config
 from vlm.scenes.generate import ScenesConfig
 from vlm.scenes.schema import CATEGORIES, Scene, SceneObject
@@ -37,9 +39,15 @@ def random_scenes(n: int, seed: int = 0) -> list[Scene]:
     return scenes
 
 
+def generate_commands(scenes: list[Scene], config: CommandsConfig, folder) -> dict[str, list[dict]]:
+    """Every split's records as the stage writes them (the scenes given as a stream)."""
+    BalancedCommands(lambda: iter(scenes), W, H, config).write(folder)
+    return {split: read_json(folder / f"{split}.json") for split in SPLITS}
+
+
 @pytest.fixture(scope="module")
-def splits():
-    return generate_commands(random_scenes(600), W, H, CommandsConfig())
+def splits(tmp_path_factory):
+    return generate_commands(random_scenes(600), CommandsConfig(), tmp_path_factory.mktemp("commands"))
 
 
 def test_records_follow_the_contract(splits):
@@ -87,7 +95,7 @@ def test_answers_balanced_per_type(splits):
             assert top <= 1.1 * second, (split, t, answers)
 
 
-def test_traffic_lights_asked_as_often_as_other_types_though_only_half_the_images_have_one():
+def test_traffic_lights_asked_as_often_as_other_types_though_only_half_the_images_have_one(tmp_path):
     """Traffic-light questions need a light; the images with one give that type more of their slots."""
     def one_light_in_every_other(scene: Scene, i: int) -> Scene:
         objects = tuple(o for o in scene.objects if o.category != "traffic light")
@@ -97,7 +105,7 @@ def test_traffic_lights_asked_as_often_as_other_types_though_only_half_the_image
         return Scene(scene.name, scene.weather, scene.scene, scene.timeofday, objects)
 
     scenes = [one_light_in_every_other(s, i) for i, s in enumerate(random_scenes(600, seed=1))]
-    per_type = Counter(r["command_type"] for r in generate_commands(scenes, W, H, CommandsConfig())["train"])
+    per_type = Counter(r["command_type"] for r in generate_commands(scenes, CommandsConfig(), tmp_path)["train"])
     assert per_type["traffic_light"] >= 0.9 * max(per_type.values()), per_type
 
 
@@ -137,19 +145,56 @@ def test_several_questions_per_image_and_phrasings(splits):
     assert sum(len(v) > 1 for v in phrasings.values()) >= 8
 
 
-def test_deterministic():
+def test_deterministic(tmp_path):
     scenes = random_scenes(120, seed=4)
-    assert generate_commands(scenes, W, H, CommandsConfig()) == generate_commands(scenes, W, H, CommandsConfig())
-    other = generate_commands(scenes, W, H, CommandsConfig(seed=1))
-    assert other != generate_commands(scenes, W, H, CommandsConfig())
+    first = generate_commands(scenes, CommandsConfig(), tmp_path / "a")
+    assert generate_commands(scenes, CommandsConfig(), tmp_path / "b") == first
+    assert (tmp_path / "a" / "train.json").read_bytes() == (tmp_path / "b" / "train.json").read_bytes()
+    assert generate_commands(scenes, CommandsConfig(seed=1), tmp_path / "c") != first
 
 
-def test_stats_count_every_question(splits):
-    stats = command_stats(splits)
-    for split, records in splits.items():
+def test_stats_count_every_question(tmp_path):
+    commands = BalancedCommands(lambda: iter(random_scenes(200, seed=5)), W, H, CommandsConfig())
+    commands.write(tmp_path)
+    stats = commands.stats
+    for split in SPLITS:
+        records = read_json(tmp_path / f"{split}.json")
         assert stats[split]["questions"] == len(records)
+        assert stats[split]["images"] == len({r["image_id"] for r in records}) == len(commands.images(split))
+        per_type = defaultdict(Counter)
+        for r in records:
+            per_type[r["command_type"]][r["answer"]] += 1
+        assert {t: v["answers"] for t, v in stats[split]["types"].items()} == per_type
         assert sum(t["questions"] for t in stats[split]["types"].values()) == len(records)
-        assert sum(sum(t["answers"].values()) for t in stats[split]["types"].values()) == len(records)
+
+
+def test_the_scenes_are_read_three_times_as_a_stream_and_the_collected_images_come_back(tmp_path):
+    scenes, reads = random_scenes(150, seed=6), []
+
+    def stream():
+        reads.append(1)
+        yield from scenes  # a generator: nothing can index or hold it
+
+    commands = BalancedCommands(stream, W, H, CommandsConfig())
+    shown = commands.images("test")[:3]
+    collected = commands.write(tmp_path, collect=set(shown))
+    assert len(reads) == 3
+    test = read_json(tmp_path / "test.json")
+    assert [name for name, _ in collected] == [f"{image_id}.jpg" for image_id in shown]
+    for (_, records), image_id in zip(collected, shown):
+        assert records == [r for r in test if r["image_id"] == image_id]
+    order = [s.image_id for s in scenes]
+    positions = [order.index(r["image_id"]) for r in test]
+    assert positions == sorted(positions)  # the order of the scenes, an image's questions together
+
+
+def test_scenes_that_change_between_reads_are_an_error(tmp_path):
+    scenes = random_scenes(60, seed=7)
+    commands = BalancedCommands(lambda: iter(scenes), W, H, CommandsConfig())
+    scenes.reverse()
+    with pytest.raises(ValueError, match="scenes: frame 0 changed while the questions were generated"):
+        commands.write(tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing half-written is left
 
 
 @pytest.mark.parametrize("values, message", [
@@ -170,24 +215,24 @@ def test_impossible_params_are_named(values, message):
         build_config(CommandsConfig, values, "commands")
 
 
-def test_empty_scenes_and_a_single_type():
+def test_empty_scenes_and_a_single_type(tmp_path):
     config = CommandsConfig(command_types=["scene"])
-    splits = generate_commands(random_scenes(50, seed=2), W, H, config)
+    splits = generate_commands(random_scenes(50, seed=2), config, tmp_path)
     assert {r["command_type"] for rs in splits.values() for r in rs} == {"scene"}
     empty = [Scene(f"e{i}.jpg") for i in range(30)]  # no objects, undefined attributes
     # Nothing about an empty, attribute-less scene has a varying answer: nothing survives balancing.
     with pytest.raises(ValueError, match="no question of split 'train' survived answer balancing"):
-        generate_commands(empty, W, H, CommandsConfig())
+        BalancedCommands(lambda: iter(empty), W, H, CommandsConfig())
 
 
-def test_a_held_out_combination_is_the_test_split_and_nowhere_else():
+def test_a_held_out_combination_is_the_test_split_and_nowhere_else(tmp_path):
     scenes = random_scenes(600, seed=4)
     holdout = {"timeofday": "night", "weather": "rainy"}
-    splits = generate_commands(scenes, W, H, CommandsConfig(holdout=holdout))
+    splits = generate_commands(scenes, CommandsConfig(holdout=holdout), tmp_path)
     combination = {s.image_id for s in scenes if (s.timeofday, s.weather) == ("night", "rainy")}
     images = {split: {r["image_id"] for r in records} for split, records in splits.items()}
     assert images["test"] and images["test"] <= combination
     assert not (images["train"] | images["val"]) & combination
     assert len(images["train"]) > 6 * len(images["val"])  # 0.8 : 0.1 of the other frames
     with pytest.raises(ValueError, match="commands.holdout: no frame has"):
-        generate_commands(scenes, W, H, CommandsConfig(holdout={"weather": "snowy"}))
+        BalancedCommands(lambda: iter(scenes), W, H, CommandsConfig(holdout={"weather": "snowy"}))

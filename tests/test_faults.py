@@ -33,7 +33,7 @@ from vlm import checkpoint
 from vlm.cli import run
 from vlm.data.h5file import PackedImageReader, PackedImageWriter
 from vlm.data.pack import MAX_IMAGE_PIXELS, CorruptImageError, PackConfig, decode_image, pack_dataset
-from vlm.io import atomic_path, check_writable, remove_stale_temporaries, write_json
+from vlm.io import atomic_path, check_writable, iter_json_list, remove_stale_temporaries, write_json, write_json_list
 from vlm.scenes.generate import ScenesConfig, generate_synthetic
 from vlm.train import train
 
@@ -133,6 +133,21 @@ def test_temporaries_of_a_killed_writer_are_removed_by_the_next_write(tmp_path):
     write_json(out, {"a": 1})
     assert _files(tmp_path) == sorted([out.name, live.name, other.name])
     assert remove_stale_temporaries(tmp_path / "other.json") == [other]
+
+
+def test_a_truncated_or_damaged_json_list_is_refused_naming_the_line(tmp_path):
+    path = tmp_path / "labels.json"
+    write_json_list(path, [{"a": 1}, {"b": 2}, {"c": 3}])
+    text = path.read_text()
+    path.write_text(text[: text.index('{"c"')])  # a copy cut short
+    with pytest.raises(ValueError, match=r"labels.json: line 3: the list ends without its closing '\]'"):
+        list(iter_json_list(path))
+    path.write_text(text.replace('{"b": 2}', '{"b": 2'))
+    with pytest.raises(ValueError, match=r"labels.json: invalid JSON at line 3, column \d+: .*one item per line"):
+        list(iter_json_list(path))
+    path.write_text(json.dumps([{"a": 1}], indent=2))  # a valid list, but not one item per line
+    with pytest.raises(ValueError, match=r"labels.json: invalid JSON at line 2"):
+        list(iter_json_list(path))
 
 
 # ------------------------------------------------------------------------------------------------ full disk

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from vlm.commands.generate import CommandsConfig
 from vlm.commands.templates import candidates
+from vlm.io import iter_json_list, read_json, write_json_list
 from vlm.scenes.bdd100k import read_labels
 from vlm.scenes.schema import (
     CATEGORIES,
@@ -85,3 +86,14 @@ def test_a_million_labels_in_one_frame_are_refused_before_any_is_read():
         scene_from_frame(frame)
     frame["labels"] = frame["labels"][:MAX_LABELS_PER_FRAME]
     assert len(scene_from_frame(frame).objects) == MAX_LABELS_PER_FRAME
+
+
+@settings(max_examples=200, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=st.lists(json_values, max_size=5))
+@example(items=["a\u2028b", "c\rd\ne", {"\u0085": []}])
+def test_a_json_list_written_one_item_per_line_reads_back_item_by_item(tmp_path, items):
+    path = tmp_path / "list.json"
+    assert write_json_list(path, iter(items)) == len(items)
+    assert json.dumps(list(iter_json_list(path))) == json.dumps(items)
+    assert json.dumps(read_json(path)) == json.dumps(items)  # and the file is one JSON document

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vlm.commands.generate import CommandsConfig, generate_commands
+from vlm.commands.generate import BalancedCommands, CommandsConfig
 from vlm.data.pack import PackConfig, pack_dataset
-from vlm.io import write_json_list
+from vlm.io import read_json
 from vlm.scenes.generate import ScenesConfig, generate_synthetic, load_raw
 from vlm.tokenizer import TrafficCommandTokenizer
 from vlm.train import TrainConfig, TrainPaths
@@ -49,10 +49,10 @@ def build_project(root: Path, num_images: int = 40) -> Path:
     processed = root / "data" / "processed"
     generate_synthetic(ScenesConfig(num_images=num_images, workers=1), raw, progress=False)
     data = load_raw(raw)
-    splits = generate_commands(data.scenes, data.width, data.height, CommandsConfig(questions_per_image=6))
-    for split, records in splits.items():
-        write_json_list(processed / "commands" / f"{split}.json", records)
-    TrafficCommandTokenizer.build_vocab(splits["train"]).save_vocab(processed / "vocab.json")
+    BalancedCommands(data.iter_scenes, data.width, data.height, CommandsConfig(questions_per_image=6)).write(
+        processed / "commands")
+    TrafficCommandTokenizer.build_vocab(read_json(processed / "commands" / "train.json")).save_vocab(
+        processed / "vocab.json")
     pack_dataset(raw / "labels.json", raw / "source.json", processed / "commands", processed,
                  PackConfig(image_size=32, workers=1))
     return processed

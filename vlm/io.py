@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,15 +128,56 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
         raise ValueError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
 
 
-def write_json_list(path: str | os.PathLike, items: Iterable) -> int:
-    """Write a JSON list atomically with one compact item per line: one document, yet diffable. Items are
-    written as ``items`` yields them (a generator is never held whole); returns how many there were."""
-    count = 0
+@contextlib.contextmanager
+def json_list_writer(path: str | os.PathLike) -> Iterator[Callable[[Any], None]]:
+    """Yield ``write(item)``: a JSON list written atomically with one compact item per line, one document
+    yet diffable, as items come (none is held); the file appears when the block ends without an error."""
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write("[\n")
-            for item in items:
-                f.write((",\n" if count else "") + json.dumps(item, ensure_ascii=False))
-                count += 1
+            separator = ""
+
+            def write(item: Any) -> None:
+                nonlocal separator
+                f.write(separator + json.dumps(item, ensure_ascii=False))
+                separator = ",\n"
+
+            yield write
             f.write("\n]\n")
+
+
+def write_json_list(path: str | os.PathLike, items: Iterable) -> int:
+    """Write ``items`` with :func:`json_list_writer` as they are yielded (a generator is never held whole);
+    returns how many there were."""
+    count = 0
+    with json_list_writer(path) as write:
+        for item in items:
+            write(item)
+            count += 1
     return count
+
+
+def iter_json_list(path: str | os.PathLike, what: str = "JSON list") -> Iterator[Any]:
+    """The items of a JSON list that :func:`write_json_list` wrote (one item per line), one at a time: the file
+    is never held whole. Errors name the file and the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    with open(path, encoding="utf-8") as f:
+        if f.readline().strip() != "[":
+            raise ValueError(f"{path}: line 1: expected '[' (a JSON list written one item per line)")
+        lineno, closed = 1, False
+        for lineno, line in enumerate(f, start=2):
+            text = line.strip()
+            if closed and text:
+                raise ValueError(f"{path}: line {lineno}: text after the list's closing ']'")
+            if text == "]":
+                closed = True
+            elif text:
+                try:
+                    yield json.loads(text.removesuffix(","))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}: invalid JSON at line {lineno}, column {e.colno}: {e.msg} "
+                                     f"(one item per line expected)") from e
+        if not closed:
+            raise ValueError(f"{path}: line {lineno}: the list ends without its closing ']' (truncated?)")

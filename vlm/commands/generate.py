@@ -7,18 +7,27 @@ furthest behind in its key and type), then a rejection pass
 drops questions until no answer is more than ``balance_tolerance`` times the next most common one, in
 every key and every type. Keys whose answer never varies (``Is there a train?`` on data without
 trains) are dropped entirely: a text-only model must not be able to answer from the question.
+
+Images are visited in the order of the labels (:class:`BalancedCommands` streams them), and each split's
+records come in that order, an image's questions together in slot order.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+from array import array
 from collections import Counter, defaultdict
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from vlm.commands.templates import COMMAND_TYPES, PLURALS, TEMPLATES, Candidate, TemplateOptions, candidates
 from vlm.data.commands import SPLITS
+from vlm.io import json_list_writer
 from vlm.params import ParamError
 from vlm.scenes.schema import CATEGORIES, Scene
 
@@ -128,91 +137,174 @@ def _pick(scene_candidates: list[Candidate], n: int, key_counts, type_counts, ty
     return chosen
 
 
-def _trim(records: list[dict], group_of, tolerance: float, rng: np.random.Generator) -> list[dict]:
-    """Drop records until, in every group, the top answer is at most ``tolerance`` x the runner-up."""
-    groups: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for i, r in enumerate(records):
-        groups[group_of(r)][r["answer"]].append(i)
-    drop: set[int] = set()
-    for answers in groups.values():
-        ranked = sorted(answers.items(), key=lambda kv: (-len(kv[1]), kv[0]))
-        second = len(ranked[1][1]) if len(ranked) > 1 else 0
-        top_answer, top = ranked[0]
+@dataclass
+class _Picker:
+    """The greedy choice's state in one split: its random stream and the answers picked so far."""
+
+    rng: np.random.Generator
+    key_counts: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    type_counts: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+
+
+@dataclass
+class _Picked:
+    """What balancing needs of a split's picked questions, one small integer each, in the order picked."""
+
+    image: array = field(default_factory=lambda: array("i"))  # the image's position in the scenes
+    key: array = field(default_factory=lambda: array("i"))  # codes of BalancedCommands' tables
+    command_type: array = field(default_factory=lambda: array("i"))
+    answer: array = field(default_factory=lambda: array("i"))
+
+
+def _trim(groups: np.ndarray, answers: np.ndarray, answer_names: list[str], keep: np.ndarray, tolerance: float,
+          rng: np.random.Generator) -> None:
+    """Clear ``keep`` of questions until, in every group, the top answer is at most ``tolerance`` x the runner-up.
+
+    ``groups`` and ``answers`` are codes per question; groups are visited in the order they first occur among
+    the kept questions, and ties between answers go to the answer name that sorts first."""
+    kept = np.flatnonzero(keep)
+    group_of_kept = groups[kept]
+    _, first = np.unique(group_of_kept, return_index=True)
+    for group in group_of_kept[np.sort(first)]:
+        members = kept[group_of_kept == group]
+        answer_of_member = answers[members]
+        codes, counts = np.unique(answer_of_member, return_counts=True)
+        ranked = sorted(zip(counts.tolist(), codes.tolist()), key=lambda cc: (-cc[0], answer_names[cc[1]]))
+        second = ranked[1][0] if len(ranked) > 1 else 0
+        top = members[answer_of_member == ranked[0][1]]
         cap = math.floor(tolerance * second + 1e-9)
         if len(top) > cap:
-            drop.update(rng.choice(top, size=len(top) - cap, replace=False).tolist())
-    return [r for i, r in enumerate(records) if i not in drop]
+            keep[rng.choice(top, size=len(top) - cap, replace=False)] = False
 
 
-def generate_split(scenes: list[Scene], width: float, height: float, config: CommandsConfig,
-                   split: str) -> list[dict]:
-    """Balanced question records for the scenes of one split."""
-    rng = np.random.default_rng([config.seed, SPLITS.index(split), 2])
-    types = tuple(t for t in COMMAND_TYPES if t in config.command_types)
-    options = config.template_options
-    key_counts: dict[str, Counter] = defaultdict(Counter)
-    type_counts: dict[str, Counter] = defaultdict(Counter)
-    records = []
-    for i in rng.permutation(len(scenes)):
-        scene = scenes[i]
-        pool = candidates(scene, width, height, options, types)
-        for slot, c in enumerate(_pick(pool, config.questions_per_image, key_counts, type_counts, types, rng)):
-            records.append({
-                "question_id": f"{scene.image_id}_{slot}",
-                "image_id": scene.image_id,
-                "command": c.text(int(rng.integers(len(TEMPLATES[c.template].phrasings)))),
-                "answer": c.answer,
-                "command_type": c.command_type,
-                "template": c.template,
-                "key": c.key,
-                "metadata": {"scene_type": scene.scene, "weather": scene.weather, "timeofday": scene.timeofday,
-                             "num_objects": len(scene.objects)},
-            })
-    while True:  # trimming a type can unbalance a key and vice versa: repeat until both hold
-        before = len(records)
-        records = _trim(records, lambda r: r["key"], config.balance_tolerance, rng)
-        records = _trim(records, lambda r: r["command_type"], config.balance_tolerance, rng)
-        if len(records) == before:
-            break
-    for r in records:
-        del r["key"]
-    return sorted(records, key=lambda r: (r["image_id"], int(r["question_id"].rsplit("_", 1)[1])))
+class BalancedCommands:
+    """The balanced question records of every split, from scenes that are read as a stream, never held whole.
 
+    ``scenes`` is called for each read and must give the same scenes in the same order every time. The first
+    read assigns each image to a split (by its id: :func:`split_images`, or the held-out combination). The
+    second picks questions greedily, image by image in the order of the scenes, keeping of each only its
+    image, key, type and answer as small integers; balancing drops questions on those tables. :meth:`write`
+    reads the scenes a third time, picks the same questions again (same seeds, same order) and writes the
+    kept ones as they come. What is held grows by a few bytes per image and per question, not by the scenes.
+    """
 
-def generate_commands(scenes: list[Scene], width: float, height: float, config: CommandsConfig
-                      ) -> dict[str, list[dict]]:
-    by_id = {s.image_id: s for s in scenes}
-    if len(by_id) != len(scenes):
-        raise ValueError("scenes: two frames share an image id (file name without extension)")
-    if config.holdout:
-        rest = [i for i, scene in by_id.items() if not held_out(scene, config.holdout)]
-        share = config.splits["train"] / (config.splits["train"] + config.splits["val"])
-        assignment = split_images(rest, {"train": share, "val": 1 - share}, config.seed)
-        assignment["test"] = sorted(set(by_id) - set(rest))
-        if not assignment["test"]:
-            raise ValueError(f"commands.holdout: no frame has {config.holdout}, so the test split would be empty")
-    else:
-        assignment = split_images(list(by_id), config.splits, config.seed)
-    splits = {split: generate_split([by_id[i] for i in ids], width, height, config, split)
-              for split, ids in assignment.items()}
-    for split, records in splits.items():
-        if not records:
-            raise ValueError(f"commands: no question of split '{split}' survived answer balancing "
-                             f"({len(assignment[split])} of {len(scenes)} images); use more images")
-    return splits
+    def __init__(self, scenes: Callable[[], Iterable[Scene]], width: float, height: float, config: CommandsConfig):
+        self._scenes, self._width, self._height, self._config = scenes, width, height, config
+        self._types = tuple(t for t in COMMAND_TYPES if t in config.command_types)
+        self._image_ids: list[str] = []
+        self._split_of: dict[str, str] = self._assign_splits()
+        self._names: dict[str, list[str]] = {}  # the values of the tables' codes, per column
+        self._picked, self._keep = self._balance()
 
+    def _assign_splits(self) -> dict[str, str]:
+        holdout, rest = self._config.holdout, []
+        for scene in self._scenes():
+            self._image_ids.append(scene.image_id)
+            if holdout and not held_out(scene, holdout):
+                rest.append(scene.image_id)
+        if len(set(self._image_ids)) != len(self._image_ids):
+            raise ValueError("scenes: two frames share an image id (file name without extension)")
+        if holdout:
+            share = self._config.splits["train"] / (self._config.splits["train"] + self._config.splits["val"])
+            assignment = split_images(rest, {"train": share, "val": 1 - share}, self._config.seed)
+            assignment["test"] = sorted(set(self._image_ids) - set(rest))
+            if not assignment["test"]:
+                raise ValueError(f"commands.holdout: no frame has {holdout}, so the test split would be empty")
+        else:
+            assignment = split_images(self._image_ids, self._config.splits, self._config.seed)
+        return {image_id: split for split, ids in assignment.items() for image_id in ids}
 
-def command_stats(splits: dict[str, list[dict]]) -> dict:
-    """Counts per split, command type and answer (the content of ``metrics/commands.json``)."""
-    out = {}
-    for split, records in splits.items():
-        per_type: dict[str, Counter] = defaultdict(Counter)
-        for r in records:
-            per_type[r["command_type"]][r["answer"]] += 1
-        out[split] = {
-            "images": len({r["image_id"] for r in records}),
-            "questions": len(records),
-            "types": {t: {"questions": sum(per_type[t].values()), "answers": dict(sorted(per_type[t].items()))}
-                      for t in COMMAND_TYPES if t in per_type},
-        }
-    return out
+    def _pick_all(self, pickers: dict[str, _Picker]) -> Iterator[tuple[str, int, Scene, int, Candidate, int]]:
+        """``(split, image position, scene, slot, candidate, phrasing)`` for every question picked, before
+        balancing, in the order of the scenes; the same on every call with fresh ``pickers``."""
+        for position, scene in enumerate(self._scenes()):
+            if position >= len(self._image_ids) or scene.image_id != self._image_ids[position]:
+                raise ValueError(f"scenes: frame {position} changed while the questions were generated")
+            split = self._split_of[scene.image_id]
+            picker = pickers[split]
+            pool = candidates(scene, self._width, self._height, self._config.template_options, self._types)
+            chosen = _pick(pool, self._config.questions_per_image, picker.key_counts, picker.type_counts,
+                           self._types, picker.rng)
+            for slot, c in enumerate(chosen):
+                yield split, position, scene, slot, c, int(picker.rng.integers(len(TEMPLATES[c.template].phrasings)))
+
+    def _pickers(self) -> dict[str, _Picker]:
+        return {split: _Picker(np.random.default_rng([self._config.seed, SPLITS.index(split), 2])) for split in SPLITS}
+
+    def _balance(self) -> tuple[dict[str, _Picked], dict[str, np.ndarray]]:
+        codes: dict[str, dict[str, int]] = {"key": {}, "command_type": {}, "answer": {}}
+        picked = {split: _Picked() for split in SPLITS}
+        pickers = self._pickers()
+        for split, position, _, _, c, _ in self._pick_all(pickers):
+            table = picked[split]
+            table.image.append(position)
+            for column, value in (("key", c.key), ("command_type", c.command_type), ("answer", c.answer)):
+                getattr(table, column).append(codes[column].setdefault(value, len(codes[column])))
+        self._names = {column: list(values) for column, values in codes.items()}
+        keep = {}
+        for split, table in picked.items():
+            key, command_type, answer = (np.frombuffer(column, dtype=np.int32)
+                                         for column in (table.key, table.command_type, table.answer))
+            keep[split] = np.ones(len(answer), dtype=bool)
+            rng = pickers[split].rng  # balancing goes on with the split's stream after its picks
+            while True:  # trimming a type can unbalance a key and vice versa: repeat until both hold
+                before = int(keep[split].sum())
+                for groups in (key, command_type):
+                    _trim(groups, answer, self._names["answer"], keep[split], self._config.balance_tolerance, rng)
+                if int(keep[split].sum()) == before:
+                    break
+            if not keep[split].any():
+                images = sum(s == split for s in self._split_of.values())
+                raise ValueError(f"commands: no question of split '{split}' survived answer balancing "
+                                 f"({images} of {len(self._image_ids)} images); use more images")
+        return picked, keep
+
+    def images(self, split: str) -> list[str]:
+        """The sorted ids of the split's images that kept at least one question."""
+        positions = np.frombuffer(self._picked[split].image, dtype=np.int32)[self._keep[split]]
+        return sorted(self._image_ids[i] for i in np.unique(positions).tolist())
+
+    @property
+    def stats(self) -> dict:
+        """Counts per split, command type and answer (the content of ``metrics/commands.json``)."""
+        out = {}
+        for split, table in self._picked.items():
+            keep = self._keep[split]
+            per_type: dict[str, Counter] = defaultdict(Counter)
+            for t, a in zip(np.frombuffer(table.command_type, dtype=np.int32)[keep].tolist(),
+                            np.frombuffer(table.answer, dtype=np.int32)[keep].tolist()):
+                per_type[self._names["command_type"][t]][self._names["answer"][a]] += 1
+            out[split] = {
+                "images": len(self.images(split)),
+                "questions": int(keep.sum()),
+                "types": {t: {"questions": sum(per_type[t].values()), "answers": dict(sorted(per_type[t].items()))}
+                          for t in COMMAND_TYPES if t in per_type},
+            }
+        return out
+
+    def write(self, folder: str | os.PathLike, collect: Collection[str] = ()) -> list[tuple[str, list[dict]]]:
+        """Write each split's records to ``folder/{split}.json`` (one record per line, written as picked);
+        return ``(image file name, records)`` of the images whose ids are in ``collect``, in id order."""
+        collected: dict[str, tuple[str, list[dict]]] = {}
+        position_in_split: Counter = Counter()
+        with contextlib.ExitStack() as stack:
+            writers = {split: stack.enter_context(json_list_writer(Path(folder) / f"{split}.json"))
+                       for split in SPLITS}
+            for split, _, scene, slot, c, phrasing in self._pick_all(self._pickers()):
+                position_in_split[split] += 1
+                if not self._keep[split][position_in_split[split] - 1]:
+                    continue
+                record = {
+                    "question_id": f"{scene.image_id}_{slot}",
+                    "image_id": scene.image_id,
+                    "command": c.text(phrasing),
+                    "answer": c.answer,
+                    "command_type": c.command_type,
+                    "template": c.template,
+                    "metadata": {"scene_type": scene.scene, "weather": scene.weather, "timeofday": scene.timeofday,
+                                 "num_objects": len(scene.objects)},
+                }
+                writers[split](record)
+                if scene.image_id in collect:
+                    collected.setdefault(scene.image_id, (scene.name, []))[1].append(record)
+        return [collected[image_id] for image_id in sorted(collected)]

@@ -10,11 +10,13 @@ content digest in ``source.json`` makes the folder change when one of them does,
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import multiprocessing
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -22,7 +24,7 @@ from typing import Literal
 import numpy as np
 from tqdm import tqdm
 
-from vlm.io import atomic_path, read_json, write_json_list
+from vlm.io import atomic_path, iter_json_list, read_json, write_json_list
 from vlm.params import ParamError
 from vlm.scenes.bdd100k import match_images, read_labels
 from vlm.scenes.render import RenderConfig, render_scene
@@ -85,11 +87,21 @@ class ScenesConfig:
 class RawData:
     """What the downstream stages read from the ``generate_scenes`` output folder."""
 
-    scenes: list[Scene]
+    labels: Path  # labels.json, one frame per line
     image_dir: Path
     width: int
     height: int
     source: str
+
+    def iter_scenes(self) -> Iterator[Scene]:
+        """The scenes in the order of ``labels.json``, read and validated one frame at a time (none is held)."""
+        for i, frame in enumerate(iter_json_list(self.labels, what="scene labels")):
+            yield scene_from_frame(frame, where=f"{self.labels}: frame[{i}]")
+
+    @functools.cached_property
+    def scenes(self) -> list[Scene]:
+        """Every scene, read once (:meth:`iter_scenes` streams them instead)."""
+        return list(self.iter_scenes())
 
 
 def image_name(index: int) -> str:
@@ -197,12 +209,14 @@ def generate_scenes(config: ScenesConfig, out_dir: str | os.PathLike, progress: 
 
 
 def load_raw(raw_dir: str | os.PathLike) -> RawData:
-    """Read the ``generate_scenes`` output folder (labels are re-validated with the det_20 reader)."""
+    """The ``generate_scenes`` output folder: its source description, checked here, and its labels, read (and
+    re-validated with the det_20 reader) when the scenes are asked for."""
     raw_dir = Path(raw_dir)
     source = read_json(raw_dir / "source.json", what="scenes source description")
     for key in ("source", "image_dir", "width", "height"):
         if key not in source:
             raise ValueError(f"{raw_dir / 'source.json'}: missing key {key!r}")
-    frames = read_json(raw_dir / "labels.json", what="scene labels")
-    scenes = [scene_from_frame(f, where=f"{raw_dir / 'labels.json'}: frame[{i}]") for i, f in enumerate(frames)]
-    return RawData(scenes, Path(source["image_dir"]), int(source["width"]), int(source["height"]), source["source"])
+    labels = raw_dir / "labels.json"
+    if not labels.is_file():
+        raise FileNotFoundError(f"scene labels not found: {labels}")
+    return RawData(labels, Path(source["image_dir"]), int(source["width"]), int(source["height"]), source["source"])

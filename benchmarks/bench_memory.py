@@ -29,6 +29,7 @@ least the longer of the loader's time for the epoch's questions and the FLOPs' t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shlex
@@ -40,8 +41,6 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.bench_train_step import batches, build_run, count_flops
-from vlm.data.loader import set_epoch
 from vlm.io import read_json, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,10 +53,14 @@ TRAIN_VARIANTS = {  # name: train params
 }
 
 
+def stage_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT),
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+
+
 def run_stage(cmd: str, cwd: Path) -> dict:
     """Run ``cmd``; its wall seconds and the peak RSS (MiB) of its largest process."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT),
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    env = stage_env()
     with tempfile.TemporaryFile() as stderr:  # a file, not a pipe: a stage's progress bars would fill a pipe
         start = time.perf_counter()
         process = subprocess.Popen(shlex.split(cmd), cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
@@ -111,8 +114,22 @@ def measure(images: int, epochs: int, workdir: Path, variants: list[str], image_
 
 
 def training_input(folder: Path) -> dict:
-    """One epoch of the train stage's loader alone, reading HDF5 (``train.in_memory: false``) in this process,
-    and the model's FLOPs per question, on the project in ``folder``."""
+    """One epoch of the train stage's loader alone, reading HDF5 (``train.in_memory: false``) in one process,
+    and the model's FLOPs per question, on the project in ``folder``: run in a child process (``--training-input``),
+    since Linux carries a parent's peak RSS into the children it forks, and torch would inflate every
+    stage measured after it."""
+    result = subprocess.run([sys.executable, __file__, "--training-input", str(folder)], env=stage_env(),
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"measuring the training input failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])  # the last line: the child's report
+
+
+def measure_training_input(folder: Path) -> dict:
+    """What :func:`training_input` returns, measured in this process."""
+    from benchmarks.bench_train_step import batches, build_run, count_flops  # noqa: PLC0415 (torch: child only)
+    from vlm.data.loader import set_epoch  # noqa: PLC0415
+
     (folder / "probe").mkdir()
     run = build_run(str(folder / "params.yaml"), folder / "data" / "processed", folder / "probe", {"in_memory": False})
     set_epoch(run.loader, 0)
@@ -153,7 +170,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--gpu-peak-tflops", type=float, default=989.0,
                         help="the GPU's peak for the on-paper epoch bound (989: H100 SXM, dense bf16)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--training-input", type=Path, default=None, help=argparse.SUPPRESS)  # the child's job
     args = parser.parse_args(argv)
+    if args.training_input:
+        print(json.dumps(measure_training_input(args.training_input)))
+        return {}
     with tempfile.TemporaryDirectory() as workdir:
         runs = [measure(size, args.epochs, Path(workdir), args.variants, args.image_size) for size in args.sizes]
     report = {"machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),

@@ -22,7 +22,7 @@ FLOPs per question (forward and backward, ``benchmarks/bench_train_step.py``'s c
 least the longer of the loader's time for the epoch's questions and the FLOPs' time at
 ``--gpu-peak-tflops`` (989: an H100 SXM's dense bf16 peak, from NVIDIA's datasheet).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_memory.py --sizes 10000 --image-size 224 --variants train \
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_memory.py --sizes 10000 --image-size 224 --variants "train (HDF5)" \
         --extrapolate 100000 --out metrics/bench_memory_224px.json
 """
 

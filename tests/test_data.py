@@ -264,7 +264,7 @@ def test_a_bad_stored_label_fails_when_the_dataset_is_built_not_mid_epoch(projec
         f["annotations"][3] = '{"name": "img.jpg", "labels": [{"category": "car", "box2d": {"x1": 0}}]}'
     TrafficVQADataset(project.commands("train"), damaged, tokenizer)  # without targets the labels are not read
     for in_memory in (False, True):
-        with pytest.raises(ValueError, match=r"annotation\[3\]"):
+        with pytest.raises(ValueError, match=r"train_images.h5: annotation\[3\]"):
             TrafficVQADataset(project.commands("train"), damaged, tokenizer, in_memory=in_memory,
                               targets=HeadTargets(4, FRAME))
 

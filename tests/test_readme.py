@@ -128,3 +128,25 @@ def test_memory_table_is_the_committed_benchmark():
         row = (f"| {name} | {small['stages'][name]['peak_rss_mib']:.0f} | {large['stages'][name]['peak_rss_mib']:.0f} "
                f"| {report['growth'][name]:.2f}x |")
         assert row in text, row
+
+
+def test_full_size_paragraph_is_the_committed_extrapolation():
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    report = _json("metrics/bench_memory_224px.json")
+    run, scaled = report["runs"][-1], report["extrapolated"]
+    seconds, gpu, probe = scaled["stage_seconds"], scaled["gpu_epoch"], run["training_input"]
+    expected = [
+        f"on {run['images']:,} synthetic images at {run['image_size']} px",
+        f"linearly to {scaled['images']:,} images",
+        f"`generate_commands` {seconds['generate_commands']} s",
+        f"`pack_hdf5` {seconds['pack_hdf5']} s ({scaled['packed_bytes'] / 1e9:.1f} GB of HDF5 beside "
+        f"{scaled['raw_bytes'] / 1e9:.1f} GB of JPEG)",
+        f"one CPU training epoch of {scaled['train_questions_per_epoch']:,} questions {seconds['train (HDF5)']} s",
+        f"{run['stages']['train (HDF5)']['peak_rss_mib']:.0f} MiB peak",
+        f"at least {gpu['loader_seconds']:.0f} s",
+        f"({probe['loader_questions_per_s']:,.0f} questions/s from HDF5",
+        f"({probe['train_gflops_per_question']} GFLOP per question) is {gpu['arithmetic_seconds_at_peak']:.2g} s "
+        f"at an H100's {gpu['peak_tflops']:.0f} TFLOP/s",
+    ]
+    for phrase in expected:
+        assert phrase in text, phrase

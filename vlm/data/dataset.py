@@ -121,9 +121,10 @@ class TrafficVQADataset(Dataset):
         if targets is not None:
             annotations = self.images.read_annotations()
             if in_memory:
-                self._ram_targets = targets.from_annotations(annotations)
+                self._ram_targets = targets.from_annotations(annotations, str(self.images.path))
             else:
-                targets.check(annotations)  # a bad label fails now, not in the middle of an epoch
+                # a bad label fails now, not in the middle of an epoch
+                targets.check(annotations, str(self.images.path))
                 self._annotations = annotations
 
         self._ram_images: np.ndarray | None = None  # uint8 [N, 3, S, S] when held in RAM

@@ -75,18 +75,19 @@ class HeadTargets:
         """float32 ``[grid*grid, C]`` of one label frame stored beside a packed image (a JSON string)."""
         return grounding_targets(scene_from_frame(json.loads(annotation), where=where), *self.frame_size, self.grid)
 
-    def from_annotations(self, annotations: Sequence[str]) -> np.ndarray:
-        """float32 ``[N, grid*grid, C]`` of the label frames ``annotations``."""
+    def from_annotations(self, annotations: Sequence[str], source: str) -> np.ndarray:
+        """float32 ``[N, grid*grid, C]`` of the label frames ``annotations``; errors name ``source``, their file."""
         out = np.zeros((len(annotations), self.grid * self.grid, len(GROUNDING_CHANNELS)), dtype=np.float32)
         for i, annotation in enumerate(annotations):
-            out[i] = self.of(annotation, where=f"annotation[{i}]")
+            out[i] = self.of(annotation, where=f"{source}: annotation[{i}]")
         return out
 
     @staticmethod
-    def check(annotations: Sequence[str]) -> None:
-        """Raise the reader's error for the first label frame in ``annotations`` that is not a valid scene."""
+    def check(annotations: Sequence[str], source: str) -> None:
+        """Raise the reader's error, naming ``source`` (the file they come from), for the first label frame in
+        ``annotations`` that is not a valid scene."""
         for i, annotation in enumerate(annotations):
-            scene_from_frame(json.loads(annotation), where=f"annotation[{i}]")
+            scene_from_frame(json.loads(annotation), where=f"{source}: annotation[{i}]")
 
     def mirror(self, targets: np.ndarray) -> np.ndarray:
         """The targets of the horizontally flipped image: cell columns reversed, ``[G*G, C]``."""

@@ -191,28 +191,26 @@ class BalancedCommands:
     def __init__(self, scenes: Callable[[], Iterable[Scene]], width: float, height: float, config: CommandsConfig):
         self._scenes, self._width, self._height, self._config = scenes, width, height, config
         self._types = tuple(t for t in COMMAND_TYPES if t in config.command_types)
-        self._image_ids: list[str] = []
-        self._split_of: dict[str, str] = self._assign_splits()
-        self._names: dict[str, list[str]] = {}  # the values of the tables' codes, per column
-        self._picked, self._keep = self._balance()
+        self._image_ids, self._split_of = self._assign_splits()  # ids in the scenes' order; id -> split
+        self._picked, self._keep, self._names = self._balance()
 
-    def _assign_splits(self) -> dict[str, str]:
-        holdout, rest = self._config.holdout, []
+    def _assign_splits(self) -> tuple[list[str], dict[str, str]]:
+        holdout, image_ids, rest = self._config.holdout, [], []
         for scene in self._scenes():
-            self._image_ids.append(scene.image_id)
+            image_ids.append(scene.image_id)
             if holdout and not held_out(scene, holdout):
                 rest.append(scene.image_id)
-        if len(set(self._image_ids)) != len(self._image_ids):
+        if len(set(image_ids)) != len(image_ids):
             raise ValueError("scenes: two frames share an image id (file name without extension)")
         if holdout:
             share = self._config.splits["train"] / (self._config.splits["train"] + self._config.splits["val"])
             assignment = split_images(rest, {"train": share, "val": 1 - share}, self._config.seed)
-            assignment["test"] = sorted(set(self._image_ids) - set(rest))
+            assignment["test"] = sorted(set(image_ids) - set(rest))
             if not assignment["test"]:
                 raise ValueError(f"commands.holdout: no frame has {holdout}, so the test split would be empty")
         else:
-            assignment = split_images(self._image_ids, self._config.splits, self._config.seed)
-        return {image_id: split for split, ids in assignment.items() for image_id in ids}
+            assignment = split_images(image_ids, self._config.splits, self._config.seed)
+        return image_ids, {image_id: split for split, ids in assignment.items() for image_id in ids}
 
     def _pick_all(self, pickers: dict[str, _Picker]) -> Iterator[tuple[str, int, Scene, int, Candidate, int]]:
         """``(split, image position, scene, slot, candidate, phrasing)`` for every question picked, before
@@ -231,7 +229,8 @@ class BalancedCommands:
     def _pickers(self) -> dict[str, _Picker]:
         return {split: _Picker(np.random.default_rng([self._config.seed, SPLITS.index(split), 2])) for split in SPLITS}
 
-    def _balance(self) -> tuple[dict[str, _Picked], dict[str, np.ndarray]]:
+    def _balance(self) -> tuple[dict[str, _Picked], dict[str, np.ndarray], dict[str, list[str]]]:
+        """Each split's picked questions, which of them balancing keeps, and the values of the tables' codes."""
         codes: dict[str, dict[str, int]] = {"key": {}, "command_type": {}, "answer": {}}
         picked = {split: _Picked() for split in SPLITS}
         pickers = self._pickers()
@@ -240,7 +239,7 @@ class BalancedCommands:
             table.image.append(position)
             for column, value in (("key", c.key), ("command_type", c.command_type), ("answer", c.answer)):
                 getattr(table, column).append(codes[column].setdefault(value, len(codes[column])))
-        self._names = {column: list(values) for column, values in codes.items()}
+        names = {column: list(values) for column, values in codes.items()}
         keep = {}
         for split, table in picked.items():
             key, command_type, answer = (np.frombuffer(column, dtype=np.int32)
@@ -250,14 +249,14 @@ class BalancedCommands:
             while True:  # trimming a type can unbalance a key and vice versa: repeat until both hold
                 before = int(keep[split].sum())
                 for groups in (key, command_type):
-                    _trim(groups, answer, self._names["answer"], keep[split], self._config.balance_tolerance, rng)
+                    _trim(groups, answer, names["answer"], keep[split], self._config.balance_tolerance, rng)
                 if int(keep[split].sum()) == before:
                     break
             if not keep[split].any():
                 images = sum(s == split for s in self._split_of.values())
                 raise ValueError(f"commands: no question of split '{split}' survived answer balancing "
                                  f"({images} of {len(self._image_ids)} images); use more images")
-        return picked, keep
+        return picked, keep, names
 
     def images(self, split: str) -> list[str]:
         """The sorted ids of the split's images that kept at least one question."""

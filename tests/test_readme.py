@@ -64,8 +64,10 @@ def _weakest_slice(headline: dict) -> tuple[str, str, float]:
 
 
 def test_evaluation_paragraph_is_the_committed_evaluation():
-    """The calibration, weakest slice and counterfactual numbers of "What you get" are the committed files'."""
+    """The calibration and weakest slice of "What you get", and the counterfactuals table of docs/experiments.md,
+    are the committed files'."""
     text = (ROOT / "README.md").read_text(encoding="utf-8").split("## What you get", 1)[1].split("\n## ", 1)[0]
+    experiments = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
     headline, counterfactuals = _json("metrics/eval.json"), _json("metrics/counterfactuals.json")["counterfactuals"]
     dimension, value, acc = _weakest_slice(headline)
     for number in (f"ECE {headline['vlm']['ece']:.3f}", f"{headline['blind']['ece']:.3f} for the blind baseline",
@@ -73,7 +75,7 @@ def test_evaluation_paragraph_is_the_committed_evaluation():
         assert number in text, number
     for edit, rates in counterfactuals.items():
         assert f"| {edit} | {rates['pairs']} | {rates['consistency']:.3f} | {rates['changed_when_it_must']:.3f} | " \
-               f"{rates['stayed_when_it_must']:.3f} |" in text, edit
+               f"{rates['stayed_when_it_must']:.3f} |" in experiments, edit
 
 
 def test_scaling_table_is_the_committed_curve():
@@ -121,8 +123,11 @@ def test_stage_speed_rows_are_the_committed_run():
 
 
 def test_memory_table_is_the_committed_benchmark():
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The table in docs/experiments.md, and the README's summary of it."""
+    text = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
     report = _json("metrics/bench_memory.json")
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"every stage stays within {max(report['growth'].values()):.2f}x" in readme
     small, large = report["runs"]
     for name in small["stages"]:
         row = (f"| {name} | {small['stages'][name]['peak_rss_mib']:.0f} | {large['stages'][name]['peak_rss_mib']:.0f} "

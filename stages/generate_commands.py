@@ -33,5 +33,6 @@ def main(argv: list[str] | None = None) -> None:
         sheet.save(tmp, format="PNG", optimize=True)
     print(", ".join(f"{split}: {s['questions']} questions on {s['images']} images" for split, s in stats.items()))
 
+
 if __name__ == "__main__":
     run(main)

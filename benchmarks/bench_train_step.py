@@ -76,15 +76,35 @@ def replace_optimizer(run: Run, **options) -> None:
     run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, run.scheduler.lr_lambdas[0])
 
 
+class AllTextPositions(torch.nn.Module):
+    """The model with the last decoder layer and the LM head over every text position (as before
+    ``answer_only``), its logits then cut to the answer positions that the step's bookkeeping reads."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch, answer_only: bool = False):
+        output = self.model(batch)
+        start = batch.prefix_lengths[:, None] - 1  # [B, 1]: the position predicting the first answer token
+        output.logits = output.logits.gather(1, start[..., None].expand(-1, -1, output.logits.shape[-1]))
+        return output
+
+
 # Changes to a training run that --compare measures against the run as vlm/train.py builds it (the
 # baseline): each was either adopted in vlm/train.py (its opposite stays here to measure what it gave)
 # or measured and not adopted (docs/experiments.md).
 TWEAKS = {
     "foreach_adamw": lambda run: replace_optimizer(run, foreach=True),
-    "fused_adamw": lambda run: replace_optimizer(run, fused=True),
+    "default_adamw": replace_optimizer,  # PyTorch's default AdamW (per-parameter loop on CPU)
     "channels_last": lambda run: run.model.to(memory_format=torch.channels_last),
     "contiguous": lambda run: run.model.to(memory_format=torch.contiguous_format),
     "compile": lambda run: setattr(run, "ddp_model", torch.compile(run.model)),
+    "compile_layers": lambda run: [layer.compile() for layer in (*run.model.language_model.model.layers,
+                                                                  *run.model.vision_tower.encoder.layers)],
+    "all_text_positions": lambda run: setattr(run, "ddp_model", AllTextPositions(run.model)),
+    # both adopted changes undone: the training step as it was before them
+    "before_answer_only_and_fused": lambda run: (TWEAKS["all_text_positions"](run), TWEAKS["default_adamw"](run)),
 }
 
 
@@ -168,7 +188,7 @@ def profile_steps(run: Run, source, steps: int, top: int) -> dict[str, object]:
             with torch.profiler.record_function("data"):
                 batch = next(source).to(run.device)
             with torch.profiler.record_function("forward"), autocast(run.device):
-                output = run.model(batch)
+                output = run.model(batch, answer_only=True)
                 synchronize(run.device)
             with torch.profiler.record_function("backward"):
                 output.loss.backward()
@@ -278,7 +298,7 @@ def count_flops(run: Run, source) -> dict[str, float]:
     batch = next(source).to(run.device)
     counter = FlopCounterMode(display=False)
     with counter, autocast(run.device):
-        output = run.model(batch)
+        output = run.model(batch, answer_only=True)
     forward = counter.get_total_flops()
     with counter:  # counts on: the totals now include the backward pass
         output.loss.backward()

@@ -188,16 +188,17 @@ def test_matches_hf_gemma_for_causal_lm(transformers, num_heads, num_kv_heads, h
     torch.testing.assert_close(got.loss, expected.loss, atol=1e-5, rtol=0)
 
 
-def test_output_from_computes_only_the_trailing_positions():
+def test_output_slots_compute_only_those_tokens():
     model = decoder()
     ids, mask, _ = padded_prompts()
     embeds = model.model.embed_tokens(ids)
     slots = torch.arange(7).expand(3, 7)
     attention = prefix_lm_mask(mask.bool(), slots, torch.tensor([2, 2, 2]))
     full, _ = model.model(embeds, slots, attention)
-    tail, _ = model.model(embeds, slots, attention, output_from=4)
-    assert tail.shape == (3, 3, 32)
-    torch.testing.assert_close(tail, full[:, 4:], atol=1e-6, rtol=0)
+    wanted = torch.tensor([[4, 5, 6], [0, 3, 3], [6, 1, 2]])  # any slots per row, in any order, repeated
+    some, _ = model.model(embeds, slots, attention, output_slots=wanted)
+    assert some.shape == (3, 3, 32)
+    torch.testing.assert_close(some, full.gather(1, wanted[..., None].expand(-1, -1, 32)), atol=1e-6, rtol=0)
 
 
 def test_head_dim_defaults_to_hidden_size_over_heads_and_may_differ():

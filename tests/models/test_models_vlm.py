@@ -127,6 +127,30 @@ def test_forward_returns_text_logits_and_answer_loss(config, make_batch, connect
     assert model(inputs(batch)).loss is None
 
 
+@pytest.mark.parametrize("vision", ["siglip", "none"])
+def test_answer_only_gives_the_same_loss_and_gradients_from_the_answer_positions(config, make_batch, vision):
+    model = build(config, vision=vision).train()
+    batch = make_batch(model.config)
+    full = model(batch)
+    full.loss.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    answer = model(batch, answer_only=True)
+    answer.loss.backward()
+    torch.testing.assert_close(answer.loss, full.loss, atol=1e-6, rtol=0)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], atol=1e-6, rtol=1e-5, msg=name)
+    lengths = (batch.labels != -100).sum(1)
+    assert answer.logits.shape == (len(batch), int(lengths.max()), VOCAB_SIZE)
+    for b, n in enumerate(lengths.tolist()):  # column a predicts answer token a, as position prefix - 1 + a did
+        start = int(batch.prefix_lengths[b]) - 1
+        torch.testing.assert_close(answer.logits[b, :n], full.logits[b, start:start + n], atol=1e-5, rtol=0)
+    labels = batch.labels.clone()
+    labels[0, 0] = 7  # a labelled token inside the prefix: answer_only would drop it
+    with pytest.raises(ValueError, match="inside the prefix"):
+        model(replace(batch, labels=labels), answer_only=True)
+
+
 @pytest.mark.parametrize("connector", ["linear", "qformer"])
 def test_gradient_reaches_every_parameter(config, make_batch, connector):
     model = build(config, connector=connector).train()

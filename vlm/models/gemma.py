@@ -172,23 +172,34 @@ class GemmaAttention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
                 attention_mask: torch.Tensor, cache: KVCache | None = None, cache_slots: torch.Tensor | None = None,
-                output_attentions: bool = False, query_from: int = 0):
-        """Self-attention of the tokens ``hidden_states[:, query_from:]`` over all of ``hidden_states``
-        (and the cache): earlier tokens then serve only as keys and values."""
+                output_attentions: bool = False, query_slots: torch.Tensor | None = None):
+        """Self-attention of the tokens at ``query_slots`` ``[B, Q]`` (None: all) over all of
+        ``hidden_states`` (and the cache): the other tokens then serve only as keys and values."""
         batch, length, _ = hidden_states.shape
-        queries = hidden_states[:, query_from:]
         cos, sin = rotary
+        queries = hidden_states
+        if query_slots is not None:
+            queries, cos_q, sin_q = (gather_slots(t, query_slots) for t in (hidden_states, cos, sin))
+            attention_mask = attention_mask.gather(2, query_slots[:, None, :, None].expand(
+                -1, attention_mask.shape[1], -1, attention_mask.shape[3]))  # [B, 1, Q, K]
+        else:
+            cos_q, sin_q = cos, sin
         query = self.q_proj(queries).view(batch, -1, self.num_heads, self.head_dim).transpose(1, 2)
         key = self.k_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         value = self.v_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        query = apply_rotary(query, cos[:, query_from:], sin[:, query_from:])  # [B, H, Q, Dh]
+        query = apply_rotary(query, cos_q, sin_q)  # [B, H, Q, Dh]
         key = apply_rotary(key, cos, sin)  # [B, H_kv, S, Dh]
-        attention_mask = attention_mask[:, :, query_from:]
         if cache is not None:
             key, value = cache.update(self.layer_idx, key, value, cache_slots)  # [B, H_kv, K, Dh]
         attn_output, weights = attention(query, key, value, attention_mask, output_attentions)  # [B, H, Q, Dh]
         attn_output = attn_output.transpose(1, 2).reshape(batch, queries.shape[1], -1)  # [B, Q, H*Dh]
         return self.o_proj(attn_output), weights
+
+
+def gather_slots(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``values[b, slots[b, q]]``: ``[B, S, ...]`` -> ``[B, Q, ...]``."""
+    index = slots.view(*slots.shape, *([1] * (values.dim() - 2))).expand(-1, -1, *values.shape[2:])
+    return values.gather(1, index)
 
 
 class GemmaMLP(nn.Module):
@@ -211,11 +222,14 @@ class GemmaDecoderLayer(nn.Module):
         self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, hidden_states, rotary, attention_mask, cache=None, cache_slots=None, output_attentions=False,
-                output_from: int = 0):
-        """Pre-norm attention and MLP blocks; only positions >= ``output_from`` are computed and returned."""
+                output_slots: torch.Tensor | None = None):
+        """Pre-norm attention and MLP blocks; only the tokens at ``output_slots`` ``[B, Q]`` (None: all) are
+        computed and returned."""
         attn_output, weights = self.self_attn(self.input_layernorm(hidden_states), rotary, attention_mask,
-                                              cache, cache_slots, output_attentions, query_from=output_from)
-        hidden_states = hidden_states[:, output_from:] + attn_output
+                                              cache, cache_slots, output_attentions, query_slots=output_slots)
+        if output_slots is not None:
+            hidden_states = gather_slots(hidden_states, output_slots)
+        hidden_states = hidden_states + attn_output
         hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
         return hidden_states, weights
 
@@ -232,19 +246,19 @@ class GemmaModel(nn.Module):
 
     def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 cache: KVCache | None = None, cache_slots: torch.Tensor | None = None,
-                output_attentions: bool = False, output_from: int = 0):
+                output_attentions: bool = False, output_slots: torch.Tensor | None = None):
         """``inputs_embeds`` ``[B, S, D]`` (already scaled), ``position_ids`` ``[B, S]``, ``attention_mask``
         bool ``[B, 1, S, K]``; with a ``cache``, ``cache_slots`` ``[B, S]`` says where each token goes.
-        Returns the normed hidden states ``[B, S - output_from, D]`` of the positions from ``output_from``
-        on (the last layer computes nothing else: earlier positions only feed its keys and values), and
-        the per-layer attention probabilities."""
+        Returns the normed hidden states ``[B, Q, D]`` of the tokens at ``output_slots`` ``[B, Q]`` (None: all
+        S; the last layer computes nothing else: the other tokens only feed its keys and values), and the
+        per-layer attention probabilities."""
         rotary = self.rotary_emb(position_ids)
         hidden_states = inputs_embeds
         attentions = []
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             hidden_states, weights = layer(hidden_states, rotary, attention_mask, cache, cache_slots,
-                                           output_attentions, output_from if i == last else 0)
+                                           output_attentions, output_slots if i == last else None)
             attentions.append(weights)
         return self.norm(hidden_states), tuple(attentions) if output_attentions else None
 

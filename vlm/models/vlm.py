@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from vlm.batch import Batch
+from vlm.batch import IGNORE_INDEX, Batch
 from vlm.models.connector import LinearConnector
 from vlm.models.gemma import (
     GemmaConfig,
@@ -191,7 +192,7 @@ def _pretrained_normalisation(checkpoint: Path) -> tuple[list[float], list[float
 
 @dataclass
 class VLMOutput:
-    logits: torch.Tensor  # [B, L, V] at the text positions
+    logits: torch.Tensor  # [B, L, V] at the text positions; [B, A, V] at the answer's with answer_only
     loss: torch.Tensor | None = None  # mean cross-entropy over answer tokens (+ weighted auxiliary loss)
     aux_loss: torch.Tensor | None = None  # the heads' loss, when the batch has targets and the model heads
 
@@ -260,16 +261,35 @@ class TrafficVLM(nn.Module):
         return (torch.cat([image_tokens, text_embeds], dim=1), torch.cat([image_valid, text_valid], dim=1),
                 batch.prefix_lengths + image_tokens.shape[1], aux_loss)
 
-    def forward(self, batch: Batch) -> VLMOutput:
+    def forward(self, batch: Batch, answer_only: bool = False) -> VLMOutput:
         """Logits ``[B, L, V]`` for the text positions and, with ``batch.labels``, the loss; with
-        ``batch.targets`` too, the loss adds ``heads.loss_weight`` x the heads' auxiliary loss."""
+        ``batch.targets`` too, the loss adds ``heads.loss_weight`` x the heads' auxiliary loss.
+
+        ``answer_only`` (training): the last decoder layer and the LM head compute only the A positions that
+        predict the answer tokens (column a of row b: the token at text position ``prefix_lengths[b] + a``),
+        so the logits are ``[B, A, V]``; the loss is the same (labels sit on the answer tokens only)."""
         inputs_embeds, key_valid, prefix_total, aux_loss = self._embed(batch, prefix_only=False)
-        length = inputs_embeds.shape[1]
-        slots = torch.arange(length, device=inputs_embeds.device).expand(len(batch), length)  # [B, S]
-        hidden, _ = self.language_model.model(inputs_embeds, slots, prefix_lm_mask(key_valid, slots, prefix_total),
-                                              output_from=self.num_image_tokens)  # [B, L, D]: text positions
-        logits = self.language_model.lm_head(hidden)  # [B, L, V]
-        loss = None if batch.labels is None else shifted_cross_entropy(logits, batch.labels)
+        num, length, _ = inputs_embeds.shape
+        slots = torch.arange(length, device=inputs_embeds.device).expand(num, length)  # [B, S]
+        mask = prefix_lm_mask(key_valid, slots, prefix_total)
+        num_image_tokens = self.num_image_tokens
+        if answer_only:
+            if batch.labels is None:
+                raise ValueError("forward(answer_only=True) needs batch.labels: the answer is where they are")
+            offsets = torch.arange(answer_length(batch), device=inputs_embeds.device)  # [A]
+            output_slots = (prefix_total[:, None] - 1 + offsets).clamp(max=length - 1)  # [B, A]
+            text_positions = batch.prefix_lengths[:, None] + offsets  # [B, A] the tokens they predict
+            labels = batch.labels.gather(1, text_positions.clamp(max=batch.labels.shape[1] - 1))
+            labels = labels.masked_fill(text_positions >= batch.labels.shape[1], IGNORE_INDEX)  # [B, A]
+        else:
+            output_slots = slots[:, num_image_tokens:]  # [B, L]: the text positions
+        hidden, _ = self.language_model.model(inputs_embeds, slots, mask, output_slots=output_slots)  # [B, Q, D]
+        logits = self.language_model.lm_head(hidden)  # [B, Q, V]
+        loss = None
+        if answer_only:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+        elif batch.labels is not None:
+            loss = shifted_cross_entropy(logits, batch.labels)
         if loss is not None and aux_loss is not None:
             loss = loss + self.config.heads.loss_weight * aux_loss
         return VLMOutput(logits=logits, loss=loss, aux_loss=aux_loss)
@@ -341,6 +361,19 @@ class TrafficVLM(nn.Module):
         rows = torch.arange(num, device=inputs_embeds.device)
         num_image_tokens = self.num_image_tokens
         return torch.stack([layer[rows, :, prefix_total - 1, :num_image_tokens] for layer in attentions], dim=1)
+
+
+def answer_length(batch: Batch) -> int:
+    """A: the most answer tokens of a row (the labelled positions, which must start at ``prefix_lengths``)."""
+    positions = torch.arange(batch.labels.shape[1], device=batch.labels.device)  # [L]
+    labelled = batch.labels != IGNORE_INDEX  # [B, L]
+    ends = torch.where(labelled, positions + 1 - batch.prefix_lengths[:, None], 0).amax(1)  # [B]
+    in_prefix = (labelled & (positions < batch.prefix_lengths[:, None])).any()
+    length, bad = torch.stack([ends.max(), in_prefix.long()]).tolist()  # one host sync
+    if bad:
+        raise ValueError("batch.labels: a labelled token inside the prefix (before prefix_lengths); "
+                         "answer_only computes the answer positions only")
+    return max(length, 1)
 
 
 def packed_candidates_mask(key_valid: torch.Tensor, prefix_total: torch.Tensor,

@@ -57,9 +57,11 @@ class Point:
         return sets
 
 
-def plan(params: dict, multiples: list[int], large_size: int | None, large_multiples: list[int]) -> list[Point]:
-    """The curve's points, in the order they run: the default image size first, cheapest first."""
-    epochs, size = int(params["train"]["epochs"]), int(params["pack"]["image_size"])
+def plan(params: dict, multiples: list[int], large_size: int | None, large_multiples: list[int],
+         base_epochs: int | None = None) -> list[Point]:
+    """The curve's points, in the order they run: the default image size first, cheapest first. 1x is
+    ``base_epochs`` (None: params.yaml's ``train.epochs``)."""
+    epochs, size = int(base_epochs or params["train"]["epochs"]), int(params["pack"]["image_size"])
     points = [Point(size, epochs * m, m) for m in multiples]
     if large_size and large_size != size:
         points += [Point(large_size, epochs * m, m) for m in large_multiples]
@@ -244,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--multiples", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--base-epochs", type=int, default=None, help="the epochs of 1x (default: train.epochs)")
     parser.add_argument("--large-size", type=int, default=224, help="image size of the second series (0: none)")
     parser.add_argument("--large-multiples", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--targets", type=float, nargs="*", default=[0.90, 0.95])
@@ -254,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     params = yaml.safe_load(args.params.read_text())
-    points = plan(params, args.multiples, args.large_size, args.large_multiples)
+    points = plan(params, args.multiples, args.large_size, args.large_multiples, args.base_epochs)
     if not args.collect_only:
         queued = queue_missing(points, int(params["pack"]["image_size"]))
         print(f"{len(points) - len(queued)} of {len(points)} points done; running "

@@ -21,6 +21,8 @@ def test_plan_runs_the_cheapest_points_first():
                                         "scale-128px-28ep", "scale-224px-14ep", "scale-128px-56ep"]
     assert points[2].set_params(128) == ["train.epochs=7", "pack.image_size=224"]
     assert points[1].set_params(128) == ["train.epochs=14"]
+    anchored = scaling_curve.plan({**params, "train": {"epochs": 8}}, [1, 2], None, [], base_epochs=7)
+    assert [p.name for p in anchored] == ["scale-128px-7ep", "scale-128px-14ep"]
 
 
 def row(size: int, multiple: int, accuracy: float) -> dict:

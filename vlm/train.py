@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class TrainConfig:
     seed: int = 0
-    epochs: int = 7
+    epochs: int = 8
     blind_epochs: int | None = 1  # epochs of the blind baseline (train_blind); None = epochs
     batch_size: int = 64  # questions per forward pass (per process under DDP)
     grad_accum: int = 1  # forward passes per optimizer step

@@ -292,9 +292,11 @@ def test_bf16_autocast_on_cpu(config, make_batch):
 def test_bf16_autocast_on_cuda(config, make_batch):
     model = build(config).cuda().train()
     batch = make_batch(model.config).to("cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True)  # as vlm.train.make_optimizer builds it
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        out = model(batch)
+        out = model(batch, answer_only=True)  # the training forward
     out.loss.backward()
+    optimizer.step()
     assert torch.isfinite(out.loss)
     model.eval()
     with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -22,8 +22,8 @@ as ``vlm/train.py`` builds it: the median over interleaved rounds of the paired 
 tweaked step time, and the largest per-step loss difference over ``--check-steps`` steps from the same
 weights and batches:
 
-    PYTHONPATH=. python benchmarks/bench_train_step.py --compare foreach_adamw contiguous \
-        --out metrics/bench_train_tweaks.json
+    PYTHONPATH=. python benchmarks/bench_train_step.py --compare before_answer_only_and_fused \
+        all_text_positions default_adamw compile_layers channels_last --out metrics/bench_train_tweaks.json
 """
 
 from __future__ import annotations

@@ -177,13 +177,10 @@ class GemmaAttention(nn.Module):
         ``hidden_states`` (and the cache): the other tokens then serve only as keys and values."""
         batch, length, _ = hidden_states.shape
         cos, sin = rotary
-        queries = hidden_states
+        queries, cos_q, sin_q = hidden_states, cos, sin
         if query_slots is not None:
             queries, cos_q, sin_q = (gather_slots(t, query_slots) for t in (hidden_states, cos, sin))
-            attention_mask = attention_mask.gather(2, query_slots[:, None, :, None].expand(
-                -1, attention_mask.shape[1], -1, attention_mask.shape[3]))  # [B, 1, Q, K]
-        else:
-            cos_q, sin_q = cos, sin
+            attention_mask = gather_slots(attention_mask[:, 0], query_slots)[:, None]  # [B, 1, Q, K]
         query = self.q_proj(queries).view(batch, -1, self.num_heads, self.head_dim).transpose(1, 2)
         key = self.k_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         value = self.v_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)

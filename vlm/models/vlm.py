@@ -36,7 +36,6 @@ from vlm.models.gemma import (
     gemma_config_from_pretrained,
     load_pretrained_gemma,
     prefix_lm_mask,
-    shifted_cross_entropy,
 )
 from vlm.models.heads import HeadsConfig, VisionHeads
 from vlm.models.qformer import QFormerConfig, QFormerConnector
@@ -283,13 +282,12 @@ class TrafficVLM(nn.Module):
             labels = labels.masked_fill(text_positions >= batch.labels.shape[1], IGNORE_INDEX)  # [B, A]
         else:
             output_slots = slots[:, num_image_tokens:]  # [B, L]: the text positions
+            # position t predicts token t + 1; the last position predicts nothing
+            labels = None if batch.labels is None else F.pad(batch.labels[:, 1:], (0, 1), value=IGNORE_INDEX)
         hidden, _ = self.language_model.model(inputs_embeds, slots, mask, output_slots=output_slots)  # [B, Q, D]
         logits = self.language_model.lm_head(hidden)  # [B, Q, V]
-        loss = None
-        if answer_only:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
-        elif batch.labels is not None:
-            loss = shifted_cross_entropy(logits, batch.labels)
+        loss = None if labels is None else F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
+                                                             ignore_index=IGNORE_INDEX)
         if loss is not None and aux_loss is not None:
             loss = loss + self.config.heads.loss_weight * aux_loss
         return VLMOutput(logits=logits, loss=loss, aux_loss=aux_loss)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,3 +157,16 @@ def test_full_size_paragraph_is_the_committed_extrapolation():
     ]
     for phrase in expected:
         assert phrase in text, phrase
+
+
+def test_pipeline_diagram_is_dvc_dag():
+    """The README's mermaid block has the edges of ``dvc dag --mermaid``, grouped as ``a --> b & c``."""
+    dvc = Path(sys.executable).parent / "dvc"
+    dag = subprocess.run([str(dvc), "dag", "--mermaid"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    names = dict(re.findall(r'(node\d+)\["(\w+)"\]', dag))
+    expected = {(names[a], names[b]) for a, b in re.findall(r"(node\d+)-->(node\d+)", dag)}
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("```mermaid", 1)[1].split("```", 1)[0]
+    drawn = {(source, target.strip()) for source, targets in re.findall(r"^\s*(\w+) --> (.+)$", block, flags=re.M)
+             for target in targets.split("&")}
+    assert expected and drawn == expected

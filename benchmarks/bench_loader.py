@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vlm.data.pack import RESAMPLE, PackConfig, SplitImages, decode_image, pack_split, start_decode_pool
+from vlm.data.image import RESAMPLE, decode_image
+from vlm.data.pack import PackConfig, SplitImages, pack_split, start_decode_pool
 from vlm.io import write_json
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from test_data_helpers import PACK_SIZE, SPLIT_SIZES, image_colours, write_scene_project
+from vlm.batch import IGNORE_INDEX
 from vlm.data.augment import AugmentConfig, sample_augment_params, swap_left_right
-from vlm.data.collate import IGNORE_INDEX, collate_questions
+from vlm.data.collate import collate_questions
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.grounding import GROUNDING_CHANNELS, HeadTargets
 from vlm.data.loader import build_loader, set_epoch

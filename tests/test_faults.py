@@ -32,7 +32,8 @@ from tiny_project import FRAME_SIZE, TINY_MODEL, build_project, paths_for, tiny_
 from vlm import checkpoint
 from vlm.cli import run
 from vlm.data.h5file import PackedImageReader, PackedImageWriter
-from vlm.data.pack import MAX_IMAGE_PIXELS, CorruptImageError, PackConfig, decode_image, pack_dataset
+from vlm.data.image import MAX_IMAGE_PIXELS, CorruptImageError, decode_image
+from vlm.data.pack import PackConfig, pack_dataset
 from vlm.io import atomic_path, check_writable, iter_json_list, remove_stale_temporaries, write_json, write_json_list
 from vlm.scenes.generate import ScenesConfig, generate_synthetic
 from vlm.train import train

@@ -16,7 +16,8 @@ from PIL import Image
 
 from test_data_helpers import PACK_SIZE, SPLIT_SIZES, image_colours, write_jpeg, write_scene_project
 from vlm.data.dataset import TrafficVQADataset
-from vlm.data.pack import CorruptImageError, PackConfig, _decode_in_order, decode_image
+from vlm.data.image import CorruptImageError, decode_image
+from vlm.data.pack import PackConfig, _decode_in_order
 from vlm.params import ParamError, build_config
 
 

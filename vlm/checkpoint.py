@@ -31,6 +31,7 @@ import torch
 
 from vlm.io import atomic_path
 from vlm.models import TrafficVLM, VLMConfig
+from vlm.processor import Processor
 from vlm.tokenizer import TrafficCommandTokenizer
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,11 @@ class LoadedModel:
     image_size: int
     resample: str
     checkpoint: dict[str, Any]
+
+    @property
+    def processor(self) -> Processor:
+        """Images and questions -> the model's Batch, as the model was trained."""
+        return Processor(self.tokenizer, self.image_size, self.resample)
 
     def candidates(self) -> list[list[int]]:
         """Token ids of every answer, for ``TrafficVLM.answer``."""

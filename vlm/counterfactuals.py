@@ -47,7 +47,7 @@ from vlm.commands.generate import CommandsConfig  # noqa: E402
 from vlm.commands.templates import ACTIONS, TEMPLATES, Candidate, TemplateOptions, candidates  # noqa: E402
 from vlm.data.collate import collate_questions  # noqa: E402
 from vlm.data.commands import read_commands  # noqa: E402
-from vlm.data.pack import decode_image  # noqa: E402
+from vlm.data.image import decode_image  # noqa: E402
 from vlm.io import atomic_path, write_json  # noqa: E402
 from vlm.params import check  # noqa: E402
 from vlm.scenes.generate import ScenesConfig, image_name, load_raw  # noqa: E402

@@ -1,6 +1,8 @@
-"""Running a trained model over a dataset: constrained answers in the dataset's record order."""
+"""Running a trained model: constrained answers over a dataset, or over any images and questions."""
 
 from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -8,6 +10,7 @@ import torch
 from vlm.data.collate import collate_questions
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.sampler import GroupedBatchSampler
+from vlm.processor import Processor
 
 
 @torch.no_grad()
@@ -21,8 +24,26 @@ def predict_dataset(model, dataset: TrafficVQADataset, candidates: list[list[int
     sampler = GroupedBatchSampler(dataset.image_rows, batch_size, shuffle=False)
     for indices in sampler:
         batch = collate_questions(dataset.__getitems__(indices), dataset.pad_token_id).to(device)
-        p = model.answer(batch, candidates)  # [B, C]
-        probs[np.asarray(indices)] = p.float().cpu().numpy()
+        probs[np.asarray(indices)] = model.answer(batch, candidates).float().cpu().numpy()  # [B, C]
         if progress is not None:
             progress.update(len(indices))
     return probs.argmax(1), probs
+
+
+@torch.no_grad()
+def answer_questions(model, processor: Processor, images: Mapping[Hashable, torch.Tensor],
+                     questions: Sequence[tuple[Hashable, str]], candidates: list[list[int]], batch_size: int,
+                     device: torch.device) -> np.ndarray:
+    """Candidate probabilities ``[Q, C]`` of each ``(image key, question)`` in ``questions``, the images uint8
+    ``[3, S, S]`` by key (:meth:`Processor.image`). Batches of ``batch_size`` questions, an image's questions
+    kept together so that each image is encoded once per batch."""
+    order = sorted(range(len(questions)), key=lambda i: str(questions[i][0]))  # an image's questions together
+    probs = np.zeros((len(questions), len(candidates)), dtype=np.float32)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        keys = list(dict.fromkeys(questions[i][0] for i in chunk))  # distinct, in order
+        slot = {key: k for k, key in enumerate(keys)}
+        batch = processor([images[key] for key in keys], [questions[i][1] for i in chunk],
+                          image_index=[slot[questions[i][0]] for i in chunk]).to(device)
+        probs[chunk] = model.answer(batch, candidates).float().cpu().numpy()  # [B, C]
+    return probs

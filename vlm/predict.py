@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-import torch
 
-from vlm.batch import Batch
 from vlm.checkpoint import LoadedModel, load_model
 from vlm.cli import run
-from vlm.data.pack import decode_image
+from vlm.device import pick_device
+from vlm.inference import answer_questions
 
 
 def check_question(loaded: LoadedModel, question: str) -> None:
@@ -32,22 +31,16 @@ def check_question(loaded: LoadedModel, question: str) -> None:
                          f"vocabulary; the model was trained on questions like \"Is there a pedestrian?\"")
 
 
-@torch.no_grad()
 def answer_images(loaded: LoadedModel, image_paths: list[str], question: str) -> list[list[tuple[str, float]]]:
     """For each image, every answer with its probability, most probable first."""
     check_question(loaded, question)
-    images = np.stack([decode_image(p, loaded.image_size, loaded.resample) for p in image_paths])  # [N, S, S, 3]
+    processor = loaded.processor
+    images = {path: processor.image(path) for path in image_paths}  # uint8 [3, S, S] each
     device = next(loaded.model.parameters()).device
-    question_ids = torch.tensor(loaded.tokenizer.encode_question(question), device=device)
-    n = len(image_paths)
-    batch = Batch(images=torch.from_numpy(images).permute(0, 3, 1, 2).contiguous().to(device),  # uint8 [N, 3, S, S]
-                  image_index=torch.arange(n, device=device),
-                  input_ids=question_ids.expand(n, -1),
-                  attention_mask=torch.ones(n, len(question_ids), dtype=torch.long, device=device),
-                  prefix_lengths=torch.full((n,), len(question_ids), device=device))
-    probs = loaded.model.answer(batch, loaded.candidates())  # [N, C]
+    probs = answer_questions(loaded.model, processor, images, [(path, question) for path in image_paths],
+                             loaded.candidates(), batch_size=len(image_paths), device=device)  # [N, C]
     ranked = []
-    for row in probs.float().cpu().numpy():
+    for row in probs:
         order = np.argsort(-row, kind="stable")
         ranked.append([(loaded.answers[i], float(row[i])) for i in order])
     return ranked
@@ -61,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab", default=None, help="check that this vocab.json is the model's")
     parser.add_argument("--top", type=int, default=1, help="also print the next most probable answers")
     args = parser.parse_args(argv)
-    loaded = load_model(args.checkpoint, args.vocab, "cuda" if torch.cuda.is_available() else "cpu")
+    loaded = load_model(args.checkpoint, args.vocab, pick_device())
     for path, ranked in zip(args.image, answer_images(loaded, args.image, args.question)):
         best, p = ranked[0]
         others = ", ".join(f"{a} {q:.1%}" for a, q in ranked[1:args.top])

@@ -1,4 +1,4 @@
-"""Training throughput of TrafficVLM against the equivalent transformers PaliGemma, on the CPU.
+"""Training throughput of our PaliGemma core against the equivalent transformers PaliGemma, on the CPU.
 
     PYTHONPATH=. python benchmarks/bench_model.py --out metrics/bench_model.json
 
@@ -27,12 +27,12 @@ import torch
 
 from vlm.batch import IGNORE_INDEX, Batch
 from vlm.io import write_json
-from vlm.models import GemmaConfig, SiglipVisionConfig, TrafficVLM, VLMConfig
+from vlm.models import GemmaConfig, PaliGemma, PaliGemmaConfig, SiglipVisionConfig
 
 SOS, EOS, SEP, YES, NO, MAYBE = 2, 3, 7, 4, 5, 6
 
 
-def make_batch(config: VLMConfig, batch: int, questions_per_image: int, seed: int = 0) -> Batch:
+def make_batch(config: PaliGemmaConfig, batch: int, questions_per_image: int, seed: int = 0) -> Batch:
     """Right-padded [SOS] question(6-12 words) [SEP] answer [EOS] rows, as the collate function builds them."""
     g = torch.Generator().manual_seed(seed)
     size, vocab = config.siglip.image_size, config.gemma.vocab_size
@@ -56,7 +56,7 @@ def make_batch(config: VLMConfig, batch: int, questions_per_image: int, seed: in
                  attention_mask=attention_mask, prefix_lengths=torch.tensor(prefix_lengths), labels=labels)
 
 
-def paligemma_like(ours: TrafficVLM):
+def paligemma_like(ours: PaliGemma):
     """transformers PaliGemma with our sizes and our weights."""
     import transformers
 
@@ -85,7 +85,7 @@ def paligemma_like(ours: TrafficVLM):
     return theirs
 
 
-def paligemma_inputs(ours: TrafficVLM, batch: Batch) -> dict:
+def paligemma_inputs(ours: PaliGemma, batch: Batch) -> dict:
     """The same batch in PaliGemma's terms: one normalised image per question, image placeholder tokens,
     token_type_ids 0 on the prefix (bidirectional) and 1 on the answer, labels -100 on the image tokens."""
     config = ours.config
@@ -125,7 +125,7 @@ def train_step(model, inputs: Batch | dict):
     """One forward + backward: ours takes a Batch, transformers keyword arguments."""
     def step():
         model.zero_grad(set_to_none=True)
-        (model(**inputs) if isinstance(inputs, dict) else model(inputs)).loss.backward()
+        (model(**inputs).loss if isinstance(inputs, dict) else model(inputs).losses["answer"]).backward()
     return step
 
 
@@ -150,16 +150,17 @@ def main() -> None:
 
     sizes = dict(hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
                  num_hidden_layers=args.layers)
-    config = VLMConfig(siglip=SiglipVisionConfig(image_size=args.image_size, patch_size=args.patch_size, **sizes),
+    config = PaliGemmaConfig(siglip=SiglipVisionConfig(image_size=args.image_size, patch_size=args.patch_size, **sizes),
                        gemma=GemmaConfig(vocab_size=args.vocab_size, **sizes))
-    ours = TrafficVLM(config).train()
+    ours = PaliGemma(config).train()
     theirs = paligemma_like(ours).train()
     attn_implementation = theirs.config.text_config._attn_implementation
 
     one_each = make_batch(config, args.batch, questions_per_image=1)
     shared = make_batch(config, args.batch, questions_per_image=args.questions_per_image)
     with torch.no_grad():  # same weights, same inputs: same loss (else the comparison would be meaningless)
-        loss_gap = abs(float(ours(one_each).loss) - float(theirs(**paligemma_inputs(ours, one_each)).loss))
+        ours_loss = float(ours(one_each).losses["answer"])
+        loss_gap = abs(ours_loss - float(theirs(**paligemma_inputs(ours, one_each)).loss))
     if loss_gap > 1e-4:
         raise SystemExit(f"ours and PaliGemma disagree (loss gap {loss_gap:.2e}); not comparing speed")
 

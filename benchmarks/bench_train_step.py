@@ -39,18 +39,28 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from vlm.data.loader import set_epoch
+from vlm.device import autocast
 from vlm.io import write_json
 from vlm.params import build_config, load_params, section
 from vlm.scenes.generate import ScenesConfig
-from vlm.train import Run, StepWindow, TrainConfig, TrainPaths, autocast, forward_backward, optimizer_step, setup
+from vlm.train import (
+    Run,
+    StepWindow,
+    TrainConfig,
+    TrainPaths,
+    forward_backward,
+    optimizer_step,
+    setup,
+    weighted_loss,
+)
 
-# (row, module path in TrafficVLM): forward regions that do not nest; absent modules are skipped
+# (row, module path in the model): forward regions that do not nest; absent modules are skipped
 REGIONS = [
-    ("vision: conv stem", "vision_tower.embeddings.conv_stem"),
+    ("vision: conv stem", "extension.stem"),
     ("vision: patch embedding", "vision_tower.embeddings.patch_embedding"),
     ("vision: encoder layers", "vision_tower.encoder"),
-    ("heads: centre head", "heads.centres"),
-    ("heads: grounding head", "heads.grounding"),
+    ("heads: centre head", "extension.heads.centres"),
+    ("heads: grounding head", "extension.heads.grounding"),
     ("connector", "multi_modal_projector"),
     ("decoder layers", "language_model.model"),
     ("lm head", "language_model.lm_head"),
@@ -64,7 +74,7 @@ def build_run(params_path: str, data: Path, workdir: Path, overrides: dict[str, 
     frame = build_config(ScenesConfig, {key: scenes[key] for key in ("width", "height") if key in scenes}, "scenes")
     paths = TrainPaths(data=data, model=workdir / "vlm.pt", checkpoints=workdir / "checkpoints",
                        metrics=workdir / "train.json", timing=workdir / "timing.json", live=workdir / "live")
-    return setup(section(params, "model"), config, paths, blind=False, frame_size=(frame.width, frame.height))
+    return setup(section(params, "model"), config, paths, frame_size=(frame.width, frame.height))
 
 
 def replace_optimizer(run: Run, **options) -> None:
@@ -131,8 +141,8 @@ def time_steps(run: Run, source, steps: int, losses: list[float] | None = None) 
         started = time.perf_counter()
         batch = next(source).to(run.device)
         fetched = time.perf_counter()
-        output = forward_backward(run, batch, sync_grads=True, where="the benchmark")
-        window.add(output, batch)
+        output, loss = forward_backward(run, batch, sync_grads=True, where="the benchmark")
+        window.add(output, loss, batch)
         optimizer_step(run)
         record = window.pop()
         if losses is not None:
@@ -191,7 +201,7 @@ def profile_steps(run: Run, source, steps: int, top: int) -> dict[str, object]:
                 output = run.model(batch, answer_only=True)
                 synchronize(run.device)
             with torch.profiler.record_function("backward"):
-                output.loss.backward()
+                weighted_loss(output.losses, run.model.loss_weights).backward()
                 synchronize(run.device)
             with torch.profiler.record_function("optimizer"):
                 optimizer_step(run)
@@ -301,7 +311,7 @@ def count_flops(run: Run, source) -> dict[str, float]:
         output = run.model(batch, answer_only=True)
     forward = counter.get_total_flops()
     with counter:  # counts on: the totals now include the backward pass
-        output.loss.backward()
+        weighted_loss(output.losses, run.model.loss_weights).backward()
     run.optimizer.zero_grad(set_to_none=True)
     total = counter.get_total_flops()
     return {"forward_flops_per_question": forward / len(batch), "train_flops_per_question": total / len(batch)}

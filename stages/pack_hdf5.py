@@ -11,7 +11,7 @@ import argparse
 from vlm.cli import run
 from vlm.data.pack import PackConfig, pack_dataset
 from vlm.io import check_writable, write_json
-from vlm.models.vlm import check_image_size
+from vlm.models.paligemma import check_image_size
 from vlm.params import build_config, load_params, section
 
 

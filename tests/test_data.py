@@ -15,9 +15,9 @@ from vlm.batch import IGNORE_INDEX
 from vlm.data.augment import AugmentConfig, sample_augment_params, swap_left_right
 from vlm.data.collate import collate_questions
 from vlm.data.dataset import TrafficVQADataset
-from vlm.data.grounding import GROUNDING_CHANNELS, HeadTargets
 from vlm.data.loader import build_loader, set_epoch
 from vlm.data.sampler import GroupedBatchSampler
+from vlm.models.perception.targets import CHANNELS, TargetTransform
 from vlm.params import ParamError, build_config
 from vlm.scenes.generate import ScenesConfig
 from vlm.tokenizer import SEP
@@ -247,7 +247,7 @@ def test_a_file_that_is_not_a_packed_split_is_rejected_naming_it(project, tokeni
 
 
 def test_targets_built_per_fetch_equal_the_ones_held_in_ram(project, tokenizer):
-    heads = HeadTargets(4, FRAME)
+    heads = TargetTransform(4, FRAME)
     for augment in (None, MIRROR_ONLY):
         from_labels = dataset(project, tokenizer, augment=augment, targets=heads)
         in_ram = dataset(project, tokenizer, augment=augment, targets=heads, in_memory=True)
@@ -267,22 +267,22 @@ def test_a_bad_stored_label_fails_when_the_dataset_is_built_not_mid_epoch(projec
     for in_memory in (False, True):
         with pytest.raises(ValueError, match=r"train_images.h5: annotation\[3\]"):
             TrafficVQADataset(project.commands("train"), damaged, tokenizer, in_memory=in_memory,
-                              targets=HeadTargets(4, FRAME))
+                              targets=TargetTransform(4, FRAME))
 
 
 def test_head_targets_follow_the_image_and_its_mirror(project, tokenizer):
-    plain = dataset(project, tokenizer, targets=HeadTargets(4, FRAME))
-    mirrored = dataset(project, tokenizer, augment=MIRROR_ONLY, targets=HeadTargets(4, FRAME))
+    plain = dataset(project, tokenizer, targets=TargetTransform(4, FRAME))
+    mirrored = dataset(project, tokenizer, augment=MIRROR_ONLY, targets=TargetTransform(4, FRAME))
     assert "targets" not in dataset(project, tokenizer)[0]
     some_object = False
     for index in range(len(plain)):
         targets, flipped = plain[index]["targets"], mirrored[index]["targets"]
-        assert targets.shape == (16, len(GROUNDING_CHANNELS)) and targets.dtype == np.float32
+        assert targets.shape == (16, len(CHANNELS)) and targets.dtype == np.float32
         np.testing.assert_array_equal(flipped.reshape(4, 4, -1), targets.reshape(4, 4, -1)[:, ::-1])
         some_object |= bool(targets.any())
     assert some_object
     batch = collate_questions([plain[i] for i in range(6)])
-    assert batch.targets.shape == (batch.images.shape[0], 16, len(GROUNDING_CHANNELS))
+    assert batch.targets.shape == (batch.images.shape[0], 16, len(CHANNELS))
     first_of_image = {image_id: i for i, image_id in reversed(list(enumerate(batch.image_id)))}
     for i in first_of_image.values():
         assert torch.equal(batch.targets[batch.image_index[i]], torch.from_numpy(plain[i]["targets"]))

@@ -8,7 +8,7 @@ import vlm.train
 from tiny_project import FRAME_SIZE, TINY_MODEL, build_project, paths_for, tiny_train_config
 from vlm import checkpoint
 from vlm.checkpoint import load_model
-from vlm.models import TrafficVLM
+from vlm.models import PaliGemma
 from vlm.params import ParamError, build_config
 from vlm.train import NonFiniteLossError, TrainConfig, lr_factor, train
 
@@ -69,8 +69,14 @@ def test_training_reduces_the_loss(processed, tmp_path):
     history = _last(paths)["state"]["history"]
     first, last = history[0]["train/loss"], history[-1]["train/loss"]
     assert last < 0.6 * first
-    # the heads' auxiliary loss (model.heads) is part of it, logged on its own curve, and learns too
-    assert history[-1]["train/aux_loss"] < 0.8 * history[0]["train/aux_loss"]
+    # each loss of the model's loss dict (the answer's, each perception head's) is logged on its own curve, and
+    # the training loss is their weighted sum (model.perception.heads); the heads learn too
+    weights = {"answer": 1.0, **TINY_MODEL["perception"]["heads"]}
+    for record in history:
+        weighted = sum(weight * record[f"train/{name}_loss"] for name, weight in weights.items())
+        assert record["train/loss"] == pytest.approx(weighted)
+    for head in ("grounding", "centres"):
+        assert history[-1][f"train/{head}_loss"] < 0.8 * history[0][f"train/{head}_loss"]
 
 
 def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkeypatch):
@@ -142,17 +148,17 @@ def test_finished_run_rewrites_a_deleted_model(processed, tmp_path):
 
 def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(processed, tmp_path, monkeypatch):
     paths = paths_for(processed, tmp_path)
-    original = TrafficVLM.forward
+    original = PaliGemma.forward
     calls = {"n": 0}
 
     def poisoned(self, *args, **kwargs):
         output = original(self, *args, **kwargs)
         calls["n"] += 1
         if calls["n"] == 5:
-            output.loss = output.loss * float("nan")
+            output.losses["answer"] = output.losses["answer"] * float("nan")
         return output
 
-    monkeypatch.setattr(TrafficVLM, "forward", poisoned)
+    monkeypatch.setattr(PaliGemma, "forward", poisoned)
     with pytest.raises(NonFiniteLossError, match=r"loss is nan at epoch 1, batch 5 \(step 4\).*last good checkpoint"):
         train(TINY_MODEL, tiny_train_config(), paths, progress=False, frame_size=FRAME_SIZE)
     assert _last(paths)["state"]["step"] == 3  # checkpoint_every=3: the last good one survives
@@ -175,11 +181,11 @@ def test_gradient_accumulation_and_blind(processed, tmp_path):
 
 
 def test_the_blind_model_never_holds_the_images_in_ram(processed, tmp_path):
-    from vlm.train import setup
+    from vlm.train import blind_baseline, setup
 
     config = tiny_train_config(in_memory=True)
-    blind = setup(TINY_MODEL, config, paths_for(processed, tmp_path, "blind"), blind=True, frame_size=FRAME_SIZE)
-    seeing = setup(TINY_MODEL, config, paths_for(processed, tmp_path), blind=False, frame_size=FRAME_SIZE)
+    blind = setup(*blind_baseline(TINY_MODEL, config), paths_for(processed, tmp_path, "blind"), FRAME_SIZE)
+    seeing = setup(TINY_MODEL, config, paths_for(processed, tmp_path), FRAME_SIZE)
     assert not blind.loader.dataset.in_memory and not blind.val_set.in_memory
     assert seeing.loader.dataset.in_memory and seeing.val_set.in_memory
 

@@ -16,9 +16,9 @@ from vlm.tokenizer import TrafficCommandTokenizer
 from vlm.train import TrainConfig, TrainPaths
 
 TINY_MODEL = {
-    "heads": {"grounding": True, "centres": True, "loss_weight": 1.0, "to_decoder": True},
+    "perception": {"stem_channels": [4, 8, 8], "heads": {"grounding": 1.0, "centres": 0.1}, "to_decoder": True},
     "siglip": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-               "patch_size": 8, "stem_channels": [4, 8, 8]},
+               "patch_size": 8},
     "gemma": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
               "num_key_value_heads": 1},
     "qformer": {"num_query_tokens": 4, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,

@@ -24,7 +24,7 @@ class Batch:
     attention_mask: torch.Tensor  # [B, L] 1 on tokens, 0 on padding
     prefix_lengths: torch.Tensor  # [B]
     labels: torch.Tensor | None = None  # [B, L] answer tokens, IGNORE_INDEX elsewhere
-    targets: torch.Tensor | None = None  # [N_img, G*G, C] what the auxiliary heads learn (vlm.data.grounding)
+    targets: torch.Tensor | None = None  # [N_img, G*G, C] what the perception learns (vlm.models.perception.targets)
     # Per question, for tables and metrics (never moved to a device).
     question_id: list[str] = field(default_factory=list)
     image_id: list[str] = field(default_factory=list)

@@ -30,13 +30,14 @@ from typing import Any
 import torch
 
 from vlm.io import atomic_path
-from vlm.models import TrafficVLM, VLMConfig
+from vlm.models import PaliGemma
 from vlm.processor import Processor
 from vlm.tokenizer import TrafficCommandTokenizer
+from vlm.traffic_vlm import VLMConfig, build_vlm
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2  # 2: the auxiliary heads under heads.* (model.heads)
+FORMAT_VERSION = 3  # 3: the traffic perception beside the core, under extension.* (model.perception)
 REQUIRED = ("format_version", "config", "state_dict", "vocab", "vocab_sha256", "answers", "image_size", "resample")
 
 
@@ -60,7 +61,7 @@ def save(path: str | os.PathLike, payload: dict[str, Any]) -> None:
         f.write(buffer.getbuffer())
 
 
-def model_payload(model: TrafficVLM, info: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+def model_payload(model: PaliGemma, info: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
     """The model checkpoint of ``model``'s current weights: ``info`` holds the fields beside them (config,
     vocab, vocab_sha256, answers, image_size, resample, blind)."""
     state_dict = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
@@ -101,7 +102,7 @@ def read(path: str | os.PathLike, what: str = "checkpoint") -> dict[str, Any]:
 
 @dataclass
 class LoadedModel:
-    model: TrafficVLM
+    model: PaliGemma
     tokenizer: TrafficCommandTokenizer
     answers: list[str]
     image_size: int
@@ -114,7 +115,7 @@ class LoadedModel:
         return Processor(self.tokenizer, self.image_size, self.resample)
 
     def candidates(self) -> list[list[int]]:
-        """Token ids of every answer, for ``TrafficVLM.answer``."""
+        """Token ids of every answer, for ``PaliGemma.answer``."""
         return [self.tokenizer.encode_answer(a) for a in self.answers]
 
 
@@ -143,7 +144,7 @@ def load_model(path: str | os.PathLike, vocab_path: str | os.PathLike | None = N
     if config.gemma.vocab_size != tokenizer.vocab_size:
         raise ValueError(f"{path}: model vocabulary size {config.gemma.vocab_size} does not match its "
                          f"tokenizer's {tokenizer.vocab_size}")
-    model = TrafficVLM(config)
+    model = build_vlm(config, pretrained=False)
     model.load_state_dict(payload["state_dict"], strict=True)
     model.to(device).eval()
     return LoadedModel(model, tokenizer, list(payload["answers"]), int(payload["image_size"]), payload["resample"],

@@ -43,15 +43,15 @@ from vlm import checkpoint
 from vlm.batch import Batch
 from vlm.data.augment import AugmentConfig
 from vlm.data.dataset import TrafficVQADataset
-from vlm.data.grounding import HeadTargets, head_layout
 from vlm.data.h5file import PackedImageReader
 from vlm.data.loader import build_loader, set_epoch
+from vlm.device import autocast, pick_device
 from vlm.inference import predict_dataset
 from vlm.io import atomic_path, check_writable, write_json
-from vlm.models import TrafficVLM, VLMConfig, build_vlm
-from vlm.models.vlm import VLMOutput
+from vlm.models import PaliGemma, VLMOutput
 from vlm.params import check
 from vlm.tokenizer import TrafficCommandTokenizer
+from vlm.traffic_vlm import VLMConfig, build_vlm
 
 log = logging.getLogger(__name__)
 
@@ -151,19 +151,6 @@ class Distributed:
                    int(os.environ.get("LOCAL_RANK", 0)))
 
 
-def pick_device(dist_info: Distributed) -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", dist_info.local_rank)
-    return torch.device("cpu")
-
-
-def autocast(device: torch.device):
-    """bf16 autocast on CUDA; float32 on the CPU (bf16 there is slower, measured)."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext()
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -238,7 +225,7 @@ class Run:
     paths: TrainPaths
     dist: Distributed
     device: torch.device
-    model: TrafficVLM
+    model: PaliGemma
     ddp_model: torch.nn.Module  # the model, wrapped in DistributedDataParallel under torchrun
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -261,12 +248,13 @@ class Run:
 
 def train(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPaths, *, blind: bool = False,
           progress: bool = True, frame_size: tuple[float, float] | None = None) -> dict[str, Any]:
-    """Train a VLM (or, with ``blind``, the same decoder without an image: only ``model_params``' gemma
-    section and decoder_checkpoint) and return its metrics.
+    """Train a VLM (or, with ``blind``, its :func:`blind_baseline`) and return its metrics.
 
     ``frame_size``: width and height of the original frames, in which the label boxes behind the
-    heads' targets are given (needed when the model has heads)."""
-    run = setup(model_params, config, paths, blind=blind, frame_size=frame_size)
+    perception heads' targets are given (needed when the model has heads)."""
+    if blind:
+        model_params, config = blind_baseline(model_params, config)
+    run = setup(model_params, config, paths, frame_size)
     state = resume(run)
     run.model.train()
     while state.epoch < run.config.epochs and not state.stopped_early:
@@ -275,52 +263,29 @@ def train(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
     return finish(run, state)
 
 
-def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPaths, *, blind: bool,
+def blind_baseline(model_params: Mapping[str, Any], config: TrainConfig) -> tuple[dict[str, Any], TrainConfig]:
+    """The text-only baseline of the VLM ``model_params`` describes: the same decoder (pretrained when the
+    VLM's is), no image, trained ``train.blind_epochs`` epochs."""
+    params = {"vision": "none", "gemma": model_params.get("gemma", {}),
+              "decoder_checkpoint": model_params.get("decoder_checkpoint")}
+    return params, config if config.blind_epochs is None else replace(config, epochs=config.blind_epochs)
+
+
+def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPaths,
           frame_size: tuple[float, float] | None) -> Run:
-    """Processes, inputs (checked before any weight is built), data, model and optimizer."""
-    if blind and config.blind_epochs is not None:
-        config = replace(config, epochs=config.blind_epochs)
-    dist_info = Distributed.from_env()
-    if dist_info.is_main:  # an unwritable output folder fails now, not at the first checkpoint
-        check_writable(paths.model, paths.checkpoints / "last.pt", paths.metrics, paths.timing, paths.live)
-    if dist_info.world_size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    device = pick_device(dist_info)
+    """Processes, inputs (checked before any weight is built), model, data and optimizer."""
+    dist_info = start_processes(config, paths)
+    device = pick_device(dist_info.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // dist_info.world_size))
-    seed_everything(config.seed)
-
     tokenizer = TrafficCommandTokenizer.from_file(paths.vocab)
-    train_commands, train_h5 = paths.split("train")
-    val_commands, val_h5 = paths.split("val")
-    header = PackedImageReader(train_h5)
-    if blind:  # the same decoder (pretrained when the VLM's is), no image
-        model_params = {"vision": "none", "gemma": model_params.get("gemma", {}),
-                        "decoder_checkpoint": model_params.get("decoder_checkpoint")}
-    model_config = VLMConfig.from_params(model_params, tokenizer.vocab_size, header.image_size,
-                                         header.mean.tolist(), header.std.tolist(), head_layout())
-    resample = header.resample
-    header.close()
+    model_config, resample = model_config_of(model_params, tokenizer, paths)
     model = build_vlm(model_config).to(device)
-    grid = model.heads.target_grid(model_config.siglip.image_size) if model_config.vision == "siglip" else None
-    if grid is not None and frame_size is None:
-        raise ValueError("train(): a model with heads needs the frame size its labels' boxes are given in")
-    targets = None if grid is None else HeadTargets(grid, frame_size)
-    # the blind model reads no pixel: its images are never worth RAM
-    in_memory = not blind and hold_in_memory(config, [train_h5, val_h5], int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                                              0 if targets is None else targets.bytes_per_image * len(header))
-    train_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
-                                  in_memory=in_memory, seed=config.seed, targets=targets)
-    val_set = TrafficVQADataset(val_commands, val_h5, tokenizer, in_memory=in_memory)
+    train_set, val_set = load_splits(model, config, paths, tokenizer, frame_size)
     answers = sorted({r["answer"] for r in train_set.records})
     loader = build_loader(train_set, config.batch_size, shuffle=True, num_workers=config.num_workers,
                           seed=config.seed, rank=dist_info.rank, world_size=dist_info.world_size)
-    total_steps = 0
-    for epoch in range(config.epochs):  # an image's questions share a batch: batch counts vary by epoch
-        set_epoch(loader, epoch)
-        total_steps += math.ceil(len(loader) / config.grad_accum)
-
+    total_steps = planned_steps(loader, config)
     optimizer = make_optimizer(model, config)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup_steps, total_steps, config.min_lr_ratio))
@@ -328,12 +293,66 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
         if dist_info.world_size > 1 else model
     model_info = {"config": model_config.to_dict(), "vocab": json.loads(paths.vocab.read_text(encoding="utf-8")),
                   "vocab_sha256": checkpoint.file_sha256(paths.vocab), "answers": answers,
-                  "image_size": model_config.siglip.image_size, "resample": resample, "blind": blind}
+                  "image_size": model_config.siglip.image_size, "resample": resample,
+                  "blind": model_config.vision == "none"}
     return Run(name=paths.model.stem, config=config, paths=paths, dist=dist_info, device=device, model=model,
                ddp_model=ddp_model, optimizer=optimizer, scheduler=scheduler, loader=loader, val_set=val_set,
                answers=answers, candidates=[tokenizer.encode_answer(a) for a in answers], total_steps=total_steps,
                fingerprint=fingerprint(model_config, config, paths, dist_info.world_size, frame_size),
                model_info=model_info)
+
+
+def start_processes(config: TrainConfig, paths: TrainPaths) -> Distributed:
+    """This process's place in the run (the DDP group joined under torchrun), its CPU threads and seeds; on
+    rank 0 an unwritable output folder fails now, not at the first checkpoint."""
+    dist_info = Distributed.from_env()
+    if dist_info.is_main:
+        check_writable(paths.model, paths.checkpoints / "last.pt", paths.metrics, paths.timing, paths.live)
+    if dist_info.world_size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // dist_info.world_size))
+    seed_everything(config.seed)
+    return dist_info
+
+
+def model_config_of(model_params: Mapping[str, Any], tokenizer: TrafficCommandTokenizer,
+                    paths: TrainPaths) -> tuple[VLMConfig, str]:
+    """The model config (params plus what the data fixes: vocabulary, image size, train-split pixel statistics)
+    and the filter the images were packed with."""
+    header = PackedImageReader(paths.split("train")[1])
+    config = VLMConfig.from_params(model_params, tokenizer.vocab_size, header.image_size, header.mean.tolist(),
+                                   header.std.tolist())
+    return config, header.resample
+
+
+def load_splits(model: PaliGemma, config: TrainConfig, paths: TrainPaths, tokenizer: TrafficCommandTokenizer,
+                frame_size: tuple[float, float] | None) -> tuple[TrafficVQADataset, TrafficVQADataset]:
+    """The train split (augmented, with the targets the model's extension declares) and the val split, in RAM
+    when ``train.in_memory`` says so."""
+    (train_commands, train_h5), (val_commands, val_h5) = paths.split("train"), paths.split("val")
+    targets = None
+    if model.extension is not None:
+        targets = model.extension.targets(model.config.siglip.image_size, frame_size)
+        if targets is not None and frame_size is None:
+            raise ValueError("train(): a model with perception heads needs the frame size its labels' boxes are "
+                             "given in")
+    # the blind model reads no pixel: its images are never worth RAM
+    in_memory = model.config.vision != "none" and hold_in_memory(
+        config, [train_h5, val_h5], int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+        0 if targets is None else targets.bytes_per_image * len(PackedImageReader(train_h5)))
+    train_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
+                                  in_memory=in_memory, seed=config.seed, targets=targets)
+    return train_set, TrafficVQADataset(val_commands, val_h5, tokenizer, in_memory=in_memory)
+
+
+def planned_steps(loader: torch.utils.data.DataLoader, config: TrainConfig) -> int:
+    """Optimizer steps over every epoch, what the LR schedule spans (an image's questions share a batch, so the
+    number of batches varies by epoch)."""
+    total_steps = 0
+    for epoch in range(config.epochs):
+        set_epoch(loader, epoch)
+        total_steps += math.ceil(len(loader) / config.grad_accum)
+    return total_steps
 
 
 def resume(run: Run) -> TrainState:
@@ -366,9 +385,9 @@ def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
         batch = batch.to(run.device)
         last_batch = index + 1 == len(loader)
         boundary = (index + 1) % config.grad_accum == 0 or last_batch
-        output = forward_backward(run, batch, sync_grads=boundary,
-                                  where=f"epoch {state.epoch + 1}, batch {index + 1} (step {state.step})")
-        window.add(output, batch, run.dist.world_size)
+        output, loss = forward_backward(run, batch, sync_grads=boundary,
+                                        where=f"epoch {state.epoch + 1}, batch {index + 1} (step {state.step})")
+        window.add(output, loss, batch, run.dist.world_size)
         state.samples += len(batch) * run.dist.world_size
         if not boundary:
             continue
@@ -431,18 +450,25 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
 # The loop's helpers
 
 
-def forward_backward(run: Run, batch: Batch, *, sync_grads: bool, where: str) -> VLMOutput:
-    """The forward and backward pass of one batch (on device); under DDP the gradients are averaged over
-    the processes only when ``sync_grads`` (the last batch of an accumulation window)."""
+def forward_backward(run: Run, batch: Batch, *, sync_grads: bool, where: str) -> tuple[VLMOutput, torch.Tensor]:
+    """The forward and backward pass of one batch (on device): the output and the training loss (under DDP the
+    gradients are averaged over the processes only when ``sync_grads``: the last batch of an accumulation
+    window)."""
     sync = nullcontext() if sync_grads or run.dist.world_size == 1 else run.ddp_model.no_sync()
     with sync, autocast(run.device):
         output = run.ddp_model(batch, answer_only=True)
-    if not torch.isfinite(output.loss):
+    loss = weighted_loss(output.losses, run.model.loss_weights)
+    if not torch.isfinite(loss):
         raise NonFiniteLossError(
-            f"{run.name}: loss is {output.loss.item()} at {where}; stopped. The last good checkpoint is kept at "
+            f"{run.name}: loss is {loss.item()} at {where}; stopped. The last good checkpoint is kept at "
             f"{run.last_path} and the best model at {run.paths.model}; lower train.lr or raise train.warmup_steps")
-    (output.loss / run.config.grad_accum).backward()
-    return output
+    (loss / run.config.grad_accum).backward()
+    return output, loss
+
+
+def weighted_loss(losses: dict[str, torch.Tensor], weights: dict[str, float]) -> torch.Tensor:
+    """The training loss: each loss of the model's loss dict (the answer's, each head's) times its weight, summed."""
+    return sum(weights[name] * loss for name, loss in losses.items())
 
 
 def optimizer_step(run: Run) -> None:
@@ -455,31 +481,27 @@ def optimizer_step(run: Run) -> None:
 
 
 class StepWindow:
-    """Means over the forward passes of one optimizer step, for its record (under DDP, means over the
-    processes too: every process's part of the step counts, so the curve is the one of one process)."""
+    """Means over the forward passes of one optimizer step, for its record: the training loss, each loss of the
+    model's loss dict and the accuracy (under DDP, means over the processes too: every process's part of the
+    step counts, so the curve is the one of one process)."""
 
     def __init__(self):
-        self.loss, self.accuracy, self.aux_loss, self.count = 0.0, 0.0, None, 0
+        self.sums: dict[str, float] = {}
+        self.count = 0
 
-    def add(self, output, batch, world_size: int = 1) -> None:
+    def add(self, output: VLMOutput, loss: torch.Tensor, batch: Batch, world_size: int = 1) -> None:
         accuracy = first_answer_accuracy(output.logits.detach(), batch.labels, batch.prefix_lengths)
-        aux = output.aux_loss.detach() if output.aux_loss is not None else None
-        values = torch.stack([output.loss.detach().float(), torch.zeros_like(output.loss, dtype=torch.float)
-                              if aux is None else aux.float(), output.loss.new_tensor(accuracy, dtype=torch.float)])
+        named = {"train/loss": loss, **{f"train/{name}_loss": value for name, value in output.losses.items()}}
+        values = torch.stack([v.detach().float() for v in named.values()] + [loss.new_tensor(accuracy).float()])
         if world_size > 1:
             dist.all_reduce(values)
             values /= world_size
-        loss, aux_loss, accuracy = values.tolist()
-        self.loss += loss
-        if aux is not None:
-            self.aux_loss = (self.aux_loss or 0.0) + aux_loss
-        self.accuracy += accuracy
+        for key, value in zip([*named, "train/accuracy"], values.tolist()):
+            self.sums[key] = self.sums.get(key, 0.0) + value
         self.count += 1
 
     def pop(self) -> dict[str, float]:
-        record = {"train/loss": self.loss / self.count, "train/accuracy": self.accuracy / self.count}
-        if self.aux_loss is not None:
-            record["train/aux_loss"] = self.aux_loss / self.count
+        record = {key: total / self.count for key, total in self.sums.items()}
         self.__init__()
         return record
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vlm.batch import Batch
-from vlm.models import GemmaConfig, QFormerConfig, SiglipVisionConfig, VLMConfig
+from vlm.models import GemmaConfig, PaliGemmaConfig, QFormerConfig, SiglipVisionConfig
 
 VOCAB_SIZE = 40
 SOS, EOS, YES, NO, SEP = 2, 3, 4, 5, 7
@@ -20,8 +20,8 @@ def transformers():
     return pytest.importorskip("transformers", reason="transformers (test extra) is needed for HF parity tests")
 
 
-def tiny_config(**overrides) -> VLMConfig:
-    config = VLMConfig(
+def tiny_config(**overrides) -> PaliGemmaConfig:
+    config = PaliGemmaConfig(
         siglip=SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                                   image_size=32, patch_size=8),
         gemma=GemmaConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -37,7 +37,7 @@ def config():
     return tiny_config
 
 
-def random_batch(config: VLMConfig, batch: int = 5, num_images: int = 3, seed: int = 0) -> Batch:
+def random_batch(config: PaliGemmaConfig, batch: int = 5, num_images: int = 3, seed: int = 0) -> Batch:
     """A right-padded batch as the collate function builds it: [SOS] question [SEP] answer [EOS],
     questions and answers of different lengths, several questions per image."""
     g = torch.Generator().manual_seed(seed)

@@ -174,26 +174,3 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
         load_pretrained_siglip(tmp_path / "nope.safetensors")
     with pytest.raises(FileNotFoundError, match="model.safetensors or pytorch_model.bin"):
         load_pretrained_siglip(tmp_path)
-
-
-def test_conv_stem_adds_to_the_patch_embedding_and_learns():
-    model = encoder(stem_channels=[4, 8, 8]).train()  # 3 stride-2 stages = patch size 8
-    x = pixels(2, 32)
-    assert model(x).last_hidden_state.shape == (2, 16, 32)
-    model(x).last_hidden_state.pow(2).mean().backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
-    stem = model.embeddings.conv_stem
-    with torch.no_grad():  # without the stem's contribution, the SigLIP patch embedding alone remains
-        stem.proj.weight.zero_()
-        stem.proj.bias.zero_()
-    plain = encoder()
-    plain.load_state_dict({k: v for k, v in model.state_dict().items() if "conv_stem" not in k})
-    torch.testing.assert_close(model.eval()(x).last_hidden_state, plain(x).last_hidden_state)
-    assert "embeddings.patch_embedding.weight" in model.state_dict()  # HF names kept
-
-
-def test_conv_stem_must_reduce_by_the_patch_size():
-    with pytest.raises(ParamError, match=r"vision.stem_channels: 2 stride-2 stages reduce by 4, not by "
-                                         r"vision.patch_size \(8\)"):
-        SiglipVisionConfig(**{**SMALL, "image_size": 32, "patch_size": 8, "stem_channels": [4, 8]}).validate("vision")

@@ -21,20 +21,24 @@ from torch.utils.data import Dataset
 
 from vlm.data.augment import AugmentConfig, augment_image, sample_augment_params, single_threaded_torch, swap_left_right
 from vlm.data.commands import read_commands
-from vlm.data.grounding import HeadTargets
 from vlm.data.h5file import PackedImageReader
+from vlm.processor import QATokenizer
 
 _RECORD_FIELDS = ("question_id", "image_id", "command", "answer", "command_type", "metadata")
 
 
-class QATokenizer(Protocol):
-    """What the dataset needs from the tokenizer (the shared contract)."""
+class Targets(Protocol):
+    """What the dataset needs of a target transform (:class:`vlm.models.perception.TargetTransform`)."""
 
-    pad_token_id: int
+    bytes_per_image: int
 
-    def encode_question(self, text: str) -> list[int]: ...
+    def of(self, annotation: str, where: str) -> np.ndarray: ...
 
-    def encode_answer(self, text: str) -> list[int]: ...
+    def from_annotations(self, annotations: Sequence[str], source: str) -> np.ndarray: ...
+
+    def check(self, annotations: Sequence[str], source: str) -> None: ...
+
+    def mirror(self, targets: np.ndarray) -> np.ndarray: ...
 
 
 class TokenTable:
@@ -70,67 +74,72 @@ class TrafficVQADataset(Dataset):
     ``set_epoch`` each epoch), None for evaluation. ``in_memory``: read the whole split (and its
     targets) into RAM once (shared copy-on-write with forked workers). Otherwise the HDF5 file is
     opened lazily in each process and the targets are built per fetch from the stored labels, so a
-    process holds each image's label text instead of its ``HeadTargets.bytes_per_image``. Questions
+    process holds each image's label text instead of its ``targets.bytes_per_image``. Questions
     whose image the pack stage skipped as corrupt are dropped (``num_dropped``); any other question
     without its image is an error. ``targets``: also give each
-    sample its image's targets ``[G*G, C]`` for the model's auxiliary heads (:mod:`vlm.data.grounding`).
+    sample its image's targets ``[G*G, C]`` built by this transform (the perception heads': ``vlm.models.perception``).
     """
 
     def __init__(self, commands_path: str | os.PathLike, h5_path: str | os.PathLike, tokenizer: QATokenizer,
                  augment: AugmentConfig | None = None, in_memory: bool = False, seed: int = 0,
-                 targets: HeadTargets | None = None):
+                 targets: Targets | None = None):
         self.commands_path = Path(commands_path)
         self.images = PackedImageReader(h5_path)
         self.augment = augment
         self.seed = seed
         self.epoch = 0
         self.pad_token_id = tokenizer.pad_token_id
+        self.in_memory = in_memory
+        self.targets = targets
+        self.records, self.image_rows, self.num_dropped = self._match_records()
+        self._tokenise(tokenizer)
+        self._ram_targets, self._annotations = self._prepare_targets()
+        self._ram_images: np.ndarray | None = None  # uint8 [N, 3, S, S] when held in RAM
+        if in_memory:
+            self._ram_images = self._read_all_images()
+            self.images.close()
 
+    def _match_records(self) -> tuple[list[dict[str, Any]], np.ndarray, int]:
+        """The split's records whose image is packed, the row of each one's image ``[Q]``, and how many were
+        dropped because the pack stage skipped their image as corrupt (any other missing image is an error)."""
         row_of_image = {image_id: row for row, image_id in enumerate(self.images.image_ids)}
         skipped = set(self.images.skipped_image_ids)
-        self.records: list[dict[str, Any]] = []
-        rows = []
-        self.num_dropped = 0
+        records, rows, dropped = [], [], 0
         for index, record in enumerate(read_commands(self.commands_path, _RECORD_FIELDS)):
             row = row_of_image.get(record["image_id"])
             if row is None:
                 if record["image_id"] in skipped:
-                    self.num_dropped += 1
+                    dropped += 1
                     continue
                 raise ValueError(f"{self.commands_path}: record {index}: image '{record['image_id']}' "
                                  f"is not in {self.images.path} (packed from another commands file?)")
-            self.records.append(record)
+            records.append(record)
             rows.append(row)
-        self.image_rows = np.array(rows, dtype=np.int64)  # [Q] row of each question's image
+        return records, np.array(rows, dtype=np.int64), dropped
 
+    def _tokenise(self, tokenizer: QATokenizer) -> None:
+        """Token tables of the questions and answers, and of their mirrored text when images may be flipped."""
         commands = [r["command"] for r in self.records]
         answers = [r["answer"] for r in self.records]
         self._question_ids = TokenTable(commands, tokenizer.encode_question)
         self._answer_ids = TokenTable(answers, tokenizer.encode_answer)
-        if augment is not None and augment.hflip_prob > 0:
+        if self.augment is not None and self.augment.hflip_prob > 0:
             mirror = {text: swap_left_right(text) for text in {*commands, *answers}}
             self._mirrored_commands = [mirror[c] for c in commands]
             self._mirrored_answers = [mirror[a] for a in answers]
             self._mirrored_question_ids = TokenTable(self._mirrored_commands, tokenizer.encode_question)
             self._mirrored_answer_ids = TokenTable(self._mirrored_answers, tokenizer.encode_answer)
 
-        self.in_memory = in_memory
-        self.targets = targets
-        self._ram_targets: np.ndarray | None = None  # float32 [N, G*G, C] when held in RAM
-        self._annotations: list[str] | None = None  # else each image's label frame, its targets built per fetch
-        if targets is not None:
-            annotations = self.images.read_annotations()
-            if in_memory:
-                self._ram_targets = targets.from_annotations(annotations, str(self.images.path))
-            else:
-                # a bad label fails now, not in the middle of an epoch
-                targets.check(annotations, str(self.images.path))
-                self._annotations = annotations
-
-        self._ram_images: np.ndarray | None = None  # uint8 [N, 3, S, S] when held in RAM
-        if in_memory:
-            self._ram_images = self._read_all_images()
-            self.images.close()
+    def _prepare_targets(self) -> tuple[np.ndarray | None, list[str] | None]:
+        """In RAM, every image's targets float32 ``[N, G*G, C]``; else the label frames they are built from per
+        fetch (checked now, so that a bad label fails before training, not in the middle of an epoch)."""
+        if self.targets is None:
+            return None, None
+        annotations = self.images.read_annotations()
+        if self.in_memory:
+            return self.targets.from_annotations(annotations, str(self.images.path)), None
+        self.targets.check(annotations, str(self.images.path))
+        return None, annotations
 
     @property
     def image_size(self) -> int:

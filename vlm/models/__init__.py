@@ -1,7 +1,11 @@
-"""Models: SigLIP vision encoder, linear and Q-Former connectors, Gemma decoder, the PaliGemma-style VLM."""
+"""The PaliGemma core: SigLIP vision encoder, linear and Q-Former connectors, Gemma decoder, the prefix-LM VLM,
+and the one interface a task extends it through (:mod:`vlm.models.extension`). The traffic perception lives
+beside it in :mod:`vlm.models.perception`, which this package never imports."""
 
 from vlm.models.connector import LinearConnector
+from vlm.models.extension import ExtensionOutput, VisionExtension
 from vlm.models.gemma import CausalLMOutput, GemmaConfig, GemmaForCausalLM, GemmaModel, KVCache, prefix_lm_mask
+from vlm.models.paligemma import PaliGemma, PaliGemmaConfig, VLMOutput, load_pretrained
 from vlm.models.qformer import QFormerConfig, QFormerConnector, QFormerModel
 from vlm.models.siglip import (
     SiglipVisionConfig,
@@ -10,11 +14,10 @@ from vlm.models.siglip import (
     load_pretrained_siglip,
     siglip_config_from_pretrained,
 )
-from vlm.models.vlm import TrafficVLM, VLMConfig, VLMOutput, build_vlm
 
 __all__ = [
-    "CausalLMOutput", "GemmaConfig", "GemmaForCausalLM", "GemmaModel", "KVCache", "LinearConnector",
-    "QFormerConfig", "QFormerConnector", "QFormerModel", "SiglipVisionConfig", "SiglipVisionModel",
-    "SiglipVisionOutput", "TrafficVLM", "VLMConfig", "VLMOutput", "build_vlm", "load_pretrained_siglip",
-    "prefix_lm_mask", "siglip_config_from_pretrained",
+    "CausalLMOutput", "ExtensionOutput", "GemmaConfig", "GemmaForCausalLM", "GemmaModel", "KVCache",
+    "LinearConnector", "PaliGemma", "PaliGemmaConfig", "QFormerConfig", "QFormerConnector", "QFormerModel",
+    "SiglipVisionConfig", "SiglipVisionModel", "SiglipVisionOutput", "VLMOutput", "VisionExtension",
+    "load_pretrained", "load_pretrained_siglip", "prefix_lm_mask", "siglip_config_from_pretrained",
 ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -35,9 +35,6 @@ class SiglipVisionConfig:
     image_size: int = 128
     patch_size: int = 16
     layer_norm_eps: float = 1e-6
-    # Channels of an optional convolutional stem (one stride-2 stage per entry; 2**len = patch_size) whose
-    # output is added to the patch embedding; empty = SigLIP as published (and as pretrained checkpoints).
-    stem_channels: list[int] = field(default_factory=list)
 
     @property
     def head_dim(self) -> int:
@@ -51,11 +48,6 @@ class SiglipVisionConfig:
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_channels", "image_size", "patch_size"):
             check(getattr(self, name) > 0, f"{prefix}.{name}", f"must be positive, got {getattr(self, name)}")
-        check(all(isinstance(c, int) and c > 0 for c in self.stem_channels), f"{prefix}.stem_channels",
-              f"must be positive channel counts, got {self.stem_channels}")
-        check(not self.stem_channels or 2 ** len(self.stem_channels) == self.patch_size, f"{prefix}.stem_channels",
-              f"{len(self.stem_channels)} stride-2 stages reduce by {2 ** len(self.stem_channels)}, not by "
-              f"{prefix}.patch_size ({self.patch_size}); give log2(patch_size) channel counts or none")
         check(self.layer_norm_eps > 0, f"{prefix}.layer_norm_eps", f"must be positive, got {self.layer_norm_eps}")
         check(self.hidden_size % self.num_attention_heads == 0, f"{prefix}.hidden_size",
               f"must be divisible by {prefix}.num_attention_heads "
@@ -69,7 +61,6 @@ class SiglipVisionConfig:
 class SiglipVisionOutput:
     last_hidden_state: torch.Tensor  # [N, P, D]
     attentions: tuple[torch.Tensor, ...] | None = None  # per layer [N, H, P, P], explicit path only
-    stem_features: list[torch.Tensor] | None = None  # each conv stem stage's output, with a stem
 
 
 def resize_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -85,63 +76,22 @@ def resize_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[in
     return table.permute(0, 2, 3, 1).reshape(grid[0] * grid[1], dim)
 
 
-class ConvStem(nn.Module):
-    """Early convolutions (Xiao et al. 2021, "Early Convolutions Help Transformers See Better"): per stage a
-    stride-2 and a stride-1 3x3 convolution, each with GroupNorm and ReLU, then a 1x1 projection to the
-    encoder width. ``[N, C, S, S]`` -> ``[N, D, S / 2**stages, S / 2**stages]``, and each stage's output
-    (``[N, channels[i], S / 2**(i+1), S / 2**(i+1)]``: an object-centre head reads them). GroupNorm, not BatchNorm:
-    a sample's features never depend on the rest of its batch (a BatchNorm stem over the 8 images of a
-    step measured worse, scene questions the most)."""
-
-    def __init__(self, in_channels: int, channels: list[int], out_channels: int, groups: int = 4):
-        super().__init__()
-        layers: list[nn.Module] = []
-        self.stage_ends: list[int] = []  # index in self.layers after which each stage's output is ready
-        for c in channels:
-            for stride in (2, 1):
-                layers += [nn.Conv2d(in_channels, c, 3, stride=stride, padding=1, bias=False),
-                           nn.GroupNorm(math.gcd(groups, c), c), nn.ReLU()]
-                in_channels = c
-            self.stage_ends.append(len(layers) - 1)
-        self.layers = nn.Sequential(*layers)
-        self.proj = nn.Conv2d(in_channels, out_channels, kernel_size=1)
-
-    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        stages, hidden = [], pixel_values
-        for index, layer in enumerate(self.layers):
-            hidden = layer(hidden)
-            if index in self.stage_ends:
-                stages.append(hidden)
-        return self.proj(hidden), stages
-
-    def reset_parameters(self) -> None:
-        """PyTorch's default (Kaiming-uniform) convolution init, with which the stem was measured,
-        rather than the ViT's std 0.02."""
-        for module in self.modules():
-            if isinstance(module, (nn.Conv2d, nn.GroupNorm)):
-                module.reset_parameters()
-
-
 class SiglipVisionEmbeddings(nn.Module):
     def __init__(self, config: SiglipVisionConfig):
         super().__init__()
         self.patch_size = config.patch_size
         self.patch_embedding = nn.Conv2d(config.num_channels, config.hidden_size,
                                          kernel_size=config.patch_size, stride=config.patch_size)
-        self.conv_stem = ConvStem(config.num_channels, config.stem_channels, config.hidden_size) \
-            if config.stem_channels else None
         self.position_embedding = nn.Embedding(config.num_patches, config.hidden_size)
 
-    def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False
-                ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """-> embeddings ``[N, P, D]`` and the conv stem's stage outputs (None without a stem)."""
+    def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False,
+                patch_residual: torch.Tensor | None = None) -> torch.Tensor:
+        """-> embeddings ``[N, P, D]``; ``patch_residual`` ``[N, D, h, w]`` (a vision adapter's output, see
+        :mod:`vlm.models.extension`) is added to the patch embedding before the positions."""
         _, _, height, width = pixel_values.shape
-        pixel_values = pixel_values.to(self.patch_embedding.weight.dtype)
-        patch_embeds = self.patch_embedding(pixel_values)  # [N, D, h, w]
-        stem_features = None
-        if self.conv_stem is not None:
-            stem_embeds, stem_features = self.conv_stem(pixel_values)
-            patch_embeds = patch_embeds + stem_embeds  # [N, D, h, w]
+        patch_embeds = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))  # [N, D, h, w]
+        if patch_residual is not None:
+            patch_embeds = patch_embeds + patch_residual
         embeddings = patch_embeds.flatten(2).transpose(1, 2)  # [N, h*w, D]
         positions = self.position_embedding.weight  # [P, D]
         if interpolate_pos_encoding:
@@ -149,7 +99,7 @@ class SiglipVisionEmbeddings(nn.Module):
         elif embeddings.shape[1] != positions.shape[0]:
             raise ValueError(f"image of {height}x{width} px gives {embeddings.shape[1]} patches but the encoder "
                              f"has {positions.shape[0]} positions; pass interpolate_pos_encoding=True")
-        return embeddings + positions, stem_features
+        return embeddings + positions
 
 
 class SiglipAttention(nn.Module):
@@ -222,16 +172,16 @@ class SiglipVisionModel(nn.Module):
         self.encoder = SiglipEncoder(config)
         self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.apply(init_vit_weights)
-        if self.embeddings.conv_stem is not None:
-            self.embeddings.conv_stem.reset_parameters()
 
     def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False,
-                interpolate_pos_encoding: bool = False) -> SiglipVisionOutput:
+                interpolate_pos_encoding: bool = False, patch_residual: torch.Tensor | None = None
+                ) -> SiglipVisionOutput:
         """``pixel_values`` float ``[N, C, S, S]`` already normalised; ``output_attentions`` takes the
-        explicit softmax path and returns each layer's attention probabilities."""
-        hidden_states, stem_features = self.embeddings(pixel_values, interpolate_pos_encoding)  # [N, P, D]
+        explicit softmax path and returns each layer's attention probabilities; ``patch_residual``: see
+        :meth:`SiglipVisionEmbeddings.forward`."""
+        hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding, patch_residual)  # [N, P, D]
         hidden_states, attentions = self.encoder(hidden_states, output_attentions)
-        return SiglipVisionOutput(self.post_layernorm(hidden_states), attentions, stem_features)
+        return SiglipVisionOutput(self.post_layernorm(hidden_states), attentions)
 
 
 def init_vit_weights(module: nn.Module, std: float = 0.02) -> None:

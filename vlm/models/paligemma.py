@@ -1,4 +1,4 @@
-"""TrafficVLM: a PaliGemma-style vision-language model (SigLIP -> connector -> Gemma, prefix-LM).
+"""The PaliGemma core: a vision-language model (SigLIP -> connector -> Gemma, prefix-LM) and nothing else.
 
 Sequence layout per question: ``[image tokens | [SOS] question [SEP] | answer [EOS] | padding]``.
 The image tokens and the question form the prefix, attended in full; the answer is causal. Image tokens
@@ -9,9 +9,10 @@ PaliGemma's merge (it divides the image features by ``sqrt(hidden_size)`` before
 every input embedding by it). ``vision: none`` is the blind baseline: the same decoder, no image tokens.
 
 Parameter layout follows HuggingFace PaliGemma: ``vision_tower.*`` (SigLIP), ``multi_modal_projector.*``,
-``language_model.model.*`` and the tied ``language_model.lm_head.weight``. Task-specific additions (auxiliary
-heads, their extra image token) live in ``heads.*`` (:mod:`vlm.models.heads`); with every head off the model is
-the PaliGemma design above.
+``language_model.model.*`` and the tied ``language_model.lm_head.weight``. Task-specific additions reach the
+core through one interface, a :class:`vlm.models.extension.VisionExtension` given to it (parameters under
+``extension.*``); without one the model is the PaliGemma design above, and its state dict is transformers'
+``PaliGemmaForConditionalGeneration``'s (the tied LM head aside).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ from torch import nn
 
 from vlm.batch import IGNORE_INDEX, Batch
 from vlm.models.connector import LinearConnector
+from vlm.models.extension import VisionExtension
 from vlm.models.gemma import (
     GemmaConfig,
     GemmaForCausalLM,
@@ -37,12 +40,10 @@ from vlm.models.gemma import (
     load_pretrained_gemma,
     prefix_lm_mask,
 )
-from vlm.models.heads import HeadsConfig, VisionHeads
 from vlm.models.qformer import QFormerConfig, QFormerConnector
 from vlm.models.siglip import (
     SiglipVisionConfig,
     SiglipVisionModel,
-    SiglipVisionOutput,
     load_pretrained_siglip,
     siglip_config_from_pretrained,
 )
@@ -54,21 +55,16 @@ _FROM_DATA = {
     ("siglip", "image_size"): "the packed image size (data/processed/*_images.h5)",
     ("image_mean",): "the train split statistics (data/processed/train_images.h5)",
     ("image_std",): "the train split statistics (data/processed/train_images.h5)",
-    ("heads", "channels"): "the target layout (vlm.data.grounding)",
-    ("heads", "centre_regions"): "the target layout (vlm.data.grounding)",
-    ("heads", "foot_regions"): "the target layout (vlm.data.grounding)",
 }
-_SUBSECTIONS = ("heads", "siglip", "gemma", "qformer")
 
 
 @dataclass
-class VLMConfig:
+class PaliGemmaConfig:
     vision: Literal["siglip", "none"] = "siglip"
     connector: Literal["linear", "qformer"] = "linear"
     pixel_shuffle: int = 1  # linear connector: r x r neighbouring patches -> one image token (1 = PaliGemma)
     vision_checkpoint: str | None = None  # a saved HF SigLIP (or PaliGemma) folder: the encoder starts from it
     decoder_checkpoint: str | None = None  # a saved HF GemmaForCausalLM (or PaliGemma) folder: the decoder too
-    heads: HeadsConfig = field(default_factory=HeadsConfig)  # auxiliary vision heads; all off = PaliGemma
     siglip: SiglipVisionConfig = field(default_factory=SiglipVisionConfig)
     gemma: GemmaConfig = field(default_factory=GemmaConfig)
     qformer: QFormerConfig = field(default_factory=QFormerConfig)
@@ -83,7 +79,7 @@ class VLMConfig:
             tokens = self.qformer.num_query_tokens
         else:
             tokens = self.siglip.num_patches // (self.pixel_shuffle * self.pixel_shuffle)
-        return tokens + int(self.heads.to_decoder)
+        return tokens
 
     def validate(self, prefix: str = "model") -> None:
         check(self.vision in ("siglip", "none"), f"{prefix}.vision", f"must be 'siglip' or 'none', got {self.vision!r}")
@@ -94,10 +90,6 @@ class VLMConfig:
             grid = self.siglip.image_size // self.siglip.patch_size
             check(self.pixel_shuffle >= 1 and grid % self.pixel_shuffle == 0, f"{prefix}.pixel_shuffle",
                   f"must be >= 1 and divide the patch grid ({grid} x {grid} patches), got {self.pixel_shuffle}")
-            self.heads.validate(f"{prefix}.heads", self.siglip.stem_channels)
-        else:
-            check(not self.heads.enabled, f"{prefix}.heads",
-                  "a model without vision (vision: none) has no image for the heads to read: turn them off")
         self.gemma.validate(f"{prefix}.gemma")
         self.qformer.validate(f"{prefix}.qformer")
         for name in ("image_mean", "image_std"):
@@ -109,20 +101,20 @@ class VLMConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any], what: str = "model") -> VLMConfig:
+    def from_dict(cls, values: dict[str, Any], what: str = "model") -> PaliGemmaConfig:
         """Rebuild a config saved with :meth:`to_dict` (e.g. from a checkpoint), validating it."""
         return build_config(cls, values, what)
 
     @classmethod
     def from_params(cls, model_section: Mapping[str, Any], vocab_size: int, image_size: int,
-                    image_mean: list[float] | None = None, image_std: list[float] | None = None,
-                    head_layout: Mapping[str, Any] | None = None) -> VLMConfig:
-        """Build and validate the config from the ``model:`` section of params.yaml plus what the data
-        fixes (vocabulary size, image size, train-split mean/std, the heads' target layout:
-        :func:`vlm.data.grounding.head_layout`), before any weight exists."""
+                    image_mean: list[float] | None = None, image_std: list[float] | None = None) -> PaliGemmaConfig:
+        """Build and validate the config (of this class or a subclass: its sections too) from the ``model:``
+        section of params.yaml plus what the data fixes (vocabulary size, image size, train-split mean/std),
+        before any weight exists."""
         vocab_size, image_size = operator.index(vocab_size), operator.index(image_size)
         values = dict(model_section or {})
-        for sub in _SUBSECTIONS:
+        hints = typing.get_type_hints(cls)
+        for sub in (f.name for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])):
             if not isinstance(values.get(sub, {}), Mapping):
                 raise ParamError(f"model.{sub}: must be a mapping")
             values[sub] = dict(values.get(sub, {}))
@@ -144,7 +136,6 @@ class VLMConfig:
         check_image_size(values, image_size, "the image size of the data")
         values["siglip"]["image_size"] = image_size
         values["gemma"]["vocab_size"] = vocab_size
-        values["heads"].update(head_layout or {})
         # numpy scalars (HDF5 attributes and metadata) become plain Python numbers
         values["image_mean"] = [float(v) for v in (image_mean if image_mean is not None else (0.5, 0.5, 0.5))]
         values["image_std"] = [float(v) for v in (image_std if image_std is not None else (0.5, 0.5, 0.5))]
@@ -192,26 +183,29 @@ def _pretrained_normalisation(checkpoint: Path) -> tuple[list[float], list[float
 @dataclass
 class VLMOutput:
     logits: torch.Tensor  # [B, L, V] at the text positions; [B, A, V] at the answer's with answer_only
-    loss: torch.Tensor | None = None  # mean cross-entropy over answer tokens (+ weighted auxiliary loss)
-    aux_loss: torch.Tensor | None = None  # the heads' loss, when the batch has targets and the model heads
+    # With batch.labels: "answer", the mean cross-entropy over the answer tokens, and, with batch.targets too,
+    # the extension's losses by name; training weights them (``PaliGemma.loss_weights``) and sums them.
+    losses: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-class TrafficVLM(nn.Module):
-    def __init__(self, config: VLMConfig):
+class PaliGemma(nn.Module):
+    def __init__(self, config: PaliGemmaConfig, extension: VisionExtension | None = None):
         super().__init__()
         config.validate()
+        if extension is not None and config.vision != "siglip":
+            raise ValueError("a vision extension needs the vision encoder (model.vision: siglip)")
         self.config = config
         if config.vision == "siglip":
             self.vision_tower = SiglipVisionModel(config.siglip)
-            # the connector reads the patch features, and beside them what the heads map per patch
-            connector_in = config.siglip.hidden_size + VisionHeads.patch_width(config.heads)
+            # the connector reads the patch features, and beside them the extension's per-patch features
+            connector_in = config.siglip.hidden_size + (extension.patch_width if extension is not None else 0)
             if config.connector == "linear":
                 self.multi_modal_projector = LinearConnector(connector_in, config.gemma.hidden_size,
                                                              config.pixel_shuffle)
             else:
                 self.multi_modal_projector = QFormerConnector(config.qformer, connector_in, config.gemma.hidden_size)
-            self.heads = VisionHeads(config.heads, config.siglip, config.gemma.hidden_size)
         self.language_model = GemmaForCausalLM(config.gemma)
+        self.extension = extension
         mean = torch.tensor(config.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
         std = torch.tensor(config.image_std, dtype=torch.float32).view(1, 3, 1, 1)
         # uint8 -> normalised float in one multiply-add: (x / 255 - mean) / std
@@ -220,32 +214,37 @@ class TrafficVLM(nn.Module):
 
     @property
     def num_image_tokens(self) -> int:
-        return self.config.num_image_tokens
+        return self.config.num_image_tokens + (self.extension.num_tokens if self.extension is not None else 0)
+
+    @property
+    def loss_weights(self) -> dict[str, float]:
+        """The weight of each loss :meth:`forward` returns, in training's weighted sum."""
+        return {"answer": 1.0, **(self.extension.loss_weights if self.extension is not None else {})}
 
     def encode_images(self, images: torch.Tensor, targets: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """uint8 images ``[N, 3, S, S]`` -> image tokens ``[N, T, D]`` in the decoder's embedding space and,
-        given the heads' ``targets`` ``[N, G*G, C]``, their auxiliary loss (else None)."""
-        vision = self._vision(images)
-        features = vision.last_hidden_state  # [N, P, Dv]
-        extra_features, extra_tokens, aux_loss = self.heads(features, vision.stem_features, targets)
-        tokens = self.multi_modal_projector(torch.cat([features, extra_features], dim=-1))  # [N, T - T_heads, D]
-        return torch.cat([tokens, extra_tokens], dim=1), aux_loss
-
-    def _vision(self, images: torch.Tensor) -> SiglipVisionOutput:
+        given the extension's ``targets``, its losses by name."""
         expected = (3, self.config.siglip.image_size, self.config.siglip.image_size)
         if images.dtype != torch.uint8 or images.dim() != 4 or tuple(images.shape[1:]) != expected:
             raise ValueError(f"images must be uint8 [N, {', '.join(map(str, expected))}], "
                              f"got {images.dtype} {list(images.shape)}")
         pixel_values = torch.addcmul(self.pixel_shift, images.float(), self.pixel_scale)  # [N, 3, S, S]
-        return self.vision_tower(pixel_values)
+        if self.extension is None:
+            features = self.vision_tower(pixel_values).last_hidden_state  # [N, P, Dv]
+            return self.multi_modal_projector(features), {}
+        residual, state = self.extension.adapt(pixel_values)
+        features = self.vision_tower(pixel_values, patch_residual=residual).last_hidden_state  # [N, P, Dv]
+        extra = self.extension(features, state, targets)
+        tokens = self.multi_modal_projector(torch.cat([features, extra.patch_features], dim=-1))  # [N, T', D]
+        return torch.cat([tokens, extra.tokens], dim=1), extra.losses
 
     def _embed(self, batch: Batch, prefix_only: bool):
         """Image tokens (each distinct image encoded once, gathered per question) followed by the text.
 
         Returns ``inputs_embeds`` ``[B, T + L, D]``, ``key_valid`` ``[B, T + L]`` (False on padding, and
         after the prefix when ``prefix_only``), ``prefix_total`` ``[B]`` = T + prefix length and, given
-        ``batch.targets``, the heads' auxiliary loss (else None).
+        ``batch.targets``, the extension's losses.
         """
         text_embeds = self.language_model.model.embed_tokens(batch.input_ids)  # [B, L, D]
         text_valid = batch.attention_mask.bool()  # [B, L]
@@ -253,21 +252,21 @@ class TrafficVLM(nn.Module):
             positions = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device)
             text_valid = text_valid & (positions < batch.prefix_lengths[:, None])
         if self.config.vision == "none":
-            return text_embeds, text_valid, batch.prefix_lengths, None
-        image_tokens, aux_loss = self.encode_images(batch.images, batch.targets)  # [N_img, T, D]
+            return text_embeds, text_valid, batch.prefix_lengths, {}
+        image_tokens, losses = self.encode_images(batch.images, batch.targets)  # [N_img, T, D]
         image_tokens = image_tokens[batch.image_index].to(text_embeds.dtype)  # [B, T, D]
         image_valid = text_valid.new_ones(image_tokens.shape[:2])
         return (torch.cat([image_tokens, text_embeds], dim=1), torch.cat([image_valid, text_valid], dim=1),
-                batch.prefix_lengths + image_tokens.shape[1], aux_loss)
+                batch.prefix_lengths + image_tokens.shape[1], losses)
 
     def forward(self, batch: Batch, answer_only: bool = False) -> VLMOutput:
-        """Logits ``[B, L, V]`` for the text positions and, with ``batch.labels``, the loss; with
-        ``batch.targets`` too, the loss adds ``heads.loss_weight`` x the heads' auxiliary loss.
+        """Logits ``[B, L, V]`` for the text positions and, with ``batch.labels``, the losses (the answer's;
+        with ``batch.targets`` too, the extension's).
 
         ``answer_only`` (training): the last decoder layer and the LM head compute only the A positions that
         predict the answer tokens (column a of row b: the token at text position ``prefix_lengths[b] + a``),
         so the logits are ``[B, A, V]``; the loss is the same (labels sit on the answer tokens only)."""
-        inputs_embeds, key_valid, prefix_total, aux_loss = self._embed(batch, prefix_only=False)
+        inputs_embeds, key_valid, prefix_total, losses = self._embed(batch, prefix_only=False)
         num, length, _ = inputs_embeds.shape
         slots = torch.arange(length, device=inputs_embeds.device).expand(num, length)  # [B, S]
         mask = prefix_lm_mask(key_valid, slots, prefix_total)
@@ -286,11 +285,10 @@ class TrafficVLM(nn.Module):
             labels = None if batch.labels is None else F.pad(batch.labels[:, 1:], (0, 1), value=IGNORE_INDEX)
         hidden, _ = self.language_model.model(inputs_embeds, slots, mask, output_slots=output_slots)  # [B, Q, D]
         logits = self.language_model.lm_head(hidden)  # [B, Q, V]
-        loss = None if labels is None else F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
-                                                             ignore_index=IGNORE_INDEX)
-        if loss is not None and aux_loss is not None:
-            loss = loss + self.config.heads.loss_weight * aux_loss
-        return VLMOutput(logits=logits, loss=loss, aux_loss=aux_loss)
+        if labels is not None:
+            losses = {"answer": F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
+                                                ignore_index=IGNORE_INDEX), **losses}
+        return VLMOutput(logits=logits, losses=losses)
 
     @torch.no_grad()
     def generate(self, batch: Batch, *, eos_token_id: int, max_new_tokens: int = 8, pad_token_id: int = 0,
@@ -347,7 +345,7 @@ class TrafficVLM(nn.Module):
         """Attention probabilities ``[B, num_layers, num_heads, T]`` from the position that predicts the
         first answer token ([SEP]) to the T image tokens (explicit attention path), for heat maps. With the
         linear connector token t is cell t of the row-major (pixel-shuffled) patch grid; with the Q-Former it
-        is query t; with ``heads.to_decoder`` the last one is the heads' token."""
+        is query t; an extension's tokens come last."""
         if self.config.vision == "none":
             raise ValueError("image_attention(): the blind model (vision: none) has no image tokens")
         inputs_embeds, key_valid, prefix_total, _ = self._embed(batch.without_labels(), prefix_only=True)
@@ -396,12 +394,12 @@ def packed_candidates_mask(key_valid: torch.Tensor, prefix_total: torch.Tensor,
     return torch.cat([prefix_rows, cand_rows], dim=2)
 
 
-def build_vlm(config: VLMConfig) -> TrafficVLM:
-    """A model to train: fresh weights, with the pretrained SigLIP encoder when ``vision_checkpoint`` is set
+def load_pretrained(model: PaliGemma) -> PaliGemma:
+    """A freshly built model to train, given the pretrained SigLIP encoder when ``vision_checkpoint`` is set
     (its position grid resampled to ``siglip.image_size``) and the pretrained decoder when ``decoder_checkpoint``
-    is (its token embeddings fresh unless its vocabulary is the tokenizer's). To restore a trained model, use
-    ``TrafficVLM(config)`` and ``load_state_dict`` instead."""
-    model = TrafficVLM(config)
+    is (its token embeddings fresh unless its vocabulary is the tokenizer's). A trained model is restored with
+    ``load_state_dict`` instead."""
+    config = model.config
     if config.vision == "siglip" and config.vision_checkpoint is not None:
         pretrained = load_pretrained_siglip(config.vision_checkpoint, image_size=config.siglip.image_size)
         if pretrained.config != config.siglip:

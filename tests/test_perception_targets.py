@@ -1,27 +1,21 @@
-"""Grounding targets: per-patch category boxes, object-centre counts, readable light colours, occlusion,
-and the frame attributes once per image."""
+"""The perception targets (vlm.models.perception.targets): per-patch category boxes, object-centre counts,
+readable light colours, occlusion, and the frame attributes once per image."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from vlm.data.grounding import (
-    FRAME_CHANNELS,
-    GROUNDING_CHANNELS,
-    PATCH_CHANNELS,
-    HeadTargets,
-    grounding_targets,
-    head_layout,
-)
-from vlm.models.heads import HeadsConfig
-from vlm.models.heads.grounding import GroundingHead
+from vlm.models.perception import PerceptionConfig
+from vlm.models.perception.heads.grounding import GroundingHead
+from vlm.models.perception.targets import CHANNELS, GROUPS, TargetTransform, channels
+from vlm.models.perception.targets import scene_targets as grounding_targets
 from vlm.models.siglip import SiglipVisionConfig
 from vlm.scenes.schema import Scene, SceneObject
 
 
 def channel(name: str) -> int:
-    return GROUNDING_CHANNELS.index(name)
+    return CHANNELS.index(name)
 
 
 def scene(*objects: SceneObject) -> Scene:
@@ -34,7 +28,7 @@ def test_boxes_centres_and_readable_lights_land_in_their_patches():
     hidden = SceneObject(id="3", category="traffic light", box=(700.0, 10.0, 760.0, 80.0), light_color="green",
                          occluded=True)
     t = grounding_targets(scene(car, red, hidden), 1280, 720, grid=4).reshape(4, 4, -1)
-    assert t.shape[-1] == len(GROUNDING_CHANNELS) == 41
+    assert t.shape[-1] == len(CHANNELS) == 41
     box = t[..., channel("box/car")]
     np.testing.assert_array_equal(box, [[0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]])
     centre = t[..., channel("centre/car")]
@@ -57,18 +51,18 @@ def test_mirror_reverses_patch_columns():
     t = grounding_targets(scene(car), 1280, 720, grid=4)
     flipped = grounding_targets(scene(SceneObject(id="1", category="car", box=(1180.0, 0.0, 1280.0, 100.0))),
                                 1280, 720, grid=4)
-    np.testing.assert_allclose(HeadTargets(4, (1280, 720)).mirror(t), flipped, atol=1e-6)
+    np.testing.assert_allclose(TargetTransform(4, (1280, 720)).mirror(t), flipped, atol=1e-6)
 
 
 
 def test_frame_attributes_fill_every_patch_and_undefined_ones_are_minus_one():
     foggy_night = Scene(name="a.jpg", timeofday="night", weather="foggy", scene="undefined", objects=())
     t = grounding_targets(foggy_night, 1280, 720, grid=4)
-    assert GROUNDING_CHANNELS[-len(FRAME_CHANNELS):] == FRAME_CHANNELS == (
+    assert CHANNELS[-len(GROUPS["frame"]):] == GROUPS["frame"] == (
         "frame/night", "frame/rain", "frame/fog", "frame/highway")
-    frame = t[:, -len(FRAME_CHANNELS):]
+    frame = t[:, -len(GROUPS["frame"]):]
     np.testing.assert_array_equal(frame, np.tile([1, 0, 1, -1], (16, 1)))  # highway: the scene is undefined
-    assert t[:, :-len(FRAME_CHANNELS)].sum() == 0  # no objects
+    assert t[:, :-len(GROUPS["frame"])].sum() == 0  # no objects
 
 
 def test_heatmaps_peak_at_each_centre_and_pool_back_to_the_patch_grid():
@@ -84,9 +78,10 @@ def test_heatmaps_peak_at_each_centre_and_pool_back_to_the_patch_grid():
     assert foot[15, 2] == 1 and foot[7, 7] == 1 and (foot == 1).sum() == 2
     assert t[..., channel("foot/vulnerable")].sum() == 0 and t[..., channel("foot/occluded")].sum() == 0
     coarse = grounding_targets(scene(near, far), 1280, 720, grid=4)
-    head = GroundingHead(HeadsConfig(**head_layout()), SiglipVisionConfig(hidden_size=8, num_attention_heads=2))
+    head = GroundingHead(PerceptionConfig(), SiglipVisionConfig(hidden_size=8, num_attention_heads=2))
     pooled = head.patch_targets(torch.from_numpy(t.reshape(1, 256, -1)), grid=4)[0].numpy()
-    np.testing.assert_array_equal(pooled, coarse[:, :len(PATCH_CHANNELS)])  # boxes by max, centre counts by sum
+    # boxes by max, centre counts by sum
+    np.testing.assert_array_equal(pooled, coarse[:, channels("box", "centre", "light", "occluded")])
 
 
 def test_footpoints_of_pedestrians_and_occluded_road_users():

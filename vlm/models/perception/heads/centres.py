@@ -3,12 +3,11 @@
 The grounding head's per-patch centre counts (16 px patches) count cars exactly in only about 0.4 of
 images: neighbouring objects share a patch. This head reads the convolutional stem's stage outputs in a
 small feature pyramid (stride 16 -> 8 -> 4) and predicts, per category, a heatmap at a quarter of the
-image size (``heat/*`` targets of :mod:`vlm.data.grounding`), and the same for the footpoints of road
-users, pedestrians and riders, and occluded road users (``foot/*``), trained with CenterNet's focal loss.
+image size (the ``heat`` group of :mod:`vlm.models.perception.targets`), and the same for the footpoints of
+road users, pedestrians and riders, and occluded road users (``foot``), trained with CenterNet's focal loss.
 An object is a local maximum above 0.5; the counts of those peaks per channel and region (object centres:
-``centre_regions``, e.g. the whole image, its left and its right third; footpoints: ``foot_regions``, e.g.
-the near part of each manoeuvre's path, both given by the data side) are what the decoder reads,
-thermometer-coded, in the heads' token.
+``CENTRE_REGIONS``, the whole image, its left and its right third; footpoints: ``FOOT_REGIONS``, the near
+part of each manoeuvre's path) are what the decoder reads, thermometer-coded, in the extra token.
 """
 
 from __future__ import annotations
@@ -19,27 +18,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlm.models.heads.base import AuxiliaryHead, HeadsConfig, channel_slice
+from vlm.models.perception.heads.base import AuxiliaryHead
+from vlm.models.perception.targets import CENTRE_REGIONS, CHANNELS, FOOT_REGIONS, GROUPS, channels
 from vlm.models.siglip import SiglipVisionConfig
+from vlm.params import check
 
 STRIDE = 4  # heatmap cells per image side = image size / STRIDE: the stem's second stage
 PEAK_THRESHOLD = 0.5
 PRIOR = 0.1  # initial heatmap probability (CenterNet's bias init -2.19)
 NUM_COUNT_THRESHOLDS = 10  # peak counts thermometer-coded: > 0, > 1, ..., > 9
-CENTRE_PREFIX, FOOT_PREFIX = "heat/", "foot/"  # target channels: object centres per category, footpoints
 
 
 class CentreHead(AuxiliaryHead):
+    name = "centres"
     target_stride = STRIDE
-    loss_weight = 0.1  # of the focal loss (per object, ~0.3 trained) in the heads' loss
 
-    def __init__(self, config: HeadsConfig, vision: SiglipVisionConfig, width: int = 32):
-        """Peaks of the object-centre / footpoint channels are counted in ``config.centre_regions`` /
-        ``config.foot_regions`` (x from, x to, y from; fractions of the image)."""
-        super().__init__()
-        self.channels = channel_slice(config.channels, (CENTRE_PREFIX, FOOT_PREFIX))  # of the targets
-        heat_channels = config.channels[self.channels]
-        stem = vision.stem_channels
+    def __init__(self, config, vision: SiglipVisionConfig, width: int = 32):
+        super().__init__(config, vision)
+        self.channels = channels("heat", "foot")  # of the targets
+        heat_channels = CHANNELS[self.channels]
+        stem = config.stem_channels
         c4, c8, top = stem[1], stem[2], stem[-1]  # strides 4, 8 and the stem's last
         self.lateral = nn.Conv2d(top, c8, kernel_size=1)
         self.smooth8 = nn.Sequential(nn.Conv2d(c8, width, 3, padding=1), nn.ReLU())
@@ -48,10 +46,14 @@ class CentreHead(AuxiliaryHead):
         self.out = nn.Conv2d(width, len(heat_channels), kernel_size=1)
         nn.init.constant_(self.out.bias, math.log(PRIOR / (1 - PRIOR)))
         self.register_buffer("thresholds", torch.arange(NUM_COUNT_THRESHOLDS) + 0.5, persistent=False)
-        regions = [config.centre_regions if name.startswith(CENTRE_PREFIX) else config.foot_regions
-                   for name in heat_channels]
+        regions = [CENTRE_REGIONS if name in GROUPS["heat"] else FOOT_REGIONS for name in heat_channels]
         self.register_buffer("regions", torch.tensor(regions, dtype=torch.float32), persistent=False)  # [C, R, 3]
-        self.num_token_features = len(heat_channels) * len(config.centre_regions) * NUM_COUNT_THRESHOLDS
+        self.num_token_features = len(heat_channels) * len(CENTRE_REGIONS) * NUM_COUNT_THRESHOLDS
+
+    @classmethod
+    def validate(cls, config, prefix: str) -> None:
+        check(len(config.stem_channels) >= 3, f"{prefix}.heads.centres",
+              f"needs a conv stem of at least 3 stages ({prefix}.stem_channels), got {config.stem_channels}")
 
     def forward(self, patch_features: torch.Tensor, stem_features: list[torch.Tensor]) -> torch.Tensor:
         """Stem stage outputs -> heatmap logits ``[N, S/4 * S/4, C_heat]`` (row-major cells)."""
@@ -63,7 +65,7 @@ class CentreHead(AuxiliaryHead):
         return logits.flatten(2).transpose(1, 2)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """CenterNet's focal loss (alpha 2, beta 4) per object against the ``heat/*`` channels of targets
+        """CenterNet's focal loss (alpha 2, beta 4) per object against the ``heat``/``foot`` channels of targets
         ``[N, S/4 * S/4, C]`` (all target channels)."""
         heat = targets[..., self.channels].float()
         prob = logits.float().sigmoid().clamp(1e-4, 1 - 1e-4)

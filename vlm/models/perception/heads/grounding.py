@@ -1,13 +1,13 @@
 """The grounding head: patch features -> per-patch maps of what the labels say each patch shows.
 
-Targets from :mod:`vlm.data.grounding`: binary channels
-(``box/*``, ``light/*``, ``occluded``) with binary cross-entropy, count channels (``centre/*``: how many
-object centres fall in the patch) with a Poisson loss, so that the maps summed over an image are expected
-object counts. The frame channels (``frame/*``: night, rain, fog, highway) are one prediction per image,
-from the mean of the patch features, repeated in every patch; binary cross-entropy where the labels
-define them. With ``model.heads.to_decoder`` the decoder reads the maps too: per patch beside the
-encoder's features, and the image totals of the patch channels as one extra token, thermometer-coded
-(total > 0.5, > 1.5, ...) so that "how many", "more than k" and "is there" are linear read-outs of it.
+Targets (:mod:`vlm.models.perception.targets`): binary groups (``box``, ``light``, ``occluded``) with binary
+cross-entropy, the count group (``centre``: how many object centres fall in the patch) with a Poisson loss, so
+that the maps summed over an image are expected object counts. The ``frame`` group (night, rain, fog, highway)
+is one prediction per image, from the mean of the patch features, repeated in every patch; binary
+cross-entropy where the labels define it. With ``model.perception.to_decoder`` the decoder reads the maps too:
+per patch beside the encoder's features, and the image totals of the patch channels in the extra token,
+thermometer-coded (total > 0.5, > 1.5, ...) so that "how many", "more than k" and "is there" are linear
+read-outs of it.
 """
 
 from __future__ import annotations
@@ -16,40 +16,34 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlm.models.heads.base import AuxiliaryHead, HeadsConfig, channel_slice
+from vlm.models.perception.heads.base import AuxiliaryHead
+from vlm.models.perception.targets import CHANNELS, GROUPS, channels
 from vlm.models.siglip import SiglipVisionConfig
 
 NUM_THRESHOLDS = 10  # totals thermometer-coded at 0.5, 1.5, ..., 9.5
 MAX_LOG_COUNT = 4.0  # count logits are log-rates: clamped before exp in the maps (at most e^4 ~ 55 per patch)
-# The frame loss (per image) is scaled to the patch loss (a mean over many mostly-empty patches): at full
-# weight it pulled the encoder away from the objects (validation after 1800 steps: scene 0.98 but traffic
-# lights 0.34, counting 0.30; at 0.1: scene 0.97, overall 0.634 vs 0.622 without the frame channels).
+# The frame loss (per image) is scaled to the patch loss (a mean over many mostly-empty patches), so that it
+# does not pull the encoder away from the objects (docs/experiments.md).
 FRAME_LOSS_WEIGHT = 0.1
-PATCH_PREFIXES = ("box/", "centre/", "light/", "occluded")  # target channels mapped per patch
-FRAME_PREFIXES = ("frame/",)  # target channels predicted once per image
-COUNT_PREFIX = "centre/"  # the patch channels that count objects (Poisson loss); the others are 0/1
 
 
 class GroundingHead(AuxiliaryHead):
-    def __init__(self, config: HeadsConfig, vision: SiglipVisionConfig):
-        super().__init__()
-        channels = config.channels
+    name = "grounding"
+
+    def __init__(self, config, vision: SiglipVisionConfig):
+        super().__init__(config, vision)
         self.target_stride = vision.patch_size
-        self.patch_channels = channel_slice(channels, PATCH_PREFIXES)  # of the targets
-        self.frame_channels = channel_slice(channels, FRAME_PREFIXES)
+        self.patch_channels = channels("box", "centre", "light", "occluded")  # of the targets
+        self.frame_channels = channels("frame")
         num_patch = self.patch_channels.stop - self.patch_channels.start
-        head_channels = channels[self.patch_channels] + channels[self.frame_channels]  # per patch, then per image
+        head_channels = CHANNELS[self.patch_channels] + CHANNELS[self.frame_channels]  # per patch, then per image
+        self.patch_width = len(head_channels)  # the maps: the patch channels, then the frame channels
         self.num_token_features = num_patch * NUM_THRESHOLDS  # the patch channels' totals, at every threshold
         self.linear = nn.Linear(vision.hidden_size, num_patch)
         self.frame = nn.Linear(vision.hidden_size, len(head_channels) - num_patch)
-        is_count = torch.tensor([name.startswith(COUNT_PREFIX) for name in head_channels])
+        is_count = torch.tensor([name in GROUPS["centre"] for name in head_channels])
         self.register_buffer("is_count", is_count, persistent=False)  # [C_head]
         self.register_buffer("thresholds", torch.arange(NUM_THRESHOLDS) + 0.5, persistent=False)  # [K]
-
-    @staticmethod
-    def patch_width(channels: list[str]) -> int:
-        """The maps: the patch channels, then the frame channels."""
-        return sum(name.startswith(PATCH_PREFIXES + FRAME_PREFIXES) for name in channels)
 
     @property
     def num_patch(self) -> int:

@@ -1,4 +1,4 @@
-"""TrafficVLM: configs from params, the Batch contract, prefix-LM attention, padding, answer/generate,
+"""The PaliGemma core: configs from params, the Batch contract, prefix-LM attention, padding, answer/generate,
 attention maps, autocast, and parity with HuggingFace PaliGemma."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from vlm.batch import Batch
-from vlm.models import SiglipVisionConfig, SiglipVisionModel, TrafficVLM, VLMConfig, build_vlm
+from vlm.models import PaliGemma, PaliGemmaConfig, SiglipVisionConfig, SiglipVisionModel, load_pretrained
 from vlm.params import ParamError
 
 VOCAB_SIZE, EOS, YES, NO = 40, 3, 4, 5  # as in conftest.tiny_config and the tokenizer contract
 CANDIDATES = [[YES, EOS], [NO, EOS], [12, EOS], [13, 14, EOS], [15]]
 
 
-def build(config, seed=0, **overrides) -> TrafficVLM:
+def build(config, seed=0, **overrides) -> PaliGemma:
     torch.manual_seed(seed)
-    return TrafficVLM(config(**overrides)).eval()
+    return PaliGemma(config(**overrides)).eval()
 
 
 def inputs(batch: Batch) -> Batch:
@@ -32,15 +32,15 @@ def inputs(batch: Batch) -> Batch:
 def test_from_params_builds_the_default_model_config():
     import numpy as np
 
-    config = VLMConfig.from_params({}, vocab_size=np.int64(57), image_size=128,
+    config = PaliGemmaConfig.from_params({}, vocab_size=np.int64(57), image_size=128,
                                    image_mean=np.array([0.3, 0.4, 0.5], dtype=np.float32),
                                    image_std=[0.2, 0.2, 0.2])
     assert config.gemma.vocab_size == 57 and config.siglip.image_size == 128
     assert config.num_image_tokens == 64 and config.image_mean == pytest.approx([0.3, 0.4, 0.5])
-    assert VLMConfig.from_dict(config.to_dict()) == config
-    qformer = VLMConfig.from_params({"connector": "qformer", "qformer": {"num_query_tokens": 8}}, 57, 128)
+    assert PaliGemmaConfig.from_dict(config.to_dict()) == config
+    qformer = PaliGemmaConfig.from_params({"connector": "qformer", "qformer": {"num_query_tokens": 8}}, 57, 128)
     assert qformer.num_image_tokens == 8
-    assert VLMConfig.from_params({"vision": "none"}, 57, 128).num_image_tokens == 0
+    assert PaliGemmaConfig.from_params({"vision": "none"}, 57, 128).num_image_tokens == 0
 
 
 @pytest.mark.parametrize("section, message", [
@@ -60,7 +60,7 @@ def test_from_params_builds_the_default_model_config():
 ])
 def test_from_params_rejects_bad_values_naming_the_key(section, message):
     with pytest.raises(ParamError) as e:
-        VLMConfig.from_params(section, vocab_size=57, image_size=128)
+        PaliGemmaConfig.from_params(section, vocab_size=57, image_size=128)
     assert message in str(e.value)
 
 
@@ -77,11 +77,11 @@ def test_pretrained_siglip_checkpoint_starts_the_vision_tower(tmp_path, config):
                "siglip": {"hidden_size": 64}}  # not used: the checkpoint fixes the encoder
     with pytest.raises(ParamError, match=r"model.vision_checkpoint: its patch size: must divide the image size "
                                          r"of the data \(36 % 8 = 4\)"):
-        VLMConfig.from_params(section, VOCAB_SIZE, 36)
-    cfg = VLMConfig.from_params(section, VOCAB_SIZE, image_size=32, image_mean=[0.1] * 3, image_std=[0.2] * 3)
+        PaliGemmaConfig.from_params(section, VOCAB_SIZE, 36)
+    cfg = PaliGemmaConfig.from_params(section, VOCAB_SIZE, image_size=32, image_mean=[0.1] * 3, image_std=[0.2] * 3)
     assert cfg.siglip == SiglipVisionConfig(**{**vision, "image_size": 32})
     assert cfg.image_mean == [0.5] * 3  # the checkpoint's own normalisation, not the data's
-    model = build_vlm(cfg)
+    model = load_pretrained(PaliGemma(cfg))
     assert model.vision_tower.embeddings.position_embedding.weight.shape == (16, 32)  # 8x8 grid resampled to 4x4
     for key, value in source.state_dict().items():
         if "position_embedding" not in key:
@@ -95,17 +95,17 @@ def test_pretrained_gemma_checkpoint_starts_the_decoder(transformers, tmp_path, 
         num_key_value_heads=1, head_dim=16))
     hf.save_pretrained(tmp_path)
     section = {"decoder_checkpoint": str(tmp_path), "gemma": {"hidden_size": 64}}  # not used: the checkpoint's
-    cfg = VLMConfig.from_params(section, VOCAB_SIZE, image_size=32)
+    cfg = PaliGemmaConfig.from_params(section, VOCAB_SIZE, image_size=32)
     assert (cfg.gemma.hidden_size, cfg.gemma.head_dim, cfg.gemma.vocab_size) == (32, 16, VOCAB_SIZE)
-    model = build_vlm(cfg)
+    model = load_pretrained(PaliGemma(cfg))
     decoder = model.language_model.state_dict()
     for key, value in hf.state_dict().items():
         if "embed_tokens" not in key and key != "lm_head.weight":  # a 1000-token vocabulary is not ours
             assert torch.equal(decoder[key], value), key
-    blind = VLMConfig.from_params({"vision": "none", "decoder_checkpoint": str(tmp_path)}, VOCAB_SIZE, 32)
+    blind = PaliGemmaConfig.from_params({"vision": "none", "decoder_checkpoint": str(tmp_path)}, VOCAB_SIZE, 32)
     assert blind.gemma == cfg.gemma
     with pytest.raises(ParamError, match="model.decoder_checkpoint: Gemma checkpoint not found"):
-        VLMConfig.from_params({"decoder_checkpoint": str(tmp_path / "none")}, VOCAB_SIZE, 32)
+        PaliGemmaConfig.from_params({"decoder_checkpoint": str(tmp_path / "none")}, VOCAB_SIZE, 32)
 
 
 # ---------------------------------------------------------------- forward and the Batch contract
@@ -123,8 +123,8 @@ def test_forward_returns_text_logits_and_answer_loss(config, make_batch, connect
     targets = batch.labels[:, 1:]
     picked = log_probs[:, :-1].gather(-1, targets.clamp(min=0)[..., None])[..., 0]
     expected = -picked[targets != -100].mean()
-    torch.testing.assert_close(out.loss, expected)
-    assert model(inputs(batch)).loss is None
+    torch.testing.assert_close(out.losses["answer"], expected)
+    assert model(inputs(batch)).losses == {}
 
 
 @pytest.mark.parametrize("vision", ["siglip", "none"])
@@ -132,12 +132,12 @@ def test_answer_only_gives_the_same_loss_and_gradients_from_the_answer_positions
     model = build(config, vision=vision).train()
     batch = make_batch(model.config)
     full = model(batch)
-    full.loss.backward()
+    full.losses["answer"].backward()
     expected = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
     answer = model(batch, answer_only=True)
-    answer.loss.backward()
-    torch.testing.assert_close(answer.loss, full.loss, atol=1e-6, rtol=0)
+    answer.losses["answer"].backward()
+    torch.testing.assert_close(answer.losses["answer"], full.losses["answer"], atol=1e-6, rtol=0)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[name], atol=1e-6, rtol=1e-5, msg=name)
     lengths = (batch.labels != -100).sum(1)
@@ -154,7 +154,7 @@ def test_answer_only_gives_the_same_loss_and_gradients_from_the_answer_positions
 @pytest.mark.parametrize("connector", ["linear", "qformer"])
 def test_gradient_reaches_every_parameter(config, make_batch, connector):
     model = build(config, connector=connector).train()
-    model(make_batch(model.config)).loss.backward()
+    model(make_batch(model.config)).losses["answer"].backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
@@ -264,7 +264,7 @@ def test_blind_variant_has_no_image_tokens(config, make_batch):
     batch = make_batch(model.config)
     assert not any(k.startswith(("vision_tower", "multi_modal_projector")) for k in model.state_dict())
     out = model(replace(batch, images=None, image_index=None))
-    assert out.logits.shape == (*batch.input_ids.shape, VOCAB_SIZE) and torch.isfinite(out.loss)
+    assert out.logits.shape == (*batch.input_ids.shape, VOCAB_SIZE) and torch.isfinite(out.losses["answer"])
     with_images = model(batch)
     torch.testing.assert_close(with_images.logits, out.logits)
     assert model.answer(inputs(batch), candidates=CANDIDATES).shape == (5, len(CANDIDATES))
@@ -278,8 +278,8 @@ def test_bf16_autocast_on_cpu(config, make_batch):
     batch = make_batch(model.config)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(batch)
-    assert torch.isfinite(out.loss)
-    out.loss.backward()
+    assert torch.isfinite(out.losses["answer"])
+    out.losses["answer"].backward()
     model.eval()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         probs = model.answer(inputs(batch), candidates=CANDIDATES)
@@ -295,9 +295,9 @@ def test_bf16_autocast_on_cuda(config, make_batch):
     optimizer = torch.optim.AdamW(model.parameters(), fused=True)  # as vlm.train.make_optimizer builds it
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out = model(batch, answer_only=True)  # the training forward
-    out.loss.backward()
+    out.losses["answer"].backward()
     optimizer.step()
-    assert torch.isfinite(out.loss)
+    assert torch.isfinite(out.losses["answer"])
     model.eval()
     with torch.autocast("cuda", dtype=torch.bfloat16):
         cached = model.generate(inputs(batch), eos_token_id=-1, max_new_tokens=4)
@@ -309,7 +309,7 @@ def test_bf16_autocast_on_cuda(config, make_batch):
 # ---------------------------------------------------------------- HuggingFace PaliGemma
 
 
-def hf_paligemma(transformers, cfg: VLMConfig):
+def hf_paligemma(transformers, cfg: PaliGemmaConfig):
     vision = cfg.siglip
     text = cfg.gemma
     hf_config = transformers.PaliGemmaConfig(
@@ -330,19 +330,8 @@ def hf_paligemma(transformers, cfg: VLMConfig):
     return model
 
 
-def test_matches_hf_paligemma(transformers, config, make_batch, tmp_path):
-    """Same weights, same logits: the saved HF PaliGemma file loads into our layout (all but the tied LM
-    head, which HF stores once as the embeddings), and the prefix-LM outputs agree."""
-    from safetensors.torch import load_file
-
-    ours = build(config)
-    hf = hf_paligemma(transformers, ours.config)
-    hf.save_pretrained(tmp_path)
-    missing, unexpected = ours.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=False)
-    assert missing == ["language_model.lm_head.weight"] and unexpected == []
-    assert torch.equal(ours.language_model.lm_head.weight, hf.lm_head.weight)
-
-    batch = make_batch(ours.config)
+def hf_logits(hf, ours: PaliGemma, batch) -> torch.Tensor:
+    """transformers PaliGemma's logits at the text positions of ``batch``, in its prefix-LM mode."""
     tokens, (batch_size, length) = ours.num_image_tokens, batch.input_ids.shape
     mean = torch.tensor(ours.config.image_mean).view(1, 3, 1, 1)
     std = torch.tensor(ours.config.image_std).view(1, 3, 1, 1)
@@ -351,15 +340,48 @@ def test_matches_hf_paligemma(transformers, config, make_batch, tmp_path):
     positions = torch.arange(length)
     answer_part = (positions >= batch.prefix_lengths[:, None]).long()  # token_type_ids: 0 prefix, 1 suffix
     with torch.no_grad():
-        expected = hf(input_ids=torch.cat([image_ids, batch.input_ids], 1), pixel_values=pixel_values,
-                      attention_mask=torch.cat([torch.ones(batch_size, tokens, dtype=torch.long),
-                                                batch.attention_mask], 1),
-                      token_type_ids=torch.cat([torch.zeros(batch_size, tokens, dtype=torch.long), answer_part], 1),
-                      position_ids=torch.arange(tokens + length).expand(batch_size, -1)).logits[:, tokens:]
+        return hf(input_ids=torch.cat([image_ids, batch.input_ids], 1), pixel_values=pixel_values,
+                  attention_mask=torch.cat([torch.ones(batch_size, tokens, dtype=torch.long), batch.attention_mask], 1),
+                  token_type_ids=torch.cat([torch.zeros(batch_size, tokens, dtype=torch.long), answer_part], 1),
+                  position_ids=torch.arange(tokens + length).expand(batch_size, -1)).logits[:, tokens:]
+
+
+def assert_same_logits(hf, ours: PaliGemma, batch) -> None:
+    expected = hf_logits(hf, ours, batch)
+    with torch.no_grad():
         got = ours(batch).logits
     valid = batch.attention_mask.bool()
     assert expected[valid].std() > 0.1  # logits that differ across tokens, not a degenerate comparison
     torch.testing.assert_close(got[valid], expected[valid], atol=1e-4, rtol=0)
+
+
+def test_loads_hf_paligemma(transformers, config, make_batch, tmp_path):
+    """Same weights, same logits: the saved HF PaliGemma file loads into the core (all but the tied LM head,
+    which HF stores once as the embeddings), and the prefix-LM outputs agree."""
+    from safetensors.torch import load_file
+
+    ours = build(config)
+    hf = hf_paligemma(transformers, ours.config)
+    hf.save_pretrained(tmp_path)
+    missing, unexpected = ours.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=False)
+    assert missing == ["language_model.lm_head.weight"] and unexpected == []
+    assert torch.equal(ours.language_model.lm_head.weight, hf.lm_head.weight)
+    assert_same_logits(hf, ours, make_batch(ours.config))
+
+
+def test_saves_to_hf_paligemma(transformers, config, make_batch, perturb, tmp_path):
+    """The core's state dict, written as a safetensors file beside a PaliGemma config.json, is a checkpoint
+    transformers loads with no missing or unexpected weight (the tied LM head aside), with the same logits."""
+    from safetensors.torch import save_file
+
+    ours = build(config)
+    perturb(ours)
+    hf_paligemma(transformers, ours.config).config.save_pretrained(tmp_path)
+    state = {k: v.contiguous() for k, v in ours.state_dict().items() if k != "language_model.lm_head.weight"}
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    hf, info = transformers.PaliGemmaForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert_same_logits(hf.eval(), ours, make_batch(ours.config))
 
 
 def test_pixel_shuffle_merges_neighbouring_patches():
@@ -370,10 +392,10 @@ def test_pixel_shuffle_merges_neighbouring_patches():
     assert merged.shape == (1, 4, 4)
     assert merged[0, 0].tolist() == [0, 1, 4, 5]  # the top-left 2 x 2 block
     assert merged[0, 3].tolist() == [10, 11, 14, 15]  # the bottom-right block
-    config = VLMConfig.from_params({"pixel_shuffle": 2, "siglip": {"patch_size": 16}}, 57, 128)
+    config = PaliGemmaConfig.from_params({"pixel_shuffle": 2, "siglip": {"patch_size": 16}}, 57, 128)
     assert config.num_image_tokens == 16
-    model = TrafficVLM(config)
-    tokens, aux_loss = model.encode_images(torch.randint(0, 255, (3, 3, 128, 128), dtype=torch.uint8))
-    assert aux_loss is None and tokens.shape == (3, 16, config.gemma.hidden_size)
+    model = PaliGemma(config)
+    tokens, losses = model.encode_images(torch.randint(0, 255, (3, 3, 128, 128), dtype=torch.uint8))
+    assert losses == {} and tokens.shape == (3, 16, config.gemma.hidden_size)
     with pytest.raises(ParamError, match="model.pixel_shuffle: must be >= 1 and divide the patch grid"):
-        VLMConfig.from_params({"pixel_shuffle": 3, "siglip": {"patch_size": 16}}, 57, 128)
+        PaliGemmaConfig.from_params({"pixel_shuffle": 3, "siglip": {"patch_size": 16}}, 57, 128)

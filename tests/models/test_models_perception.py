@@ -1,0 +1,208 @@
+"""The traffic perception beside the core (vlm.models.perception): the extension interface, the conv stem
+adapter, the heads (one interface, checked options, their losses, what the decoder reads), and nothing at all
+when it is off."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from vlm.models import PaliGemma, SiglipVisionConfig
+from vlm.models.perception import PerceptionConfig, TrafficPerception
+from vlm.models.perception.heads import HEADS, AuxiliaryHead
+from vlm.models.perception.heads.centres import NUM_COUNT_THRESHOLDS, STRIDE
+from vlm.models.perception.heads.grounding import FRAME_LOSS_WEIGHT, NUM_THRESHOLDS
+from vlm.models.perception.targets import CHANNELS, GROUPS, channels
+from vlm.params import ParamError
+from vlm.traffic_vlm import VLMConfig, build_vlm
+
+NUM_PATCH = len(GROUPS["box"] + GROUPS["centre"] + GROUPS["light"] + GROUPS["occluded"])
+HEAT_CHANNELS = GROUPS["heat"] + GROUPS["foot"]
+STEM = [8, 8, 16]  # 3 stride-2 stages = the tiny encoder's patch size 8
+
+
+def build(config, seed=0, **perception) -> PaliGemma:
+    """The tiny core config of conftest with the perception ``perception`` gives."""
+    torch.manual_seed(seed)
+    core = config()
+    return build_vlm(VLMConfig(**{f: getattr(core, f) for f in core.__dataclass_fields__},
+                               perception=PerceptionConfig(**perception)), pretrained=False)
+
+
+def vision(model: PaliGemma, images: torch.Tensor):
+    """The encoder's patch features and the stem's stage outputs, as the core computes them."""
+    pixel_values = torch.addcmul(model.pixel_shift, images.float(), model.pixel_scale)
+    residual, stages = model.extension.adapt(pixel_values)
+    return model.vision_tower(pixel_values, patch_residual=residual).last_hidden_state, stages
+
+
+def test_perception_off_is_the_plain_core(config, make_batch):
+    """No stem, no head: no extension at all, the very model the HF parity tests check."""
+    model = build(config)
+    assert model.extension is None
+    assert set(model.state_dict()) == set(PaliGemma(config()).state_dict())
+    assert model(make_batch(model.config)).losses.keys() == {"answer"}
+
+
+@pytest.mark.parametrize("perception, message", [
+    ({"heads": {"grounding": -1.0}}, r"model.perception.heads.grounding: must be a loss weight >= 0"),
+    ({"heads": {"nope": 1.0}}, r"model.perception.heads.nope: unknown head \(known: "),
+    ({"to_decoder": True}, "model.perception.to_decoder: needs a head"),
+    ({"heads": {"grounding": 1.0, "centres": 1.0}}, "model.perception.heads.centres: needs a conv stem of at least 3"),
+    ({"stem_channels": [4, 8]}, r"model.perception.stem_channels: 2 stride-2 stages reduce by 4, not by the patch "
+                                r"size \(16\)"),
+])
+def test_options_are_checked_in_one_place(perception, message):
+    with pytest.raises(ParamError, match=message):
+        VLMConfig.from_params({"perception": perception, "siglip": {"patch_size": 16}}, 57, 128)
+
+
+def test_perception_needs_vision_and_a_checkpoint_rebuilds_it():
+    with pytest.raises(ParamError, match="model.perception: a model without vision"):
+        VLMConfig.from_params({"vision": "none", "perception": {"heads": {"grounding": 1.0}}}, 57, 128)
+    config = VLMConfig.from_params({"perception": {"heads": {"grounding": 1.0, "centres": 0.0}}}, 57, 128)
+    assert config.perception.active_heads == ["grounding"]  # weight 0: off
+    assert VLMConfig.from_dict(config.to_dict()) == config
+
+
+def test_a_head_is_one_file_that_registers_itself(tmp_path):
+    """Every module of the heads package is imported and each AuxiliaryHead subclass joins HEADS by its name."""
+    assert {"grounding", "centres"} <= set(HEADS)
+    assert all(issubclass(cls, AuxiliaryHead) and cls.name == name for name, cls in HEADS.items())
+
+    class Probe(AuxiliaryHead):
+        name = "probe"
+
+    try:
+        assert HEADS["probe"] is Probe
+        PerceptionConfig(heads={"probe": 1.0}).validate()
+    finally:
+        del HEADS["probe"]
+
+
+def test_the_target_schema_names_each_channel_once():
+    assert len(CHANNELS) == len(set(CHANNELS)) == sum(len(g) for g in GROUPS.values())
+    assert CHANNELS[channels("heat", "foot")] == HEAT_CHANNELS
+    with pytest.raises(ValueError, match="not consecutive"):
+        channels("box", "light")
+
+
+def test_conv_stem_adds_to_the_patch_embedding_and_learns(config, make_batch):
+    model = build(config, stem_channels=STEM).train()
+    batch = make_batch(model.config)
+    model(batch).losses["answer"].backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    stem = model.extension.stem
+    with torch.no_grad():  # without the stem's contribution, the core alone remains
+        stem.proj.weight.zero_()
+        stem.proj.bias.zero_()
+    plain = PaliGemma(config())
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("extension.")})
+    torch.testing.assert_close(model.eval()(batch).logits, plain.eval()(batch).logits)
+
+
+def grounding_targets(num_images: int, cells: int, generator: torch.Generator) -> torch.Tensor:
+    """Random targets ``[N, cells, C]``: 0/1 maps, counts up to 2, frame attributes once per image (-1 unknown)."""
+    targets = (torch.rand(num_images, cells, len(CHANNELS), generator=generator) > 0.8).float()
+    targets[..., channels("centre")] *= 2  # count channels may exceed 1
+    frame_targets = torch.randint(-1, 2, (num_images, len(GROUPS["frame"])), generator=generator).float()
+    frame_targets[0] = 1.0  # at least one defined attribute
+    targets[..., channels("frame")] = frame_targets[:, None]
+    return targets
+
+
+def test_grounding_loss_is_its_own_entry_and_trains_the_encoder(config, make_batch):
+    model = build(config, heads={"grounding": 2.0}).train()
+    batch = make_batch(model.config)
+    num_images, patches = batch.images.shape[0], model.config.siglip.num_patches
+    assert model.extension.targets(32, (1280, 720)).grid == 4
+    assert model.loss_weights == {"answer": 1.0, "grounding": 2.0}
+    targets = grounding_targets(num_images, patches, torch.Generator().manual_seed(1))
+    plain = model(batch)
+    grounded = model(replace(batch, targets=targets))
+    logits = model.extension.heads["grounding"](vision(model, batch.images)[0], None)  # [N, P, C_head]
+    patch, patch_targets = logits[..., :NUM_PATCH], targets[..., :NUM_PATCH]
+    is_count = torch.tensor([name in GROUPS["centre"] for name in CHANNELS[:NUM_PATCH]])
+    binary = torch.nn.functional.binary_cross_entropy_with_logits(patch[..., ~is_count], patch_targets[..., ~is_count],
+                                                                  reduction="sum")
+    counts = (patch[..., is_count].exp() - patch_targets[..., is_count] * patch[..., is_count]).sum()
+    frame_logits = logits[..., NUM_PATCH:]
+    assert torch.equal(frame_logits, frame_logits[:, :1].expand_as(frame_logits))  # one prediction per image
+    frame_targets = targets[:, 0, channels("frame")]
+    known = frame_targets >= 0
+    frame = torch.nn.functional.binary_cross_entropy_with_logits(frame_logits[:, 0][known], frame_targets[known])
+    expected = (binary + counts) / patch_targets.numel() + FRAME_LOSS_WEIGHT * frame
+    assert plain.losses.keys() == {"answer"} and grounded.losses.keys() == {"answer", "grounding"}
+    torch.testing.assert_close(grounded.losses["grounding"], expected)  # unweighted: training weights it
+    torch.testing.assert_close(grounded.losses["answer"], plain.losses["answer"])
+    assert model.num_image_tokens == model.config.siglip.num_patches  # to_decoder off: the decoder reads nothing
+    grounded.losses["grounding"].backward()
+    head = model.extension.heads["grounding"]
+    assert head.linear.weight.grad.abs().sum() > 0 and head.frame.weight.grad.abs().sum() > 0
+    assert model.vision_tower.embeddings.patch_embedding.weight.grad.abs().sum() > 0
+
+
+def test_to_decoder_gives_the_connector_the_maps_and_one_token_their_totals(config, make_batch):
+    model = build(config, heads={"grounding": 1.0}, to_decoder=True).eval()
+    head = model.extension.heads["grounding"]
+    num_maps = NUM_PATCH + len(GROUPS["frame"])
+    assert model.extension.patch_width == head.patch_width == num_maps
+    assert model.multi_modal_projector.linear.in_features == model.config.siglip.hidden_size + num_maps
+    assert model.num_image_tokens == model.config.siglip.num_patches + 1  # patch tokens, then the heads' token
+    batch = make_batch(model.config)
+    tokens, _ = model.encode_images(batch.images)
+    assert tokens.shape == (batch.images.shape[0], model.num_image_tokens, model.config.gemma.hidden_size)
+    logits = head(vision(model, batch.images)[0], None)
+    maps = head.maps(logits)
+    torch.testing.assert_close(maps[..., ~head.is_count], logits[..., ~head.is_count].sigmoid())
+    torch.testing.assert_close(maps[..., head.is_count], logits[..., head.is_count].exp())
+    # totals thermometer-coded: an image total of 2.0 turns the codes for > 0.5 and > 1.5 on, the rest off
+    codes = head.totals(torch.full((1, 4, num_maps), 0.5)).view(-1, NUM_THRESHOLDS)
+    assert codes.shape == (NUM_PATCH, NUM_THRESHOLDS)  # no frame totals
+    assert (codes[:, :2] > 0.8).all() and (codes[:, 2:] < 0.2).all()
+    model.train()(batch).losses["answer"].backward()  # the answers reach the grounding head through the maps
+    assert head.linear.weight.grad.abs().sum() > 0
+
+
+def test_centres_add_heatmaps_their_focal_loss_and_peak_counts(config, make_batch):
+    model = build(config, stem_channels=STEM, heads={"grounding": 1.0, "centres": 0.1}, to_decoder=True).train()
+    centres = model.extension.heads["centres"]
+    batch = make_batch(model.config)
+    cells = (32 // STRIDE) ** 2
+    assert model.extension.targets(32, (1280, 720)).grid == 32 // STRIDE  # the finest grid any head reads
+    targets = torch.zeros(batch.images.shape[0], cells, len(CHANNELS))
+    targets[0, 5, CHANNELS.index("heat/car")] = 1.0  # one car centre in image 0
+    features, stages = vision(model, batch.images)
+    heat = centres(features, stages)
+    assert heat.shape == (batch.images.shape[0], cells, len(HEAT_CHANNELS))
+    output = model(replace(batch, targets=targets))
+    torch.testing.assert_close(output.losses["centres"], centres.loss(heat, targets))
+    assert model.loss_weights == {"answer": 1.0, "grounding": 1.0, "centres": 0.1}
+    output.losses["centres"].backward()
+    assert centres.out.weight.grad.abs().sum() > 0
+
+    # two peaks above 0.5 in the left third of an 8 x 8 heatmap, one in the right third; a lower neighbour
+    # of a peak is not a peak
+    car = HEAT_CHANNELS.index("heat/car")
+    prob = torch.full((1, 8, 8, len(HEAT_CHANNELS)), 0.01)
+    prob[0, 1, 0, car], prob[0, 5, 1, car], prob[0, 5, 2, car], prob[0, 3, 7, car] = 0.9, 0.8, 0.7, 0.6
+    # footpoints count in the near part (rows below 0.6) of the left / straight / right paths
+    vulnerable = HEAT_CHANNELS.index("foot/vulnerable")
+    prob[0, 6, 3, vulnerable], prob[0, 2, 3, vulnerable] = 0.9, 0.9  # near, in left and straight; far
+    counts = centres.peak_counts(torch.logit(prob.view(1, 64, -1)))
+    assert counts.shape == (1, len(HEAT_CHANNELS), 3)
+    assert counts[0, car].tolist() == [3, 2, 1] and counts[0, :, 0].sum() == 3 + 1  # image, left third, right third
+    assert counts[0, vulnerable].tolist() == [1, 1, 0]  # column 3.5 / 8 = 0.44: left and straight paths
+    _, codes = centres.decoder_features(torch.logit(prob.view(1, 64, -1)))
+    codes = codes.view(len(HEAT_CHANNELS), 3, -1)
+    assert codes.shape[-1] == NUM_COUNT_THRESHOLDS and codes[car, 0].tolist()[:4] == [1, 1, 1, 0]
+
+
+def test_the_perception_is_an_extension_of_the_core():
+    perception = TrafficPerception(PerceptionConfig(heads={"grounding": 1.0}, to_decoder=True),
+                                   SiglipVisionConfig(hidden_size=32, num_attention_heads=2, image_size=32,
+                                                      patch_size=8), text_hidden_size=16)
+    assert perception.num_tokens == 1 and perception.loss_weights == {"grounding": 1.0}

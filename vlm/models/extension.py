@@ -1,0 +1,51 @@
+"""The one interface through which a task adds to the PaliGemma core (:mod:`vlm.models.paligemma`).
+
+The core runs SigLIP -> connector -> Gemma and nothing else. A :class:`VisionExtension` given to it may act
+at three points, each optional, and the core knows no more of it than this contract:
+
+1. **adapt** the pixels before the encoder: :meth:`VisionExtension.adapt` returns a residual added to SigLIP's
+   patch embedding (a vision adapter, e.g. a convolutional stem) and any state its later step needs;
+2. **read** the encoder's patch features: :meth:`VisionExtension.forward` returns per-patch features the
+   connector reads beside SigLIP's (``patch_width`` of them), extra image tokens after the connector's
+   (``num_tokens`` of them, already in the decoder's embedding space) and, given targets, named losses;
+3. **learn**: the targets it learns from come in ``Batch.targets``, built by the transform :meth:`targets`
+   declares; its losses join the answer's in the model's loss dict, each weighted by ``loss_weights``.
+
+Without an extension the model is PaliGemma: its parameters are ``vision_tower.*``, ``multi_modal_projector.*``
+and ``language_model.*``, and an extension's live under ``extension.*``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+
+class ExtensionOutput(NamedTuple):
+    patch_features: torch.Tensor  # [N, P, patch_width] read by the connector beside SigLIP's (width may be 0)
+    tokens: torch.Tensor  # [N, num_tokens, D_text] image tokens after the connector's (may be 0)
+    losses: dict[str, torch.Tensor]  # name -> loss, given targets (else empty)
+
+
+class VisionExtension(nn.Module):
+    """The contract; a subclass sets ``patch_width``, ``num_tokens`` and ``loss_weights`` in its ``__init__``."""
+
+    patch_width: int = 0
+    num_tokens: int = 0
+    loss_weights: dict[str, float]  # the weight of each loss forward() returns, in training's weighted sum
+
+    def targets(self, image_size: int, frame_size: tuple[float, float]) -> Any:
+        """The transform that builds each image's ``Batch.targets`` from the label frame stored with it (label
+        boxes in frames of ``frame_size`` pixels, images of ``image_size``), or None when it learns none."""
+        return None
+
+    def adapt(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor | None, Any]:
+        """Normalised pixels ``[N, 3, H, W]`` -> a residual ``[N, Dv, h, w]`` for the patch embedding (or None)
+        and the state :meth:`forward` receives."""
+        return None, None
+
+    def forward(self, patch_features: torch.Tensor, state: Any, targets: torch.Tensor | None) -> ExtensionOutput:
+        """SigLIP's patch features ``[N, P, Dv]``, :meth:`adapt`'s state and the batch's targets (or None)."""
+        raise NotImplementedError

@@ -1,0 +1,117 @@
+"""The traffic perception beside the PaliGemma core: what this project adds for traffic scenes.
+
+It plugs into the core through :class:`vlm.models.extension.VisionExtension` (the core never imports it):
+
+- **a vision adapter**: a convolutional stem (:mod:`.stem`) whose output the core adds to SigLIP's patch
+  embedding, and whose stage outputs the heads may read;
+- **heads** (:mod:`.heads`, one file each): from the encoder's patch features (and the stem's stages) each
+  predicts maps of the target channels (:mod:`.targets`) and learns them with its own loss, which the model's
+  loss dict carries under the head's name, weighted in training by its ``model.perception.heads`` entry;
+- **what reaches the decoder** (``to_decoder``): the heads' per-patch maps beside the patch features (the
+  connector's input grows by ``patch_width``) and their image summaries projected into one more image token.
+
+Adding a head: one file in ``heads/`` with a subclass of :class:`.heads.base.AuxiliaryHead` and its ``name``,
+plus its entry under ``model.perception.heads`` in params.yaml (docs/architecture.md has a worked example).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from numbers import Real
+
+import torch
+from torch import nn
+
+from vlm.models.extension import ExtensionOutput, VisionExtension
+from vlm.models.perception.heads import HEADS, AuxiliaryHead
+from vlm.models.perception.stem import ConvStem
+from vlm.models.perception.targets import TargetTransform
+from vlm.models.siglip import SiglipVisionConfig
+from vlm.params import check
+
+
+@dataclass
+class PerceptionConfig:
+    # Channels of the convolutional stem, one stride-2 stage per entry (2**len = the patch size); [] = none.
+    stem_channels: list[int] = field(default_factory=list)
+    heads: dict[str, float] = field(default_factory=dict)  # head name -> weight of its loss in training; 0 = off
+    to_decoder: bool = False  # the decoder reads the heads' maps per patch and their summaries as one more token
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.stem_channels or self.active_heads)
+
+    @property
+    def active_heads(self) -> list[str]:
+        """The heads on, in the order params.yaml lists them."""
+        return [name for name, weight in self.heads.items() if weight]
+
+    def validate(self, prefix: str = "model.perception", patch_size: int | None = None) -> None:
+        """``patch_size``: the encoder's (None when the section is read on its own)."""
+        check(all(isinstance(c, int) and c > 0 for c in self.stem_channels), f"{prefix}.stem_channels",
+              f"must be positive channel counts, got {self.stem_channels}")
+        if self.stem_channels and patch_size is not None:
+            check(2 ** len(self.stem_channels) == patch_size, f"{prefix}.stem_channels",
+                  f"{len(self.stem_channels)} stride-2 stages reduce by {2 ** len(self.stem_channels)}, not by the "
+                  f"patch size ({patch_size}); give log2(patch_size) channel counts or none")
+        for name, weight in self.heads.items():
+            check(name in HEADS, f"{prefix}.heads.{name}", f"unknown head (known: {', '.join(HEADS)})")
+            check(isinstance(weight, Real) and not isinstance(weight, bool) and weight >= 0,
+                  f"{prefix}.heads.{name}", f"must be a loss weight >= 0 (0 = off), got {weight!r}")
+        check(not self.to_decoder or self.active_heads, f"{prefix}.to_decoder",
+              f"needs a head ({prefix}.heads: {', '.join(HEADS)})")
+        for name in self.active_heads:
+            HEADS[name].validate(self, prefix)
+
+
+class TrafficPerception(VisionExtension):
+    def __init__(self, config: PerceptionConfig, vision: SiglipVisionConfig, text_hidden_size: int):
+        super().__init__()
+        config.validate(patch_size=vision.patch_size)
+        self.config = config
+        self.stem = ConvStem(vision.num_channels, config.stem_channels, vision.hidden_size) \
+            if config.stem_channels else None
+        self.heads = nn.ModuleDict({name: HEADS[name](config, vision) for name in config.active_heads})
+        self.loss_weights = {name: float(config.heads[name]) for name in config.active_heads}
+        heads = list(self.heads.values()) if config.to_decoder else []
+        self.patch_width = sum(head.patch_width for head in heads)
+        num_token_features = sum(head.num_token_features for head in heads)
+        self.token_projector = nn.Linear(num_token_features, text_hidden_size) if num_token_features else None
+        self.num_tokens = int(self.token_projector is not None)
+        self.text_hidden_size = text_hidden_size
+
+    def targets(self, image_size: int, frame_size: tuple[float, float]) -> TargetTransform | None:
+        """The transform that builds what the heads learn, at the finest grid any of them reads, from label boxes
+        given in frames of ``frame_size`` (width, height) pixels; None without heads."""
+        if not self.heads:
+            return None
+        return TargetTransform(image_size // min(head.target_stride for head in self.heads.values()), frame_size)
+
+    def adapt(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor | None, list[torch.Tensor] | None]:
+        """-> the stem's output ``[N, Dv, h, w]`` and its stage outputs (None, None without a stem)."""
+        if self.stem is None:
+            return None, None
+        return self.stem(pixel_values)
+
+    def forward(self, patch_features: torch.Tensor, stem_features: list[torch.Tensor] | None,
+                targets: torch.Tensor | None) -> ExtensionOutput:
+        """``patch_features`` ``[N, P, Dv]``, the stem's stage outputs and ``targets`` ``[N, G*G, C]`` (for the
+        losses, unweighted, by head name)."""
+        num, patches, _ = patch_features.shape
+        logits = {name: head(patch_features, stem_features) for name, head in self.heads.items()}
+        maps, summaries = [], []
+        if self.config.to_decoder:
+            for name, head in self.heads.items():
+                patch_maps, summary = head.decoder_features(logits[name])
+                maps += [] if patch_maps is None else [patch_maps.to(patch_features.dtype)]
+                summaries += [] if summary is None else [summary]
+        extra_patch_features = torch.cat(maps, dim=-1) if maps else patch_features.new_zeros(num, patches, 0)
+        tokens = patch_features.new_zeros(num, 0, self.text_hidden_size)
+        if self.token_projector is not None:
+            tokens = self.token_projector(torch.cat(summaries, dim=-1).to(patch_features.dtype))[:, None]  # [N, 1, D]
+        losses = {} if targets is None else {name: head.loss(logits[name], targets)
+                                             for name, head in self.heads.items()}
+        return ExtensionOutput(extra_patch_features, tokens, losses)
+
+
+__all__ = ["AuxiliaryHead", "PerceptionConfig", "TargetTransform", "TrafficPerception"]

@@ -1,0 +1,53 @@
+"""The contract every perception head implements, and the registry a head joins by subclassing."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import nn
+
+from vlm.models.siglip import SiglipVisionConfig
+
+if TYPE_CHECKING:
+    from vlm.models.perception import PerceptionConfig
+
+HEADS: dict[str, type[AuxiliaryHead]] = {}  # name (its key under model.perception.heads) -> head class
+
+
+class AuxiliaryHead(nn.Module):
+    """One head: reads the encoder's patch features (and the conv stem's stage outputs), predicts maps of
+    target channels (:mod:`vlm.models.perception.targets`) and learns them with its loss.
+
+    A subclass names itself (``name``: its ``model.perception.heads`` key) and joins :data:`HEADS`; it sets in
+    ``__init__`` ``target_stride`` (image pixels per cell of the targets it reads), ``patch_width`` (the
+    per-patch maps :meth:`decoder_features` gives the connector) and ``num_token_features`` (the width of the
+    image summary it gives the decoder's extra token)."""
+
+    name: ClassVar[str]
+    target_stride: int
+    patch_width: int = 0
+    num_token_features: int = 0
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        HEADS[cls.name] = cls
+
+    def __init__(self, config: PerceptionConfig, vision: SiglipVisionConfig):
+        super().__init__()
+
+    @classmethod
+    def validate(cls, config: PerceptionConfig, prefix: str) -> None:
+        """Raise a ``ParamError`` naming the key when ``config`` cannot give this head what it reads."""
+
+    def forward(self, patch_features: torch.Tensor, stem_features: list[torch.Tensor] | None) -> torch.Tensor:
+        """-> the head's logits."""
+        raise NotImplementedError
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Against all target channels ``[N, G*G, C]``."""
+        raise NotImplementedError
+
+    def decoder_features(self, logits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """-> per-patch maps ``[N, P, patch_width]`` and an image summary ``[N, num_token_features]``."""
+        raise NotImplementedError

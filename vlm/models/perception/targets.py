@@ -1,0 +1,140 @@
+"""The target schema: what each cell of an image shows, from the same labels that answer the questions.
+
+The question-answer loss alone reaches the vision encoder as a weak, indirect signal; a from-scratch
+encoder then learns where the objects are far too slowly. The labels behind every answer also say, for each
+cell of a grid over the image, which categories cover it, where each object's centre lies, which colour a
+readable traffic light there shows and whether an occluded object is there. The perception heads learn these
+maps (:mod:`vlm.models.perception.heads`); the answers still come only from the decoder.
+
+The channels, in :data:`GROUPS`' order (this module is the one place that names them; a head reads its groups
+with :func:`channels`):
+
+- ``box/{category}``: 1 where the cell overlaps a box of that category;
+- ``centre/{category}``: how many box centres of that category fall in the cell (a count: neighbours share);
+- ``light/{colour}``: 1 where the cell overlaps a readable light of that colour;
+- ``occluded``: 1 where the cell overlaps the box of an object labelled occluded (the safety rule's "maybe");
+- ``heat/{category}``: CenterNet's object-centre heatmap: 1 in the cell of each box centre, a Gaussian of a
+  sixth of the box's smaller side around it, the maximum where objects meet;
+- ``foot/{group}``: the same around the bottom-centre of the boxes of road users, of pedestrians and riders,
+  and of occluded road users: where the safety rule looks;
+- ``frame/{attribute}`` (night, rain, fog, highway): 1 or 0 as the scene questions' answer, -1 where the
+  labels leave it undefined; the same in every cell (the heads predict these once per image).
+
+:class:`TargetTransform` builds them, at the finest grid the enabled heads declare, from the label frame the
+packed data stores beside each image; the batch carries them as ``Batch.targets`` ``[N_img, G*G, C]``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate, chain
+
+import numpy as np
+
+from vlm.commands import rules
+from vlm.scenes.schema import CATEGORIES, LIGHT_COLORS, Scene, scene_from_frame
+
+FOOT_GROUPS = ("road_user", "vulnerable", "occluded")
+GROUPS: dict[str, tuple[str, ...]] = {
+    "box": tuple(f"box/{c}" for c in CATEGORIES),
+    "centre": tuple(f"centre/{c}" for c in CATEGORIES),
+    "light": tuple(f"light/{c}" for c in LIGHT_COLORS),
+    "occluded": ("occluded",),
+    "heat": tuple(f"heat/{c}" for c in CATEGORIES),
+    "foot": tuple(f"foot/{g}" for g in FOOT_GROUPS),
+    "frame": tuple(f"frame/{a}" for a in rules.FRAME_ATTRIBUTES),
+}
+CHANNELS = tuple(chain.from_iterable(GROUPS.values()))
+START = dict(zip(GROUPS, accumulate((len(g) for g in GROUPS.values()), initial=0)))  # group -> first channel
+# Regions (x from, x to, y from; fractions of the image) in which objects are counted: for the object centres
+# the image and its left and right thirds ("on the left side"), for the footpoints the near part of each
+# manoeuvre's path (the safety rule's bands, bottom below PATH_MIN_Y).
+CENTRE_REGIONS = ((0.0, 1.0, 0.0), *((lo, hi, 0.0) for lo, hi in rules.SIDES.values()))
+FOOT_REGIONS = tuple((lo, hi, rules.PATH_MIN_Y) for lo, hi in rules.PATHS.values())
+
+
+def channels(*groups: str) -> slice:
+    """The channels of ``groups`` (consecutive in :data:`GROUPS`' order) as a slice of the last target axis."""
+    names = list(GROUPS)
+    first, last = names.index(groups[0]), names.index(groups[-1])
+    if names[first:last + 1] != list(groups):
+        raise ValueError(f"target groups {groups} are not consecutive in {names}")
+    return slice(START[groups[0]], START[groups[-1]] + len(GROUPS[groups[-1]]))
+
+
+@dataclass(frozen=True)
+class TargetTransform:
+    """The targets of ``grid`` x ``grid`` cells, from label boxes given in frames of ``frame_size`` (width,
+    height) pixels."""
+
+    grid: int
+    frame_size: tuple[float, float]
+
+    @property
+    def bytes_per_image(self) -> int:
+        """What one image's targets take in RAM (float32 ``[grid*grid, C]``)."""
+        return self.grid * self.grid * len(CHANNELS) * 4
+
+    def of(self, annotation: str, where: str) -> np.ndarray:
+        """float32 ``[grid*grid, C]`` of one label frame stored beside a packed image (a JSON string)."""
+        return scene_targets(scene_from_frame(json.loads(annotation), where=where), *self.frame_size, self.grid)
+
+    def from_annotations(self, annotations: Sequence[str], source: str) -> np.ndarray:
+        """float32 ``[N, grid*grid, C]`` of the label frames ``annotations``; errors name ``source``, their file."""
+        out = np.zeros((len(annotations), self.grid * self.grid, len(CHANNELS)), dtype=np.float32)
+        for i, annotation in enumerate(annotations):
+            out[i] = self.of(annotation, where=f"{source}: annotation[{i}]")
+        return out
+
+    @staticmethod
+    def check(annotations: Sequence[str], source: str) -> None:
+        """Raise the reader's error, naming ``source`` (the file they come from), for the first label frame in
+        ``annotations`` that is not a valid scene."""
+        for i, annotation in enumerate(annotations):
+            scene_from_frame(json.loads(annotation), where=f"{source}: annotation[{i}]")
+
+    def mirror(self, targets: np.ndarray) -> np.ndarray:
+        """The targets of the horizontally flipped image: cell columns reversed, ``[G*G, C]``."""
+        return targets.reshape(self.grid, self.grid, -1)[:, ::-1].reshape(self.grid * self.grid, -1)
+
+
+def scene_targets(scene: Scene, width: float, height: float, grid: int) -> np.ndarray:
+    """float32 ``[grid*grid, C]`` targets of one scene whose frame is ``width`` x ``height`` pixels."""
+    targets = np.zeros((grid, grid, len(CHANNELS)), dtype=np.float32)  # [G, G, C]
+
+    def cell(value: float, size: float) -> int:
+        return min(grid - 1, max(0, int(value / size * grid)))
+
+    for obj in scene.objects:
+        x1, y1, x2, y2 = obj.box
+        c0, c1, r0, r1 = cell(x1, width), cell(x2, width), cell(y1, height), cell(y2, height)
+        k = CATEGORIES.index(obj.category)
+        targets[r0:r1 + 1, c0:c1 + 1, START["box"] + k] = 1
+        targets[cell((y1 + y2) / 2, height), cell((x1 + x2) / 2, width), START["centre"] + k] += 1
+        if obj.light_color and not obj.occluded:  # the lights the answer rules can read
+            targets[r0:r1 + 1, c0:c1 + 1, START["light"] + LIGHT_COLORS.index(obj.light_color)] = 1
+        if obj.occluded:
+            targets[r0:r1 + 1, c0:c1 + 1, START["occluded"]] = 1
+        sigma = max(0.5, min((x2 - x1) / width, (y2 - y1) / height) * grid / 6)  # in cells
+        _splat(targets[:, :, START["heat"] + k], (x1 + x2) / 2 / width * grid, (y1 + y2) / 2 / height * grid, sigma)
+        road_user = obj.category in rules.ROAD_USERS
+        in_group = {"road_user": road_user, "vulnerable": obj.category in rules.VULNERABLE,
+                    "occluded": road_user and obj.occluded}
+        for index, group in enumerate(FOOT_GROUPS, start=START["foot"]):
+            if in_group[group]:
+                _splat(targets[:, :, index], (x1 + x2) / 2 / width * grid, y2 / height * grid, sigma)
+    for k, attribute in enumerate(rules.FRAME_ATTRIBUTES, start=START["frame"]):
+        answer = rules.scene_attribute(scene, attribute)
+        targets[:, :, k] = -1 if answer is None else float(answer == rules.YES)
+    return targets.reshape(grid * grid, -1)
+
+
+def _splat(heat: np.ndarray, x: float, y: float, sigma: float) -> None:
+    """Draws into ``heat`` ``[G, G]`` (in place, keeping the maximum) a Gaussian around the point ``(x, y)``
+    in cells, and 1 in the point's cell."""
+    grid = heat.shape[0]
+    cells = np.arange(grid) + 0.5
+    np.maximum(heat, np.exp(-((cells[None, :] - x) ** 2 + (cells[:, None] - y) ** 2) / (2 * sigma ** 2)), out=heat)
+    heat[min(grid - 1, max(0, int(y))), min(grid - 1, max(0, int(x)))] = 1

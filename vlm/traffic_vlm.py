@@ -1,0 +1,36 @@
+"""The project's model: the PaliGemma core (:mod:`vlm.models`) with the traffic perception beside it
+(:mod:`vlm.models.perception`), built from the ``model:`` section of params.yaml.
+
+With ``model.perception`` off (no stem, no head) the model is the plain PaliGemma core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vlm.models.paligemma import PaliGemma, PaliGemmaConfig, load_pretrained
+from vlm.models.perception import PerceptionConfig, TrafficPerception
+from vlm.params import check
+
+
+@dataclass
+class VLMConfig(PaliGemmaConfig):
+    perception: PerceptionConfig = field(default_factory=PerceptionConfig)  # off = the plain PaliGemma core
+
+    def validate(self, prefix: str = "model") -> None:
+        super().validate(prefix)
+        if self.vision == "siglip":
+            self.perception.validate(f"{prefix}.perception", self.siglip.patch_size)
+        else:
+            check(not self.perception.enabled, f"{prefix}.perception",
+                  "a model without vision (vision: none) has no image to perceive: turn it off")
+
+
+def build_vlm(config: VLMConfig, pretrained: bool = True) -> PaliGemma:
+    """The model of ``config``: the core, given the perception when it is on. ``pretrained``: start the encoder
+    and decoder from ``vision_checkpoint`` / ``decoder_checkpoint`` where set (to train; a trained model is
+    restored with ``load_state_dict`` instead)."""
+    extension = TrafficPerception(config.perception, config.siglip, config.gemma.hidden_size) \
+        if config.perception.enabled else None
+    model = PaliGemma(config, extension)
+    return load_pretrained(model) if pretrained else model

@@ -28,7 +28,7 @@ import numpy as np
 from vlm.commands.templates import COMMAND_TYPES, PLURALS, TEMPLATES, Candidate, TemplateOptions, candidates
 from vlm.data.commands import SPLITS
 from vlm.io import json_list_writer
-from vlm.params import ParamError
+from vlm.params import check
 from vlm.scenes.schema import CATEGORIES, Scene
 
 
@@ -50,36 +50,32 @@ class CommandsConfig:
     holdout: dict = field(default_factory=dict)
 
     def validate(self, prefix: str = "commands") -> None:
-        if self.questions_per_image < 1:
-            raise ParamError(f"{prefix}.questions_per_image: must be at least 1, got {self.questions_per_image}")
-        if set(self.splits) != set(SPLITS):
-            raise ParamError(f"{prefix}.splits: must name exactly {', '.join(SPLITS)}, got {', '.join(self.splits)}")
+        check(self.questions_per_image >= 1, f"{prefix}.questions_per_image",
+              f"must be at least 1, got {self.questions_per_image}")
+        check(set(self.splits) == set(SPLITS), f"{prefix}.splits",
+              f"must name exactly {', '.join(SPLITS)}, got {', '.join(self.splits)}")
         for name, frac in self.splits.items():
-            if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1:
-                raise ParamError(f"{prefix}.splits.{name}: must be a fraction in (0, 1), got {frac!r}")
-        if not math.isclose(sum(self.splits.values()), 1.0, abs_tol=1e-6):
-            raise ParamError(f"{prefix}.splits: fractions must sum to 1, got {sum(self.splits.values()):g}")
-        if self.balance_tolerance < 1.0:
-            raise ParamError(f"{prefix}.balance_tolerance: must be >= 1.0, got {self.balance_tolerance}")
+            check(not isinstance(frac, bool) and isinstance(frac, (int, float)) and 0 < frac < 1,
+                  f"{prefix}.splits.{name}", f"must be a fraction in (0, 1), got {frac!r}")
+        check(math.isclose(sum(self.splits.values()), 1.0, abs_tol=1e-6), f"{prefix}.splits",
+              f"fractions must sum to 1, got {sum(self.splits.values()):g}")
+        check(self.balance_tolerance >= 1.0, f"{prefix}.balance_tolerance",
+              f"must be >= 1.0, got {self.balance_tolerance}")
         for t in self.command_types:
-            if t not in COMMAND_TYPES:
-                raise ParamError(f"{prefix}.command_types: unknown type {t!r} (known: {', '.join(COMMAND_TYPES)})")
+            check(t in COMMAND_TYPES, f"{prefix}.command_types",
+                  f"unknown type {t!r} (known: {', '.join(COMMAND_TYPES)})")
         for key in ("detection_categories", "counting_categories", "spatial_categories"):
             for c in getattr(self, key):
-                if c not in PLURALS:
-                    raise ParamError(f"{prefix}.{key}: unknown category {c!r} (known: {', '.join(CATEGORIES)})")
-        if not 0 <= self.max_count <= 9:
-            raise ParamError(f"{prefix}.max_count: must be in 0..9 (answers are single digits), got {self.max_count}")
+                check(c in PLURALS, f"{prefix}.{key}", f"unknown category {c!r} (known: {', '.join(CATEGORIES)})")
+        check(0 <= self.max_count <= 9, f"{prefix}.max_count",
+              f"must be in 0..9 (answers are single digits), got {self.max_count}")
         for k in self.more_than:
-            if k < 0:
-                raise ParamError(f"{prefix}.more_than: thresholds must be >= 0, got {k}")
+            check(k >= 0, f"{prefix}.more_than", f"thresholds must be >= 0, got {k}")
         for attribute, value in self.holdout.items():
-            if attribute not in HOLDOUT_ATTRIBUTES:
-                raise ParamError(f"{prefix}.holdout: unknown frame attribute {attribute!r} "
-                                 f"(one of {', '.join(HOLDOUT_ATTRIBUTES)})")
-            if not isinstance(value, str) or not value:
-                raise ParamError(f"{prefix}.holdout.{attribute}: must be a value such as "
-                                 f"{HOLDOUT_ATTRIBUTES[attribute]!r}, got {value!r}")
+            check(attribute in HOLDOUT_ATTRIBUTES, f"{prefix}.holdout",
+                  f"unknown frame attribute {attribute!r} (one of {', '.join(HOLDOUT_ATTRIBUTES)})")
+            check(isinstance(value, str) and bool(value), f"{prefix}.holdout.{attribute}",
+                  f"must be a value such as {HOLDOUT_ATTRIBUTES[attribute]!r}, got {value!r}")
 
     @property
     def template_options(self) -> TemplateOptions:

@@ -25,7 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from vlm.io import atomic_path, iter_json_list, read_json, write_json_list
-from vlm.params import ParamError
+from vlm.params import check
 from vlm.scenes.bdd100k import match_images, read_labels
 from vlm.scenes.render import RenderConfig, render_scene
 from vlm.scenes.schema import Scene, scene_from_frame, scene_to_frame
@@ -56,23 +56,19 @@ class ScenesConfig:
     bdd100k: BDD100KConfig = field(default_factory=BDD100KConfig)
 
     def validate(self, prefix: str = "scenes") -> None:
-        if self.num_images < 1:
-            raise ParamError(f"{prefix}.num_images: must be at least 1, got {self.num_images}")
-        if self.width < 64 or self.height < 64:
-            raise ParamError(f"{prefix}.width/height: must be at least 64 pixels, got {self.width}x{self.height}")
-        if not 1 <= self.jpeg_quality <= 100:
-            raise ParamError(f"{prefix}.jpeg_quality: must be in 1..100, got {self.jpeg_quality}")
-        if self.workers < 0:
-            raise ParamError(f"{prefix}.workers: must be >= 0 (0 = one per core), got {self.workers}")
-        if not 1 <= self.max_count <= 9:
-            raise ParamError(f"{prefix}.max_count: must be in 1..9, got {self.max_count}")
-        if self.bdd100k.max_images is not None and self.bdd100k.max_images < 1:
-            raise ParamError(f"{prefix}.bdd100k.max_images: must be at least 1 or null, got {self.bdd100k.max_images}")
+        check(self.num_images >= 1, f"{prefix}.num_images", f"must be at least 1, got {self.num_images}")
+        check(self.width >= 64 and self.height >= 64, f"{prefix}.width/height",
+              f"must be at least 64 pixels, got {self.width}x{self.height}")
+        check(1 <= self.jpeg_quality <= 100, f"{prefix}.jpeg_quality", f"must be in 1..100, got {self.jpeg_quality}")
+        check(self.workers >= 0, f"{prefix}.workers", f"must be >= 0 (0 = one per core), got {self.workers}")
+        check(1 <= self.max_count <= 9, f"{prefix}.max_count", f"must be in 1..9, got {self.max_count}")
+        check(self.bdd100k.max_images is None or self.bdd100k.max_images >= 1, f"{prefix}.bdd100k.max_images",
+              f"must be at least 1 or null, got {self.bdd100k.max_images}")
         for key in ("images", "labels"):
             value = getattr(self.bdd100k, key)
-            if Path(value).is_absolute() or ".." in Path(value).parts:
-                raise ParamError(f"{prefix}.bdd100k.{key}: must be a path inside {prefix}.bdd100k.root (the folder "
-                                 f"DVC tracks), relative to it, got {value!r}; set {prefix}.bdd100k.root instead")
+            check(not Path(value).is_absolute() and ".." not in Path(value).parts, f"{prefix}.bdd100k.{key}",
+                  f"must be a path inside {prefix}.bdd100k.root (the folder DVC tracks), relative to it, "
+                  f"got {value!r}; set {prefix}.bdd100k.root instead")
 
     @property
     def num_workers(self) -> int:

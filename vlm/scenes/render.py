@@ -212,19 +212,22 @@ def pedestrian(rng: np.random.Generator, cam: Camera, z: float, lateral: float) 
 
 
 def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, config: RenderConfig) -> None:
+    """Append every labelled object to ``layout.things`` and set ``layout.targets``. The steps run in this
+    order and each draws from ``rng`` in a fixed order, so the seed fixes every object."""
+    cars_crossing = _sample_lane_vehicles(rng, layout, cam, config)
+    _sample_crossing_vehicles(rng, layout, cam, cars_crossing)
+    _sample_two_wheelers(rng, layout, cam)
+    _sample_pedestrians(rng, layout, cam, config)
+    _sample_traffic_lights(rng, layout, cam)
+    _sample_traffic_signs(rng, layout, cam)
+
+
+def _sample_lane_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera, config: RenderConfig) -> int:
+    """Cars, trucks and buses in the lanes, seen from behind; on a two-way city street the lanes left of the
+    ego lane are oncoming, seen from the front. Set the car target; return how many of the cars drawn go to
+    the cross street instead (:func:`_sample_crossing_vehicles` places them)."""
     city = layout.scene == "city street"
-    left, right = road_extent(layout)
-    things = layout.things
-    group = [0]
-
-    def add(thing: Thing) -> None:
-        things.append(thing)
-
-    def lane_center(lane: int) -> float:  # lane 0 is the ego lane, negative to the left
-        return lane * LANE_M
-
-    # Vehicles in lanes. On a two-way city street the lanes left of the ego lane are oncoming.
-    lanes = list(range(-layout.lanes_left, layout.lanes_right + 1))
+    lanes = list(range(-layout.lanes_left, layout.lanes_right + 1))  # lane 0 is the ego lane, negative to the left
     # Counted categories get a uniform target count; a few extra objects are placed because some are
     # removed when occlusion settles, and the surplus is removed afterwards (see settle_occlusion).
     target_cars = int(rng.integers(0, config.max_count + 1))
@@ -242,35 +245,45 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
         width_m, height_m = {"car": (1.8, 1.5), "truck": (2.5, 3.4), "bus": (2.55, 3.2)}[category]
         width_m *= float(rng.uniform(0.95, 1.08))
         height_m *= float(rng.uniform(0.95, 1.08))
-        lateral = lane_center(lane) + float(rng.uniform(-0.5, 0.5))
+        lateral = lane * LANE_M + float(rng.uniform(-0.5, 0.5))  # about the lane's centre
         x = cam.x(lateral, s)
         y2 = cam.y(s)
         wpx, hpx = cam.px(width_m, s), cam.px(height_m, s)
         kind = f"{category}_{'front' if oncoming else 'rear'}"
-        add(Thing(category, kind, (x - wpx / 2, y2 - hpx, x + wpx / 2, y2), s,
-                  {"color": _choice(rng, VEHICLE_COLORS[category]),
-                   "lights_on": layout.timeofday != "daytime" or rng.random() < 0.3}))
+        style = {"color": _choice(rng, VEHICLE_COLORS[category]),
+                 "lights_on": layout.timeofday != "daytime" or rng.random() < 0.3}
+        layout.things.append(Thing(category, kind, (x - wpx / 2, y2 - hpx, x + wpx / 2, y2), s, style))
+    return cars_crossing
 
-    # Vehicles crossing at the intersection, seen from the side.
-    if layout.cross_street_z:
-        z_near, z_far = layout.cross_street_z
-        crossing = (["car"] * cars_crossing + (["bus"] if rng.random() < 0.15 else [])
-                    + (["truck"] if rng.random() < 0.15 else []))
-        for category in crossing:
-            z = float(rng.uniform(z_near + 1.0, z_far - 1.0))
-            s = cam.s_of_z(z)
-            length_m, height_m = {"car": (4.4, 1.5), "truck": (8.0, 3.4), "bus": (11.0, 3.2)}[category]
-            length = cam.px(length_m, s)
-            x1 = float(rng.uniform(-0.2 * cam.w, 1.0 * cam.w))
-            y2 = cam.y(s)
-            add(Thing(category, f"{category}_side", (x1, y2 - cam.px(height_m, s), x1 + length, y2), s,
-                      {"color": _choice(rng, VEHICLE_COLORS[category]), "facing": int(rng.choice((-1, 1))),
-                       "lights_on": layout.timeofday != "daytime"}))
 
-    # Two-wheelers with riders, side view, along the road edges or crossing.
+def _sample_crossing_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera, cars_crossing: int) -> None:
+    """Vehicles crossing at the intersection, seen from the side: ``cars_crossing`` cars and perhaps a bus
+    and a truck. None without a cross street."""
+    if not layout.cross_street_z:
+        return
+    z_near, z_far = layout.cross_street_z
+    crossing = (["car"] * cars_crossing + (["bus"] if rng.random() < 0.15 else [])
+                + (["truck"] if rng.random() < 0.15 else []))
+    for category in crossing:
+        z = float(rng.uniform(z_near + 1.0, z_far - 1.0))
+        s = cam.s_of_z(z)
+        length_m, height_m = {"car": (4.4, 1.5), "truck": (8.0, 3.4), "bus": (11.0, 3.2)}[category]
+        length = cam.px(length_m, s)
+        x1 = float(rng.uniform(-0.2 * cam.w, 1.0 * cam.w))
+        y2 = cam.y(s)
+        box = (x1, y2 - cam.px(height_m, s), x1 + length, y2)
+        layout.things.append(Thing(category, f"{category}_side", box, s,
+                                   {"color": _choice(rng, VEHICLE_COLORS[category]),
+                                    "facing": int(rng.choice((-1, 1))), "lights_on": layout.timeofday != "daytime"}))
+
+
+def _sample_two_wheelers(rng: np.random.Generator, layout: Layout, cam: Camera) -> None:
+    """Motorcycles, and on a city street bicycles, with their riders, side view, along the road edges or
+    crossing. A bike and its rider share a group (1, 2, ... in the order drawn), so neither occludes the other."""
+    left, right = road_extent(layout)
     n_motor = int(rng.choice(3, p=(0.55, 0.3, 0.15)))
-    n_bike = int(rng.choice(3, p=(0.55, 0.3, 0.15))) if city else 0
-    for category in ["motorcycle"] * n_motor + ["bicycle"] * n_bike:
+    n_bike = int(rng.choice(3, p=(0.55, 0.3, 0.15))) if layout.scene == "city street" else 0
+    for g, category in enumerate(["motorcycle"] * n_motor + ["bicycle"] * n_bike, start=1):
         z = float(rng.uniform(6.0, MAX_Z))
         s = cam.s_of_z(z)
         lateral = float(rng.uniform(left + 0.6, right - 0.6))
@@ -281,7 +294,6 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
         y2 = cam.y(s)
         bike_h = cam.px(1.05 if category == "motorcycle" else 1.0, s)
         facing = int(rng.choice((-1, 1)))
-        g = group[0] = group[0] + 1
         bike = Thing(category, category, (x - length / 2, y2 - bike_h, x + length / 2, y2), s,
                      {"color": _choice(rng, CAR_COLORS if category == "motorcycle" else CLOTHES), "facing": facing,
                       "wheel": cam.px(wheel_m, s), "lights_on": layout.timeofday != "daytime"}, group=g)
@@ -293,13 +305,17 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
                       {"shirt": _choice(rng, CLOTHES), "skin": _choice(rng, SKIN), "facing": facing,
                        "helmet": category == "motorcycle" or rng.random() < 0.5, "helmet_color": _choice(rng, CLOTHES)},
                       group=g)
-        add(bike)
-        add(rider)
+        layout.things.extend((bike, rider))
 
-    # Pedestrians: on the sidewalks, and on the crosswalk.
+
+def _sample_pedestrians(rng: np.random.Generator, layout: Layout, cam: Camera, config: RenderConfig) -> None:
+    """Pedestrians on the sidewalks and on the crosswalk of a city street (a counted category, with a
+    target), or a rare one on a highway's verge. Set the pedestrian target."""
+    city = layout.scene == "city street"
+    left, right = road_extent(layout)
     if city:
         target_peds = int(rng.integers(0, config.max_count + 1))
-        n_ped = target_peds + (target_peds + 1) // 2
+        n_ped = target_peds + (target_peds + 1) // 2  # extras for occlusion, as for cars
     else:
         target_peds = n_ped = int(rng.choice(3, p=(0.8, 0.15, 0.05)))
     layout.targets["pedestrian"] = target_peds
@@ -315,26 +331,35 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
         else:
             z = float(rng.uniform(8.0, MAX_Z))
             lateral = float(rng.choice((left - 1.2, right + 1.2)))
-        add(pedestrian(rng, cam, z, lateral))
+        layout.things.append(pedestrian(rng, cam, z, lateral))
 
-    # Traffic lights at the intersection, all showing the same phase (or all dark).
-    if city and rng.random() < 0.9:
-        phase = _choice(rng, ("red", "yellow", "green", None), p=(0.22, 0.34, 0.24, 0.2))
-        z = (layout.crosswalk_z + 1.0) if layout.crosswalk_z else float(rng.uniform(10, 20))
-        for _ in range(int(rng.integers(1, 4))):
-            zz = z + float(rng.uniform(-0.5, 2.5))
-            s = cam.s_of_z(zz)
-            lateral = float(rng.uniform(left - 2.5, right + 2.5))
-            x = cam.x(lateral, s)
-            head_w, head_h = cam.px(0.9, s), cam.px(2.3, s)
-            y1 = cam.y(s) - cam.px(float(rng.uniform(4.6, 5.6)), s)
-            overhead = left < lateral < right
-            add(Thing("traffic light", "traffic_light", (x - head_w / 2, y1, x + head_w / 2, y1 + head_h), s,
-                      {"overhead": overhead,
-                       "pole_x": x if not overhead else cam.x(right + 1.0 if lateral > 0 else left - 1.0, s),
-                       "ground_y": cam.y(s), "lamp_d": cam.px(0.62, s)}, light_color=phase))
 
-    # Traffic signs on poles beside the road.
+def _sample_traffic_lights(rng: np.random.Generator, layout: Layout, cam: Camera) -> None:
+    """One to three traffic lights at the intersection of most city streets, all showing the same phase (or
+    all dark); overhead when they stand over the road, on a pole beside it otherwise. None on a highway."""
+    if layout.scene != "city street" or rng.random() >= 0.9:
+        return
+    left, right = road_extent(layout)
+    phase = _choice(rng, ("red", "yellow", "green", None), p=(0.22, 0.34, 0.24, 0.2))
+    z = (layout.crosswalk_z + 1.0) if layout.crosswalk_z else float(rng.uniform(10, 20))
+    for _ in range(int(rng.integers(1, 4))):
+        zz = z + float(rng.uniform(-0.5, 2.5))
+        s = cam.s_of_z(zz)
+        lateral = float(rng.uniform(left - 2.5, right + 2.5))
+        x = cam.x(lateral, s)
+        head_w, head_h = cam.px(0.9, s), cam.px(2.3, s)
+        y1 = cam.y(s) - cam.px(float(rng.uniform(4.6, 5.6)), s)
+        overhead = left < lateral < right  # hung over the road from a pole beside it
+        pole_x = x if not overhead else cam.x(right + 1.0 if lateral > 0 else left - 1.0, s)
+        box = (x - head_w / 2, y1, x + head_w / 2, y1 + head_h)
+        layout.things.append(Thing("traffic light", "traffic_light", box, s,
+                                   {"overhead": overhead, "pole_x": pole_x, "ground_y": cam.y(s),
+                                    "lamp_d": cam.px(0.62, s)}, light_color=phase))
+
+
+def _sample_traffic_signs(rng: np.random.Generator, layout: Layout, cam: Camera) -> None:
+    """Up to three traffic signs on poles beside the road, of a random shape."""
+    left, right = road_extent(layout)
     for _ in range(int(rng.choice(4, p=(0.3, 0.35, 0.25, 0.1)))):
         z = float(rng.uniform(7.0, MAX_Z))
         s = cam.s_of_z(z)
@@ -345,8 +370,9 @@ def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, confi
         size = cam.px(1.3 if shape != "rect_green" else 2.2, s)
         aspect = 0.6 if shape == "rect_green" else 1.0
         y1 = cam.y(s) - cam.px(float(rng.uniform(2.2, 3.0)), s)
-        add(Thing("traffic sign", "traffic_sign", (x - size / 2, y1, x + size / 2, y1 + size * aspect), s,
-                  {"shape": shape, "ground_y": cam.y(s), "pole_x": x}))
+        box = (x - size / 2, y1, x + size / 2, y1 + size * aspect)
+        layout.things.append(Thing("traffic sign", "traffic_sign", box, s,
+                                   {"shape": shape, "ground_y": cam.y(s), "pole_x": x}))
 
 
 # ----------------------------------------------------------------------------------------------------

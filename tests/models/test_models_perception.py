@@ -206,3 +206,24 @@ def test_the_perception_is_an_extension_of_the_core():
                                    SiglipVisionConfig(hidden_size=32, num_attention_heads=2, image_size=32,
                                                       patch_size=8), text_hidden_size=16)
     assert perception.num_tokens == 1 and perception.loss_weights == {"grounding": 1.0}
+
+
+def test_the_worked_example_of_docs_architecture_adds_a_head(config, make_batch):
+    """docs/architecture.md's "Adding a head" example, run as written: one file's code and a config entry give a
+    head that the model builds, whose loss the loss dict carries and which learns."""
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    example = docs.split("### Adding a head")[1].split("```python\n")[1].split("```")[0]
+    try:
+        exec(compile(example, "red_light.py", "exec"), {"__name__": "vlm.models.perception.heads.red_light"})
+        model = build(config, heads={"red_light": 1.0}).train()
+        batch = make_batch(model.config)
+        targets = torch.zeros(batch.images.shape[0], model.config.siglip.num_patches, len(CHANNELS))
+        targets[0, 3, CHANNELS.index("light/red")] = 1.0
+        output = model(replace(batch, targets=targets))
+        assert output.losses.keys() == {"answer", "red_light"} and model.loss_weights["red_light"] == 1.0
+        output.losses["red_light"].backward()
+        assert model.extension.heads["red_light"].linear.weight.grad.abs().sum() > 0
+    finally:
+        HEADS.pop("red_light", None)

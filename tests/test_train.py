@@ -41,28 +41,6 @@ def test_trains_writes_model_metrics_and_curves(processed, tmp_path):
     assert len((curves / "val" / "accuracy.tsv").read_text().splitlines()) == 1 + 2
 
 
-def test_curves_are_written_in_dvclives_own_layout(tmp_path):
-    from dvclive import Live
-
-    # "step": the optimizer steps done, as training records them; dvclive counts its own from 0
-    history = [{"step": step + 1, "epoch": step // 3, "train/loss": 2.0 / (step + 1), "train/accuracy": step / 7,
-                "lr": 1e-4 * (step + 1), **({"val/accuracy": step / 8} if step % 3 == 2 else {})}
-               for step in range(7)]
-    vlm.train.write_curves(tmp_path / "ours", history)
-    live = Live(dir=str(tmp_path / "dvclive"), save_dvc_exp=False, dvcyaml=None)
-    for record in history:
-        for key, value in record.items():
-            if key not in ("step", "epoch"):
-                live.log_metric(key, value, plot=True)
-        live.next_step()
-    live.end()
-    ours = sorted(p.relative_to(tmp_path / "ours") for p in (tmp_path / "ours").rglob("*") if p.is_file())
-    theirs = sorted(p.relative_to(tmp_path / "dvclive") for p in (tmp_path / "dvclive").rglob("*") if p.is_file())
-    assert ours == theirs and len(ours) == 5
-    for name in ours:
-        assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "dvclive" / name).read_bytes(), name
-
-
 def test_training_reduces_the_loss(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
     train(TINY_MODEL, tiny_train_config(epochs=4), paths, progress=False, frame_size=FRAME_SIZE)
@@ -98,7 +76,9 @@ def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkey
         train(TINY_MODEL, tiny_train_config(), resumed, progress=False, frame_size=FRAME_SIZE)
     killed = _last(resumed)["state"]
     assert killed["step"] == 6 and killed["seconds"] > 0
-    assert not resumed.model.exists() and not resumed.metrics.exists() and not resumed.live.exists()
+    assert not resumed.model.exists() and not resumed.metrics.exists()
+    # the curves are live: dvclive's summary (what `dvc exp show` reads) is the last checkpoint's
+    assert json.loads((resumed.live / "metrics.json").read_text())["step"] == 6
     monkeypatch.setattr(torch.optim.AdamW, "step", original_step)
     metrics = train(TINY_MODEL, tiny_train_config(), resumed, progress=False, frame_size=FRAME_SIZE)
 
@@ -111,9 +91,15 @@ def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkey
     assert straight.metrics.read_bytes() == resumed.metrics.read_bytes()
     # The timing counts the killed process's checkpointed seconds too, over the same questions.
     assert metrics["seconds"] > killed["seconds"] and a["state"]["samples"] == b["state"]["samples"]
-    # The curves of the resumed run are complete, not restarted at the interruption.
+    # The curves of the resumed run are the uninterrupted run's: complete, not restarted at the interruption,
+    # each step once (the saved history written once, then appended), the summary's step the steps done.
+    files = sorted(p.relative_to(straight.live) for p in straight.live.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(resumed.live) for p in resumed.live.rglob("*") if p.is_file())
+    for name in files:
+        assert (straight.live / name).read_bytes() == (resumed.live / name).read_bytes(), name
     rows = (resumed.live / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()
     assert len(rows) == 1 + metrics["steps"]
+    assert json.loads((resumed.live / "metrics.json").read_text())["step"] == metrics["steps"]
 
 
 def test_checkpoint_of_other_params_is_not_resumed(processed, tmp_path):

@@ -9,8 +9,8 @@ for each epoch, :func:`finish`. One run writes:
   :class:`TrainState`), written every ``checkpoint_every`` optimizer steps and at the end of each epoch.
   A rerun with the same params and data resumes from it and ends with the same weights as an
   uninterrupted run (the data order and augmentation are functions of seed and epoch);
-- ``{metrics}`` (headline numbers), ``{timing}`` (seconds, questions/s) and per-step curves through
-  dvclive (``{live}/plots``), all written when the run finishes.
+- per-step curves through dvclive (``{live}``), updated at every resume checkpoint and epoch end;
+- ``{metrics}`` (headline numbers) and ``{timing}`` (seconds, questions/s), written when the run finishes.
 
 Under ``torchrun`` (``WORLD_SIZE`` > 1; ``train.nproc`` relaunches the stage under it) each process trains on
 its part of every step's batch (:mod:`vlm.data.sampler`) with DistributedDataParallel (NCCL on GPUs, gloo on
@@ -19,7 +19,6 @@ CPU); rank 0 evaluates and writes every file.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import logging
@@ -39,6 +38,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from dvclive import Live
 from vlm import checkpoint
 from vlm.batch import Batch
 from vlm.data.augment import AugmentConfig
@@ -47,7 +47,7 @@ from vlm.data.h5file import PackedImageReader
 from vlm.data.loader import build_loader, set_epoch
 from vlm.device import autocast, pick_device
 from vlm.inference import predict_dataset
-from vlm.io import atomic_path, check_writable, write_json
+from vlm.io import check_writable, write_json
 from vlm.models import PaliGemma, VLMOutput
 from vlm.params import check
 from vlm.tokenizer import TrafficCommandTokenizer
@@ -183,37 +183,25 @@ def first_answer_accuracy(logits: torch.Tensor, labels: torch.Tensor, prefix_len
     return (logits[:, 0].argmax(-1) == labels[rows, prefix_lengths]).float().mean().item()
 
 
-def write_curves(live_dir: Path, history: list[dict[str, Any]]) -> None:
-    """The per-step curves of a finished run in dvclive's layout, written atomically from its history (a killed
-    run leaves no partial curves; a resumed one writes them whole).
+class Curves:
+    """The run's per-step curves through dvclive (rank 0): every record of the history at its optimizer step,
+    in ``{live}/plots/metrics/<name>.tsv``, and the last values in ``{live}/metrics.json``, the summary that
+    ``dvc exp show`` reads while the run goes on. :meth:`update` logs the records not logged yet and rewrites
+    the summary: at every resume checkpoint and epoch end, so a resumed run writes its saved history once,
+    then appends."""
 
-    ``plots/metrics/<name>.tsv`` holds a metric's ``step``/value rows and ``metrics.json`` the last value of
-    each, nested at its slashes, as ``dvclive.Live.log_metric`` writes them. Written here in one pass, because
-    dvclive rewrites its summary at every step (docs/experiments.md has what that cost).
-    """
-    curves: dict[str, list[tuple[int, float]]] = {}
-    summary: dict[str, Any] = {}
-    for step, record in enumerate(history):  # dvclive's step: the record's position, from 0
-        for key, value in record.items():
-            if key in ("step", "epoch"):
-                continue
-            curves.setdefault(key, []).append((step, value))
-            *parents, leaf = key.split("/")
-            node = summary
-            for parent in parents:
-                node = node.setdefault(parent, {})
-            node[leaf] = value
-        summary["step"] = step
-    with atomic_path(live_dir) as tmp:
-        tmp.mkdir()
-        for key, rows in curves.items():
-            path = tmp / "plots" / "metrics" / f"{key}.tsv"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "w", encoding="utf-8", newline="") as f:
-                writer = csv.writer(f, delimiter="\t", lineterminator="\n")
-                writer.writerow(["step", key.rsplit("/", 1)[-1]])
-                writer.writerows(rows)
-        (tmp / "metrics.json").write_text(json.dumps(summary, indent=4) + "\n", encoding="utf-8")
+    def __init__(self, folder: Path):
+        self.live = Live(str(folder), dvcyaml=False, save_dvc_exp=False)  # a new run: the folder starts empty
+        self.logged = 0
+
+    def update(self, history: list[dict[str, Any]]) -> None:
+        for record in history[self.logged:]:
+            self.live.step = record["step"]
+            for key, value in record.items():
+                if key not in ("step", "epoch"):
+                    self.live.log_metric(key, value)
+        self.logged = len(history)
+        self.live.make_summary()
 
 
 @dataclass
@@ -236,6 +224,7 @@ class Run:
     total_steps: int  # what the LR schedule spans
     fingerprint: str  # a resume checkpoint is used only by a run with the same
     model_info: dict[str, Any]  # what the model checkpoint stores beside the weights
+    curves: Curves | None  # rank 0's
 
     @property
     def last_path(self) -> Path:
@@ -299,7 +288,7 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
                ddp_model=ddp_model, optimizer=optimizer, scheduler=scheduler, loader=loader, val_set=val_set,
                answers=answers, candidates=[tokenizer.encode_answer(a) for a in answers], total_steps=total_steps,
                fingerprint=fingerprint(model_config, config, paths, dist_info.world_size, frame_size),
-               model_info=model_info)
+               model_info=model_info, curves=Curves(paths.live) if dist_info.is_main else None)
 
 
 def start_processes(config: TrainConfig, paths: TrainPaths) -> Distributed:
@@ -436,7 +425,6 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
         checkpoint.save(run.paths.model, state.best)
         metrics = train_metrics(state, run.model)
         timing = train_timing(state, run.total_steps)
-        write_curves(run.paths.live, state.history)
         write_json(run.paths.metrics, metrics)
         write_json(run.paths.timing, timing)
         metrics = {**metrics, **timing}
@@ -507,8 +495,10 @@ class StepWindow:
 
 
 def save_resume(run: Run, state: TrainState) -> None:
+    """The resume checkpoint, and the curves up to here."""
     if run.dist.is_main:
         checkpoint.save_resume(run.last_path, run.fingerprint, run.model, run.optimizer, run.scheduler, asdict(state))
+        run.curves.update(state.history)
 
 
 def val_accuracy(run: Run) -> float:

@@ -8,18 +8,8 @@ import pytest
 from vlm.commands import rules
 from vlm.commands.generate import CommandsConfig
 from vlm.commands.templates import candidates
-from vlm.counterfactuals import (
-    EDITS,
-    SWITCHED,
-    Pair,
-    Rendered,
-    _things,
-    consistency_table,
-    make_pairs,
-    pair_questions,
-    render,
-    summarize,
-)
+from vlm.counterfactuals import consistency_table, pair_questions, summarize
+from vlm.scenes.edits import EDITS, SWITCHED, Pair, Rendered, _things, make_pairs, render
 from vlm.scenes.generate import image_name
 from vlm.scenes.render import RenderConfig
 from vlm.scenes.schema import Scene

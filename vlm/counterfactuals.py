@@ -2,18 +2,16 @@
 exactly where the answer rules say they must.
 
 A seeded sample of synthetic test scenes is re-rendered from each scene's seed and once per edit of
-:mod:`vlm.scenes.edits`; both images reach the model as the packed data would hold them (saved as JPEGs as
-the scenes stage saves them, decoded as the pack stage does). Every question the templates can ask of both
-scenes is answered by the rules on each: a question whose answer differs *must change*, the others *must
-not*. Each pair is asked all its must-change questions among those seen in training, and up to
-``unchanged_per_pair`` must-not ones (seeded). Per edit this gives the accuracy on the originals and on the
-edits, the consistency (right on both) and how often the model's answer changed when it had to and stayed
-when it had to.
+:mod:`vlm.scenes.edits`; both images reach the model as the packed data would hold them (saved as JPEGs of
+``scenes.jpeg_quality``, decoded as the pack stage does). Every question the templates can ask of both scenes
+is answered by the rules on each: a question whose answer differs *must change*, the others *must not*. Each
+pair is asked all its must-change questions among those seen in training, and up to ``unchanged_per_pair``
+must-not ones (seeded). Per edit this gives the accuracy on the originals and on the edits, the consistency
+(right on both) and how often the model's answer changed when it had to and stayed when it had to.
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,16 +29,15 @@ from tqdm import tqdm  # noqa: E402
 from vlm.checkpoint import LoadedModel, load_model  # noqa: E402
 from vlm.commands.generate import CommandsConfig  # noqa: E402
 from vlm.commands.templates import TEMPLATES, Candidate, TemplateOptions, candidates  # noqa: E402
-from vlm.data.collate import collate_questions  # noqa: E402
 from vlm.data.commands import read_commands  # noqa: E402
-from vlm.data.image import decode_image  # noqa: E402
+from vlm.device import pick_device  # noqa: E402
+from vlm.inference import answer_questions  # noqa: E402
 from vlm.io import atomic_path, write_json  # noqa: E402
 from vlm.params import check  # noqa: E402
 from vlm.scenes.edits import EDITS, Pair, make_pairs  # noqa: E402
 from vlm.scenes.generate import ScenesConfig, load_raw  # noqa: E402
 from vlm.viz import contact_sheet, save_figure, save_image  # noqa: E402
 
-JPEG_QUALITY = 90  # as generate_scenes writes its images
 FIELDS = ("image_id", "command", "template")  # what is read of a commands record
 RATES = ("accuracy_original", "accuracy_edited", "consistency", "changed_when_it_must", "stayed_when_it_must")
 
@@ -91,50 +88,25 @@ def asked_in(records: list[dict]) -> set:
     return {(r["template"], frozenset(TEMPLATES[r["template"]].parse(r["command"]).items())) for r in records}
 
 
-def encode_image(image: Image.Image, image_size: int, resample: str) -> torch.Tensor:
-    """The image as the packed data holds it: JPEG as generate_scenes writes it, decoded as pack_hdf5 does."""
-    buffer = io.BytesIO()
-    image.save(buffer, format="JPEG", quality=JPEG_QUALITY)
-    buffer.seek(0)
-    pixels = decode_image(buffer, image_size, resample)  # [S, S, 3]
-    return torch.from_numpy(pixels.copy()).permute(2, 0, 1).contiguous()  # [3, S, S]
+def answer_pairs(loaded: LoadedModel, pairs: list[Pair], questions: list[list[dict]], jpeg_quality: int,
+                 batch_size: int, device: torch.device) -> list[tuple[list[str], list[str]]]:
+    """The model's answers to each pair's questions on the original and on the edited image, both saved as
+    JPEGs of ``jpeg_quality`` first (a question asked of the same original by several pairs is answered once)."""
+    images: dict[str, torch.Tensor] = {}  # image key -> uint8 [3, S, S]
+    asked: dict[tuple[str, str], int] = {}  # (image key, question) -> its row in the answers
 
+    def ask(key: str, image: Image.Image, rows: list[dict]) -> list[int]:
+        if key not in images:
+            images[key] = loaded.processor.rendered(image, jpeg_quality)
+        return [asked.setdefault((key, row["command"]), len(asked)) for row in rows]
 
-@torch.no_grad()
-def answer_pairs(loaded: LoadedModel, pairs: list[Pair], questions: list[list[dict]], batch_size: int,
-                 device: torch.device) -> list[tuple[list[str], list[str]]]:
-    """The model's answers to each pair's questions on the original and on the edited image (a question asked
-    of the same original by several pairs is answered once)."""
-    samples: list[dict] = []
-    index: dict[tuple[str, str], int] = {}  # (image key, question) -> sample
-    images: dict[str, torch.Tensor] = {}
-    slots = []  # per pair: (sample indices on the original, on the edited image)
-
-    def ask(key: str, image: Image.Image, command: str, answer: str, command_type: str) -> int:
-        if (key, command) not in index:
-            if key not in images:
-                images[key] = encode_image(image, loaded.image_size, loaded.resample)
-            index[key, command] = len(samples)
-            samples.append({"image_id": key, "image": images[key], "question_id": f"{key}/{len(samples)}",
-                            "command_type": command_type, "answer": answer,
-                            "question_ids": torch.tensor(loaded.tokenizer.encode_question(command)),
-                            "answer_ids": torch.tensor(loaded.tokenizer.encode_answer(answer))})
-        return index[key, command]
-
+    slots = []  # per pair: (rows of its questions on the original, on the edited image)
     for p, (pair, rows) in enumerate(zip(pairs, questions)):
         original = pair.original.scene.image_id
-        slots.append(([ask(original, pair.original.image, r["command"], r["answer_before"], r["command_type"])
-                       for r in rows],
-                      [ask(f"{original}/{p}", pair.edited_image, r["command"], r["answer_after"], r["command_type"])
-                       for r in rows]))
-    order = sorted(range(len(samples)), key=lambda i: samples[i]["image_id"])  # an image's questions together
-    predicted = [""] * len(samples)
-    candidate_ids = loaded.candidates()
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        batch = collate_questions([samples[i] for i in chunk]).to(device)
-        for i, best in zip(chunk, loaded.model.answer(batch, candidate_ids).argmax(1).tolist()):
-            predicted[i] = loaded.answers[best]
+        slots.append((ask(original, pair.original.image, rows), ask(f"{original}/{p}", pair.edited_image, rows)))
+    probs = answer_questions(loaded.model, loaded.processor, images, list(asked), loaded.candidates(), batch_size,
+                             device)  # [Q, C]
+    predicted = [loaded.answers[best] for best in probs.argmax(1)]
     return [([predicted[i] for i in before], [predicted[i] for i in after]) for before, after in slots]
 
 
@@ -204,7 +176,7 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
         write_outputs({"counterfactuals": {}}, pd.DataFrame(), [], paths,
                       f"no counterfactuals: scenes.source is {raw.source} (only rendered scenes can be edited)")
         return {}
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device()
     loaded = load_model(paths.model, paths.data / "vocab.json", device)
     test = read_commands(paths.data / "commands" / "test.json", FIELDS)
     image_ids = sample_test_images(test, config.samples, config.seed)
@@ -215,7 +187,8 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
     rng = np.random.default_rng(config.seed)
     questions = [pair_questions(pair, raw.width, raw.height, commands.template_options, asked, set(loaded.answers),
                                 config.unchanged_per_pair, rng) for pair in pairs]
-    table = consistency_table(pairs, questions, answer_pairs(loaded, pairs, questions, config.batch_size, device))
+    predictions = answer_pairs(loaded, pairs, questions, scenes.jpeg_quality, config.batch_size, device)
+    table = consistency_table(pairs, questions, predictions)
     metrics = {"counterfactuals": summarize(table, config.edits)}
     failed = not_followed(table).drop_duplicates("pair")
     picks = failed.groupby("edit", sort=False).head(max(1, config.sheet_examples // len(config.edits)))

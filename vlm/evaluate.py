@@ -31,6 +31,7 @@ from vlm.checkpoint import LoadedModel, load_model  # noqa: E402
 from vlm.commands.templates import COMMAND_TYPES  # noqa: E402
 from vlm.data.collate import collate_questions  # noqa: E402
 from vlm.data.dataset import TrafficVQADataset  # noqa: E402
+from vlm.device import pick_device  # noqa: E402
 from vlm.inference import predict_dataset  # noqa: E402
 from vlm.io import atomic_path, write_json  # noqa: E402
 from vlm.params import check  # noqa: E402
@@ -156,7 +157,7 @@ def split_metrics(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
 
 def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
     """Write the headline metrics, the details, tables and pictures; return every metric (one dict)."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device()
     vocab_path = paths.data / "vocab.json"
     vlm = load_model(paths.model, vocab_path, device)
     blind = load_model(paths.blind, vocab_path, device)

@@ -16,30 +16,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+import pandas as pd
+import torch
+from PIL import Image
+from tqdm import tqdm
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-from PIL import Image  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from vlm.checkpoint import LoadedModel, load_model  # noqa: E402
-from vlm.commands.generate import CommandsConfig  # noqa: E402
-from vlm.commands.templates import TEMPLATES, Candidate, TemplateOptions, candidates  # noqa: E402
-from vlm.data.commands import read_commands  # noqa: E402
-from vlm.device import pick_device  # noqa: E402
-from vlm.inference import answer_questions  # noqa: E402
-from vlm.io import atomic_path, write_json  # noqa: E402
-from vlm.params import check  # noqa: E402
-from vlm.scenes.edits import EDITS, Pair, make_pairs  # noqa: E402
-from vlm.scenes.generate import ScenesConfig, load_raw  # noqa: E402
-from vlm.viz import contact_sheet, save_figure, save_image  # noqa: E402
+from vlm import plots
+from vlm.checkpoint import LoadedModel, load_model
+from vlm.commands.generate import CommandsConfig
+from vlm.commands.templates import TEMPLATES, Candidate, TemplateOptions, candidates
+from vlm.data.commands import read_commands
+from vlm.device import pick_device
+from vlm.inference import answer_questions
+from vlm.io import atomic_path, write_json
+from vlm.params import check
+from vlm.scenes.edits import EDITS, Pair, make_pairs
+from vlm.scenes.generate import ScenesConfig, load_raw
 
 FIELDS = ("image_id", "command", "template")  # what is read of a commands record
-RATES = ("accuracy_original", "accuracy_edited", "consistency", "changed_when_it_must", "stayed_when_it_must")
 
 
 @dataclass
@@ -155,7 +150,6 @@ def sample_test_images(test_records: list[dict], samples: int, seed: int) -> lis
     return sorted(np.random.default_rng(seed).choice(image_ids, samples, replace=False).tolist())
 
 
-
 @dataclass
 class CounterfactualsPaths:
     model: Path = Path("models/vlm.pt")
@@ -200,53 +194,11 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
 def write_outputs(metrics: dict, table: pd.DataFrame, shown: list[tuple[Pair, Any]], paths: CounterfactualsPaths,
                   empty_note: str) -> None:
     write_json(paths.metrics, metrics)
-    paths.table.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(paths.table) as tmp:
         table.to_csv(tmp, index=False)
     summary = metrics["counterfactuals"]
-    for folder in {paths.plot.parent, paths.sheet.parent}:
-        folder.mkdir(parents=True, exist_ok=True)
-    save_figure(rates_figure(summary) if summary else note_figure(empty_note), paths.plot)
+    plots.save_figure(plots.counterfactuals_figure(summary) if summary else plots.note_figure(empty_note), paths.plot)
     if shown:
-        save_image(failure_sheet(shown), paths.sheet)
+        plots.save_image(plots.counterfactual_sheet(shown), paths.sheet)
     else:
-        save_figure(note_figure(empty_note), paths.sheet)
-
-
-def rates_figure(summary: dict[str, dict]) -> plt.Figure:
-    """Per edit: accuracy on the originals and the edits, consistency, changed / stayed when it had to."""
-    edits = list(summary)
-    fig, ax = plt.subplots(figsize=(12, 4.5))
-    width = 0.8 / len(RATES)
-    x = np.arange(len(edits))
-    for k, rate in enumerate(RATES):
-        values = [summary[e][rate] if summary[e][rate] is not None else np.nan for e in edits]
-        ax.bar(x + (k - (len(RATES) - 1) / 2) * width, values, width=width, label=rate.replace("_", " "))
-    ax.set_xticks(x, [f"{e.replace('_', ' ')}\n({summary[e]['pairs']} pairs)" for e in edits], fontsize=8)
-    ax.set_ylim(0, 1.15)
-    ax.set_ylabel("fraction of questions")
-    ax.legend(ncol=len(RATES), fontsize=8, loc="upper center")
-    ax.set_title("Counterfactual edits: does the answer change exactly where the rules say it must?")
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-def note_figure(text: str) -> plt.Figure:
-    fig = plt.figure(figsize=(6, 1.2))
-    fig.text(0.5, 0.5, text, ha="center", va="center")
-    return fig
-
-
-def failure_sheet(shown: list[tuple[Pair, Any]]) -> Image.Image:
-    """Original and edit side by side, for questions whose answer had to change and did not follow."""
-    tiles = []
-    for pair, row in shown:
-        tiles.append((pair.original.image, [(row.command, (20, 20, 20)),
-                                            (f"original: {row.answer_before}, model {row.predicted_before}",
-                                             (90, 90, 90))]))
-        tiles.append((pair.edited_image, [(pair.description, (20, 20, 20)),
-                                          (f"edited: {row.answer_after}, model {row.predicted_after}",
-                                           (190, 30, 30))]))
-    return contact_sheet(tiles, columns=4, max_lines=2)
-
+        plots.save_figure(plots.note_figure(empty_note), paths.sheet)

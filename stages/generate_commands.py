@@ -3,10 +3,10 @@
 import argparse
 
 from vlm.cli import run
-from vlm.commands.generate import BalancedCommands, CommandsConfig
-from vlm.commands.sheet import commands_sheet, pick_images
+from vlm.commands.generate import BalancedCommands, CommandsConfig, pick_images
 from vlm.io import atomic_path, check_writable, write_json
 from vlm.params import build_config, load_params, section
+from vlm.plots import commands_sheet, save_image
 from vlm.scenes.generate import load_raw
 
 
@@ -28,9 +28,7 @@ def main(argv: list[str] | None = None) -> None:
         shown_records = commands.write(tmp, collect=set(shown))
     stats = commands.stats
     write_json(args.metrics, stats)
-    sheet = commands_sheet([(raw.image_dir / name, records) for name, records in shown_records])
-    with atomic_path(args.sheet) as tmp:
-        sheet.save(tmp, format="PNG", optimize=True)
+    save_image(commands_sheet([(raw.image_dir / name, records) for name, records in shown_records]), args.sheet)
     print(", ".join(f"{split}: {s['questions']} questions on {s['images']} images" for split, s in stats.items()))
 
 

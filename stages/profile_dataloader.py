@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 
 from vlm.cli import run
-from vlm.data.profile import ProfileConfig, plot_dataloader_metrics, profile_dataloaders
+from vlm.data.profile import ProfileConfig, profile_dataloaders
 from vlm.io import check_writable, write_json
 from vlm.params import build_config, load_params, section
+from vlm.plots import dataloader_figure, save_figure
 from vlm.tokenizer import TrafficCommandTokenizer
 
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         config=config,
     )
     write_json(args.metrics, metrics)
-    plot_dataloader_metrics(metrics, args.plot)
+    save_figure(dataloader_figure(metrics), args.plot, dpi=100)
     for size, best in metrics["best"].items():
         print(f"{size}: ours {best['ours']['samples_per_s']:.0f} samples/s ({best['ours']['loader']}), "
               f"naive {best['naive']['samples_per_s']:.0f} samples/s, speed-up {metrics['speedup'][size]}x")

@@ -1,26 +1,29 @@
 """Counterfactual edits: each changes the answers its definition says, touches only the pixels of what it
-edits, and the consistency metrics count what they say."""
+edits, the images reach the model as the packed data holds them, and the consistency metrics count what
+they say."""
+
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
+from vlm import counterfactuals
 from vlm.commands import rules
-from vlm.commands.generate import CommandsConfig
+from vlm.commands.generate import BalancedCommands, CommandsConfig
 from vlm.commands.templates import candidates
 from vlm.counterfactuals import (
-    EDITS,
-    SWITCHED,
-    Pair,
-    Rendered,
-    _things,
+    CounterfactualsConfig,
+    CounterfactualsPaths,
     consistency_table,
-    make_pairs,
     pair_questions,
-    render,
     summarize,
 )
-from vlm.scenes.generate import image_name
+from vlm.io import read_json
+from vlm.processor import Processor
+from vlm.scenes.edits import EDITS, SWITCHED, Pair, Rendered, _things, make_pairs, render
+from vlm.scenes.generate import ScenesConfig, generate_synthetic, image_name, load_raw
 from vlm.scenes.render import RenderConfig
 from vlm.scenes.schema import Scene
 
@@ -151,3 +154,32 @@ def test_summary_counts_what_it_says():
                                  "accuracy_original": 1.0, "accuracy_edited": pytest.approx(2 / 3, abs=1e-4),
                                  "consistency": pytest.approx(2 / 3, abs=1e-4), "changed_when_it_must": 0.5,
                                  "stayed_when_it_must": 1.0}
+
+
+def test_images_reach_the_model_as_the_scenes_stage_saved_them(tmp_path, monkeypatch):
+    """The re-rendered originals are JPEG-encoded with ``scenes.jpeg_quality``: the model is handed exactly the
+    pixels the packed data holds for the stored images (decoded as the pack stage does)."""
+    scenes = ScenesConfig(num_images=40, workers=1, jpeg_quality=40)
+    raw, processed = tmp_path / "raw", tmp_path / "processed"
+    generate_synthetic(scenes, raw, progress=False)
+    data = load_raw(raw)
+    commands = CommandsConfig(questions_per_image=6)
+    BalancedCommands(data.iter_scenes, data.width, data.height, commands).write(processed / "commands")
+    processor = Processor(tokenizer=None, image_size=64, resample="bicubic")
+    answers = sorted({r["answer"] for r in read_json(processed / "commands" / "train.json")})
+    loaded = SimpleNamespace(model=None, processor=processor, answers=answers, candidates=lambda: [])
+    monkeypatch.setattr(counterfactuals, "load_model", lambda *args: loaded)
+    handed = {}
+
+    def answer_questions(model, processor, images, questions, candidates, batch_size, device):
+        handed.update(images)
+        return np.zeros((len(questions), len(answers)), dtype=np.float32)  # [Q, C]: the first answer everywhere
+
+    monkeypatch.setattr(counterfactuals, "answer_questions", answer_questions)
+    paths = CounterfactualsPaths(model=tmp_path / "vlm.pt", data=processed, raw=raw, metrics=tmp_path / "cf.json",
+                                 table=tmp_path / "cf.csv", plot=tmp_path / "cf.png", sheet=tmp_path / "sheet.png")
+    counterfactuals.run(CounterfactualsConfig(), scenes, commands, paths, progress=False)
+    originals = [key for key in handed if "/" not in key]  # edited images are keyed "{image id}/{pair}"
+    assert originals and len(handed) > len(originals)
+    for image_id in originals:
+        assert torch.equal(handed[image_id], processor.image(data.image_dir / image_name(int(image_id))))

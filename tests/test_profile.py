@@ -14,8 +14,9 @@ from vlm.data.dataset import TrafficVQADataset
 from vlm.data.h5file import PackedImageReader
 from vlm.data.naive import NaiveTrafficVQADataset, build_naive_loader
 from vlm.data.pack import repack_resized
-from vlm.data.profile import LOADERS, ProfileConfig, plot_dataloader_metrics, profile_dataloaders
+from vlm.data.profile import LOADERS, ProfileConfig, profile_dataloaders
 from vlm.params import ParamError, build_config
+from vlm.plots import dataloader_figure, save_figure
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def test_profile_measures_every_configuration_and_summarises(project, tmp_path):
     assert metrics["targets"]["speedup_met"] == all(s >= 10 for s in metrics["speedup"].values())
     assert "samples_per_s_224px_met" not in metrics["targets"]
     plot = tmp_path / "plots" / "dataloader.png"
-    plot_dataloader_metrics(metrics, plot)
+    save_figure(dataloader_figure(metrics), plot, dpi=100)
     with Image.open(plot) as image:
         assert image.format == "PNG" and image.width > 600
 

@@ -1,77 +1,40 @@
 """Counterfactual consistency: change one thing in a test scene, and check that the model's answers change
 exactly where the answer rules say they must.
 
-A seeded sample of synthetic test scenes is re-rendered from the scene's own seed (the same pixels as the
-packed image's source), then once per edit from the same layout, so nothing but the edit differs:
-
-- ``remove_category``: every object of one category present (car, truck, bus, pedestrian, traffic light or
-  sign) goes;
-- ``add_pedestrian``: a pedestrian stands in the path of one manoeuvre (left, straight or right);
-- ``switch_light``: the lights showing the governing colour switch (red -> green, green -> red,
-  yellow -> red);
-- ``move_left_to_right``: a car, truck, bus or pedestrian in the left third moves to the mirrored column;
-- ``night_to_day``: a night scene at daytime;
-- ``toggle_fog``: fog on a clear scene, off a foggy one;
-- ``mirror``: the horizontal mirror image (labels mirrored with it).
-
-The edited scene's labels come from the renderer as the original's do (occlusion measured again), and
-every question the templates can ask of both scenes is answered by the rules on each: a question whose
-answer differs *must change*, the others *must not*. Each pair is asked all its must-change questions
-among those seen in training, and up to ``unchanged_per_pair`` must-not ones (seeded). Per edit this gives
-the accuracy on the originals and on the edits, the consistency (right on both) and how often the model's
-answer changed when it had to and stayed when it had to.
+A seeded sample of synthetic test scenes is re-rendered from each scene's seed and once per edit of
+:mod:`vlm.scenes.edits`; both images reach the model as the packed data would hold them (saved as JPEGs of
+``scenes.jpeg_quality``, decoded as the pack stage does). Every question the templates can ask of both scenes
+is answered by the rules on each: a question whose answer differs *must change*, the others *must not*. Each
+pair is asked all its must-change questions among those seen in training, and up to ``unchanged_per_pair``
+must-not ones (seeded). Per edit this gives the accuracy on the originals and on the edits, the consistency
+(right on both) and how often the model's answer changed when it had to and stayed when it had to.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import io
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+import pandas as pd
+import torch
+from PIL import Image
+from tqdm import tqdm
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-from PIL import Image, ImageOps  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from vlm import plots
+from vlm.checkpoint import LoadedModel, load_model
+from vlm.commands.generate import CommandsConfig
+from vlm.commands.templates import TEMPLATES, Candidate, TemplateOptions, candidates
+from vlm.data.commands import read_commands
+from vlm.device import pick_device
+from vlm.inference import answer_questions
+from vlm.io import atomic_path, write_json
+from vlm.params import check
+from vlm.scenes.edits import EDITS, Pair, make_pairs
+from vlm.scenes.generate import ScenesConfig, load_raw
 
-from vlm.checkpoint import LoadedModel, load_model  # noqa: E402
-from vlm.commands import rules  # noqa: E402
-from vlm.commands.generate import CommandsConfig  # noqa: E402
-from vlm.commands.templates import ACTIONS, TEMPLATES, Candidate, TemplateOptions, candidates  # noqa: E402
-from vlm.data.collate import collate_questions  # noqa: E402
-from vlm.data.commands import read_commands  # noqa: E402
-from vlm.data.image import decode_image  # noqa: E402
-from vlm.io import atomic_path, write_json  # noqa: E402
-from vlm.params import check  # noqa: E402
-from vlm.scenes.generate import ScenesConfig, image_name, load_raw  # noqa: E402
-from vlm.scenes.render import (  # noqa: E402
-    PX_PER_M,
-    Camera,
-    Layout,
-    RenderConfig,
-    Thing,
-    pedestrian,
-    render_layout,
-    sample_layout,
-    settle_occlusion,
-    with_visibility,
-)
-from vlm.scenes.schema import Scene  # noqa: E402
-from vlm.viz import contact_sheet, save_figure, save_image  # noqa: E402
-
-REMOVABLE = ("car", "truck", "bus", "pedestrian", "traffic light", "traffic sign")  # no rider/bike pairs
-MOVABLE = ("car", "truck", "bus", "pedestrian")
-SWITCHED = {"red": "green", "green": "red", "yellow": "red"}
-JPEG_QUALITY = 90  # as generate_scenes writes its images
 FIELDS = ("image_id", "command", "template")  # what is read of a commands record
-RATES = ("accuracy_original", "accuracy_edited", "consistency", "changed_when_it_must", "stayed_when_it_must")
 
 
 @dataclass
@@ -91,154 +54,6 @@ class CounterfactualsConfig:
         unknown = [e for e in self.edits if e not in EDITS]
         check(not unknown and self.edits, f"{prefix}.edits",
               f"must name some of {', '.join(EDITS)}, got {self.edits}")
-
-
-@dataclass
-class Rendered:
-    """A scene as drawn: its layout, the objects drawn (far to near, with their hidden fraction), pixels, labels."""
-
-    layout: Layout
-    settled: list[tuple[Thing, float]]
-    image: Image.Image
-    scene: Scene
-
-
-@dataclass
-class Pair:
-    edit: str
-    description: str
-    original: Rendered
-    edited_image: Image.Image
-    edited_scene: Scene
-    edited_things: list[Thing] | None  # as drawn (None: the mirror image, drawn by flipping the pixels)
-
-
-# an edit: the original, its own seeded generator, the render config -> (image, labels, things drawn, description),
-# or None where it does not apply to the scene
-Edit = Callable[[Rendered, np.random.Generator, RenderConfig],
-                "tuple[Image.Image, Scene, list[Thing] | None, str] | None"]
-
-
-def render(seed: np.random.SeedSequence, name: str, config: RenderConfig) -> Rendered:
-    layout = sample_layout(np.random.default_rng(seed), config)
-    settled = settle_occlusion(layout.things, config.width, config.height, layout.targets)
-    image, scene = render_layout(layout, settled, name, config)
-    return Rendered(layout, settled, image, scene)
-
-
-def _redraw(original: Rendered, things: list[Thing], config: RenderConfig, layout: Layout | None = None
-            ) -> tuple[Image.Image, Scene, list[Thing]]:
-    settled = with_visibility(things, config.width, config.height)
-    return (*render_layout(layout or original.layout, settled, original.scene.name, config), things)
-
-
-def _things(original: Rendered) -> list[Thing]:
-    return [thing for thing, _ in original.settled]
-
-
-def remove_category(original: Rendered, rng: np.random.Generator, config: RenderConfig):
-    present = sorted({t.category for t in _things(original)} & set(REMOVABLE))
-    if not present:
-        return None
-    category = present[int(rng.integers(len(present)))]
-    kept = [t for t in _things(original) if t.category != category]
-    return (*_redraw(original, kept, config), f"every {category} removed")
-
-
-def _clear_of(box: tuple[float, float, float, float], things: list[Thing]) -> bool:
-    """``box`` meets no other thing's box: placing something there hides nothing and nothing hides it."""
-    x1, y1, x2, y2 = box
-    return not any(t.box[0] < x2 and t.box[2] > x1 and t.box[1] < y2 and t.box[3] > y1 for t in things)
-
-
-def add_pedestrian(original: Rendered, rng: np.random.Generator, config: RenderConfig, tries: int = 20):
-    """A pedestrian where nothing hides it and it hides nothing, feet below rules.PATH_MIN_Y of the frame
-    (7 to 12 m ahead) and centred in one manoeuvre's band; not applicable when no such place is found."""
-    manoeuvre = ("left", "straight", "right")[int(rng.integers(3))]
-    layout = original.layout
-    cam = Camera(config.width, config.height, layout.horizon, layout.vanish_x)
-    low, high = rules.PATHS[manoeuvre]
-    things = _things(original)
-    for _ in range(tries):
-        z = float(rng.uniform(7.0, 12.0))
-        column = config.width * (low + (high - low) * float(rng.uniform(0.3, 0.7)))
-        added = pedestrian(rng, cam, z, (column - cam.vx) / (PX_PER_M * cam.s_of_z(z)))
-        if _clear_of(added.box, things):
-            return (*_redraw(original, [*things, added], config),
-                    f"a pedestrian in the path to {ACTIONS[manoeuvre]}")
-    return None
-
-
-def switch_light(original: Rendered, rng: np.random.Generator, config: RenderConfig):
-    light = rules.governing_light(original.scene)
-    if light is None:
-        return None
-    old, new = light.light_color, SWITCHED[light.light_color]
-    things = [dataclasses.replace(t, light_color=new) if t.category == "traffic light" and t.light_color == old else t
-              for t in _things(original)]
-    return (*_redraw(original, things, config), f"the {old} light switched to {new}")
-
-
-def move_left_to_right(original: Rendered, rng: np.random.Generator, config: RenderConfig):
-    """A car, truck, bus or pedestrian in the left third moves to the mirrored column, where it meets no
-    other thing's box; not applicable when none can."""
-    things = _things(original)
-    movable = []
-    for t in things:
-        centre = (t.box[0] + t.box[2]) / 2
-        if t.category in MOVABLE and t.group < 0 and centre < config.width / 3:
-            shift = config.width - 2 * centre  # centre x -> width - centre x
-            box = (t.box[0] + shift, t.box[1], t.box[2] + shift, t.box[3])
-            if _clear_of(box, [o for o in things if o is not t]):
-                movable.append((t, box))
-    if not movable:
-        return None
-    moved, box = movable[int(rng.integers(len(movable)))]
-    moved_things = [dataclasses.replace(t, box=box) if t is moved else t for t in things]
-    return (*_redraw(original, moved_things, config), f"a {moved.category} moved from the left third to the right")
-
-
-def night_to_day(original: Rendered, rng: np.random.Generator, config: RenderConfig):
-    if original.layout.timeofday != "night":
-        return None
-    layout = dataclasses.replace(original.layout, timeofday="daytime")
-    return (*_redraw(original, _things(original), config, layout), "night turned to day")
-
-
-def toggle_fog(original: Rendered, rng: np.random.Generator, config: RenderConfig):
-    weather = {"clear": "foggy", "foggy": "clear"}.get(original.layout.weather)
-    if weather is None:
-        return None
-    layout = dataclasses.replace(original.layout, weather=weather)
-    return (*_redraw(original, _things(original), config, layout), f"{original.layout.weather} turned {weather}")
-
-
-def mirror(original: Rendered, rng: np.random.Generator, config: RenderConfig):
-    objects = tuple(dataclasses.replace(o, box=(config.width - o.box[2], o.box[1], config.width - o.box[0], o.box[3]))
-                    for o in original.scene.objects)
-    return ImageOps.mirror(original.image), dataclasses.replace(original.scene, objects=objects), None, "mirrored"
-
-
-EDITS: dict[str, Edit] = {"remove_category": remove_category, "add_pedestrian": add_pedestrian,
-                          "switch_light": switch_light, "move_left_to_right": move_left_to_right,
-                          "night_to_day": night_to_day, "toggle_fog": toggle_fog, "mirror": mirror}
-
-
-def make_pairs(image_ids: list[str], scenes_seed: int, labels: dict[str, Scene], config: RenderConfig,
-               edits: list[str], seed: int) -> list[Pair]:
-    """Re-render each scene (checking it is the one labelled in ``labels``) and apply every applicable edit."""
-    pairs = []
-    for image_id in image_ids:
-        index = int(image_id)
-        original = render(np.random.SeedSequence([scenes_seed, index]), image_name(index), config)
-        if original.scene != labels[image_id]:
-            raise ValueError(f"scene {image_id}: re-rendering with the scenes params does not give the labelled "
-                             "scene: data/raw was generated with other scenes params")
-        for k, name in enumerate(edits):
-            result = EDITS[name](original, np.random.default_rng([seed, index, k]), config)
-            if result is not None:
-                pairs.append(Pair(name, result[3], original, *result[:3]))
-    return pairs
 
 
 def pair_questions(pair: Pair, width: float, height: float, options: TemplateOptions, asked: set,
@@ -268,50 +83,25 @@ def asked_in(records: list[dict]) -> set:
     return {(r["template"], frozenset(TEMPLATES[r["template"]].parse(r["command"]).items())) for r in records}
 
 
-def encode_image(image: Image.Image, image_size: int, resample: str) -> torch.Tensor:
-    """The image as the packed data holds it: JPEG as generate_scenes writes it, decoded as pack_hdf5 does."""
-    buffer = io.BytesIO()
-    image.save(buffer, format="JPEG", quality=JPEG_QUALITY)
-    buffer.seek(0)
-    pixels = decode_image(buffer, image_size, resample)  # [S, S, 3]
-    return torch.from_numpy(pixels.copy()).permute(2, 0, 1).contiguous()  # [3, S, S]
+def answer_pairs(loaded: LoadedModel, pairs: list[Pair], questions: list[list[dict]], jpeg_quality: int,
+                 batch_size: int, device: torch.device) -> list[tuple[list[str], list[str]]]:
+    """The model's answers to each pair's questions on the original and on the edited image, both saved as
+    JPEGs of ``jpeg_quality`` first (a question asked of the same original by several pairs is answered once)."""
+    images: dict[str, torch.Tensor] = {}  # image key -> uint8 [3, S, S]
+    asked: dict[tuple[str, str], int] = {}  # (image key, question) -> its row in the answers
 
+    def ask(key: str, image: Image.Image, rows: list[dict]) -> list[int]:
+        if key not in images:
+            images[key] = loaded.processor.rendered(image, jpeg_quality)
+        return [asked.setdefault((key, row["command"]), len(asked)) for row in rows]
 
-@torch.no_grad()
-def answer_pairs(loaded: LoadedModel, pairs: list[Pair], questions: list[list[dict]], batch_size: int,
-                 device: torch.device) -> list[tuple[list[str], list[str]]]:
-    """The model's answers to each pair's questions on the original and on the edited image (a question asked
-    of the same original by several pairs is answered once)."""
-    samples: list[dict] = []
-    index: dict[tuple[str, str], int] = {}  # (image key, question) -> sample
-    images: dict[str, torch.Tensor] = {}
-    slots = []  # per pair: (sample indices on the original, on the edited image)
-
-    def ask(key: str, image: Image.Image, command: str, answer: str, command_type: str) -> int:
-        if (key, command) not in index:
-            if key not in images:
-                images[key] = encode_image(image, loaded.image_size, loaded.resample)
-            index[key, command] = len(samples)
-            samples.append({"image_id": key, "image": images[key], "question_id": f"{key}/{len(samples)}",
-                            "command_type": command_type, "answer": answer,
-                            "question_ids": torch.tensor(loaded.tokenizer.encode_question(command)),
-                            "answer_ids": torch.tensor(loaded.tokenizer.encode_answer(answer))})
-        return index[key, command]
-
+    slots = []  # per pair: (rows of its questions on the original, on the edited image)
     for p, (pair, rows) in enumerate(zip(pairs, questions)):
         original = pair.original.scene.image_id
-        slots.append(([ask(original, pair.original.image, r["command"], r["answer_before"], r["command_type"])
-                       for r in rows],
-                      [ask(f"{original}/{p}", pair.edited_image, r["command"], r["answer_after"], r["command_type"])
-                       for r in rows]))
-    order = sorted(range(len(samples)), key=lambda i: samples[i]["image_id"])  # an image's questions together
-    predicted = [""] * len(samples)
-    candidate_ids = loaded.candidates()
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        batch = collate_questions([samples[i] for i in chunk]).to(device)
-        for i, best in zip(chunk, loaded.model.answer(batch, candidate_ids).argmax(1).tolist()):
-            predicted[i] = loaded.answers[best]
+        slots.append((ask(original, pair.original.image, rows), ask(f"{original}/{p}", pair.edited_image, rows)))
+    probs = answer_questions(loaded.model, loaded.processor, images, list(asked), loaded.candidates(), batch_size,
+                             device)  # [Q, C]
+    predicted = [loaded.answers[best] for best in probs.argmax(1)]
     return [([predicted[i] for i in before], [predicted[i] for i in after]) for before, after in slots]
 
 
@@ -360,7 +150,6 @@ def sample_test_images(test_records: list[dict], samples: int, seed: int) -> lis
     return sorted(np.random.default_rng(seed).choice(image_ids, samples, replace=False).tolist())
 
 
-
 @dataclass
 class CounterfactualsPaths:
     model: Path = Path("models/vlm.pt")
@@ -381,7 +170,7 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
         write_outputs({"counterfactuals": {}}, pd.DataFrame(), [], paths,
                       f"no counterfactuals: scenes.source is {raw.source} (only rendered scenes can be edited)")
         return {}
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device()
     loaded = load_model(paths.model, paths.data / "vocab.json", device)
     test = read_commands(paths.data / "commands" / "test.json", FIELDS)
     image_ids = sample_test_images(test, config.samples, config.seed)
@@ -392,7 +181,8 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
     rng = np.random.default_rng(config.seed)
     questions = [pair_questions(pair, raw.width, raw.height, commands.template_options, asked, set(loaded.answers),
                                 config.unchanged_per_pair, rng) for pair in pairs]
-    table = consistency_table(pairs, questions, answer_pairs(loaded, pairs, questions, config.batch_size, device))
+    predictions = answer_pairs(loaded, pairs, questions, scenes.jpeg_quality, config.batch_size, device)
+    table = consistency_table(pairs, questions, predictions)
     metrics = {"counterfactuals": summarize(table, config.edits)}
     failed = not_followed(table).drop_duplicates("pair")
     picks = failed.groupby("edit", sort=False).head(max(1, config.sheet_examples // len(config.edits)))
@@ -404,53 +194,11 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
 def write_outputs(metrics: dict, table: pd.DataFrame, shown: list[tuple[Pair, Any]], paths: CounterfactualsPaths,
                   empty_note: str) -> None:
     write_json(paths.metrics, metrics)
-    paths.table.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(paths.table) as tmp:
         table.to_csv(tmp, index=False)
     summary = metrics["counterfactuals"]
-    for folder in {paths.plot.parent, paths.sheet.parent}:
-        folder.mkdir(parents=True, exist_ok=True)
-    save_figure(rates_figure(summary) if summary else note_figure(empty_note), paths.plot)
+    plots.save_figure(plots.counterfactuals_figure(summary) if summary else plots.note_figure(empty_note), paths.plot)
     if shown:
-        save_image(failure_sheet(shown), paths.sheet)
+        plots.save_image(plots.counterfactual_sheet(shown), paths.sheet)
     else:
-        save_figure(note_figure(empty_note), paths.sheet)
-
-
-def rates_figure(summary: dict[str, dict]) -> plt.Figure:
-    """Per edit: accuracy on the originals and the edits, consistency, changed / stayed when it had to."""
-    edits = list(summary)
-    fig, ax = plt.subplots(figsize=(12, 4.5))
-    width = 0.8 / len(RATES)
-    x = np.arange(len(edits))
-    for k, rate in enumerate(RATES):
-        values = [summary[e][rate] if summary[e][rate] is not None else np.nan for e in edits]
-        ax.bar(x + (k - (len(RATES) - 1) / 2) * width, values, width=width, label=rate.replace("_", " "))
-    ax.set_xticks(x, [f"{e.replace('_', ' ')}\n({summary[e]['pairs']} pairs)" for e in edits], fontsize=8)
-    ax.set_ylim(0, 1.15)
-    ax.set_ylabel("fraction of questions")
-    ax.legend(ncol=len(RATES), fontsize=8, loc="upper center")
-    ax.set_title("Counterfactual edits: does the answer change exactly where the rules say it must?")
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-def note_figure(text: str) -> plt.Figure:
-    fig = plt.figure(figsize=(6, 1.2))
-    fig.text(0.5, 0.5, text, ha="center", va="center")
-    return fig
-
-
-def failure_sheet(shown: list[tuple[Pair, Any]]) -> Image.Image:
-    """Original and edit side by side, for questions whose answer had to change and did not follow."""
-    tiles = []
-    for pair, row in shown:
-        tiles.append((pair.original.image, [(row.command, (20, 20, 20)),
-                                            (f"original: {row.answer_before}, model {row.predicted_before}",
-                                             (90, 90, 90))]))
-        tiles.append((pair.edited_image, [(pair.description, (20, 20, 20)),
-                                          (f"edited: {row.answer_after}, model {row.predicted_after}",
-                                           (190, 30, 30))]))
-    return contact_sheet(tiles, columns=4, max_lines=2)
-
+        plots.save_figure(plots.note_figure(empty_note), paths.sheet)

@@ -17,26 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.metrics import confusion_matrix, f1_score
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-from PIL import Image  # noqa: E402
-from sklearn.metrics import confusion_matrix, f1_score  # noqa: E402
-
-from vlm.checkpoint import LoadedModel, load_model  # noqa: E402
-from vlm.commands.templates import COMMAND_TYPES  # noqa: E402
-from vlm.data.collate import collate_questions  # noqa: E402
-from vlm.data.dataset import TrafficVQADataset  # noqa: E402
-from vlm.inference import predict_dataset  # noqa: E402
-from vlm.io import atomic_path, write_json  # noqa: E402
-from vlm.params import check  # noqa: E402
-from vlm.scenes.generate import load_raw  # noqa: E402
-from vlm.slices import DIMENSIONS, conditions_table, slice_accuracy  # noqa: E402
-from vlm.viz import contact_sheet, save_figure, save_image  # noqa: E402
+from vlm import plots
+from vlm.checkpoint import LoadedModel, load_model
+from vlm.data.dataset import TrafficVQADataset
+from vlm.device import pick_device
+from vlm.inference import predict_dataset
+from vlm.io import atomic_path, write_json
+from vlm.params import check
+from vlm.scenes.generate import load_raw
+from vlm.slices import conditions_table, slice_accuracy
 
 YES_NO_MAYBE = ["yes", "no", "maybe"]
 CALIBRATION_BINS = 10  # equal-width confidence bins of the expected calibration error
@@ -156,7 +150,7 @@ def split_metrics(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
 
 def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
     """Write the headline metrics, the details, tables and pictures; return every metric (one dict)."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device()
     vocab_path = paths.data / "vocab.json"
     vlm = load_model(paths.model, vocab_path, device)
     blind = load_model(paths.blind, vocab_path, device)
@@ -187,24 +181,23 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
     headline, details = split_metrics(metrics)
     write_json(paths.details, details)
     write_json(paths.metrics, headline)
-    paths.plots.mkdir(parents=True, exist_ok=True)
-    save_figure(summary_figure(metrics), paths.plots / "eval.png")
-    save_figure(slices_figure(slices, counts), paths.plots / "slices.png")
-    save_figure(reliability_figure(metrics), paths.plots / "calibration.png")
+    plots.save_figure(plots.summary_figure(metrics), paths.plots / "eval.png")
+    plots.save_figure(plots.slices_figure(slices, counts), paths.plots / "slices.png")
+    plots.save_figure(plots.reliability_figure(metrics, CALIBRATION_BINS), paths.plots / "calibration.png")
     if config.attention_examples and vlm.model.config.vision != "none":
-        picks = _pick(table, config.attention_examples, config.seed)
-        save_image(attention_sheet(vlm, dataset, table, picks, image_paths, device), paths.plots / "attention.png")
+        shown = table.loc[_pick(table, config.attention_examples, config.seed)]
+        heat = attention_grids(vlm, shown, image_paths, device)
+        plots.save_image(plots.attention_sheet(shown, image_paths, heat), paths.plots / "attention.png")
     failures = table[~table["correct"]]
     if config.failure_examples and len(failures):
         picks = _pick(failures, config.failure_examples, config.seed)
-        save_image(failure_sheet(table.loc[picks], image_paths), paths.plots / "failures.png")
+        plots.save_image(plots.failure_sheet(table.loc[picks], image_paths), paths.plots / "failures.png")
     return metrics
 
 
 def write_tables(table: pd.DataFrame, metrics: dict, folder: Path) -> None:
     """CSV tables for ``dvc plots``: every prediction, per-type accuracy (a row per type and model, for
     bars side by side), the VLM's yes/no/maybe (actual, predicted) pairs with ``other`` predictions."""
-    folder.mkdir(parents=True, exist_ok=True)
     per_type = [{"command_type": t, "model": model, "accuracy": metrics[model]["per_type"].get(t, 0.0)}
                 for t in metrics["vlm"]["per_type"] for model in ("vlm", "blind")]
     frames = (("predictions.csv", table), ("per_type.csv", pd.DataFrame(per_type)),
@@ -214,89 +207,10 @@ def write_tables(table: pd.DataFrame, metrics: dict, folder: Path) -> None:
             frame.to_csv(tmp, index=False)
 
 
-def summary_figure(metrics: dict) -> plt.Figure:
-    """Per-type accuracy bars (VLM vs blind) and the VLM's yes/no/maybe confusion matrix."""
-    types = [t for t in COMMAND_TYPES if t in metrics["vlm"]["per_type"]]
-    fig, (bars, conf) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1.6, 1]})
-    x = np.arange(len(types))
-    for offset, model, color in ((-0.2, "vlm", "#2b6cb0"), (0.2, "blind", "#a0aec0")):
-        values = [metrics[model]["per_type"].get(t, 0.0) for t in types]
-        bars.bar(x + offset, values, width=0.4, color=color,
-                 label=f"{'VLM' if model == 'vlm' else 'blind (text only)'}: {metrics[model]['accuracy']:.1%} overall")
-        for xi, v in zip(x + offset, values):
-            bars.text(xi, v + 0.01, f"{v:.0%}", ha="center", fontsize=8)
-    bars.set_xticks(x, [t.replace("_", " ") for t in types])
-    bars.set_ylim(0, 1.22)
-    bars.set_yticks(np.linspace(0, 1, 6))
-    bars.set_ylabel(f"accuracy on {metrics['split']}")
-    bars.legend(loc="upper center", ncol=2, fontsize=8)
-    bars.set_title("Accuracy per command type")
-    confusion = metrics["vlm"]["confusion_yes_no_maybe"]
-    matrix = np.array(confusion["matrix"])
-    conf.imshow(matrix, cmap="Blues")
-    for (i, j), v in np.ndenumerate(matrix):
-        conf.text(j, i, str(v), ha="center", va="center", color="white" if v > matrix.max() / 2 else "black")
-    conf.set_xticks(range(len(confusion["predicted"])), confusion["predicted"])
-    conf.set_yticks(range(len(confusion["actual"])), confusion["actual"])
-    conf.set_xlabel("predicted")
-    conf.set_ylabel("actual")
-    conf.set_title("VLM on yes/no/maybe questions")
-    fig.tight_layout()
-    return fig
-
-
 def _keyed(per_dimension: dict[str, dict]) -> dict[str, dict]:
     """Slice values as metric names: ``city street`` -> ``city_street``, ``dawn/dusk`` -> ``dawn_dusk``."""
     return {dimension: {value.replace(" ", "_").replace("/", "_"): x for value, x in values.items()}
             for dimension, values in per_dimension.items()}
-
-
-def slices_figure(slices: dict[str, dict], counts: dict[str, dict]) -> plt.Figure:
-    """Accuracy per condition, VLM and blind side by side, one panel per dimension."""
-    dimensions = [d for d in DIMENSIONS if d in counts]
-    columns = 4
-    rows = -(-len(dimensions) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows), squeeze=False)
-    for ax, dimension in zip(axes.flat, dimensions):
-        values = list(counts[dimension])
-        y = np.arange(len(values))
-        for offset, model, color in ((-0.2, "vlm", "#2b6cb0"), (0.2, "blind", "#a0aec0")):
-            ax.barh(y + offset, [slices[model][dimension][v] for v in values], height=0.4, color=color,
-                    label="VLM" if model == "vlm" else "blind")
-        ax.set_yticks(y, [f"{v} ({counts[dimension][v]})" for v in values], fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlim(0, 1)
-        ax.set_title(dimension.replace("_", " "), fontsize=10)
-        ax.grid(True, axis="x", alpha=0.3)
-    for ax in list(axes.flat)[len(dimensions):]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=8, loc="lower right")
-    fig.suptitle("Accuracy per condition (questions in brackets)")
-    fig.tight_layout()
-    return fig
-
-
-def reliability_figure(metrics: dict) -> plt.Figure:
-    """Reliability diagram: accuracy against the mean probability of the answer given, per confidence bin."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-    for ax, model, color in ((axes[0], "vlm", "#2b6cb0"), (axes[1], "blind", "#a0aec0")):
-        rows = metrics[model]["reliability"]
-        ax.bar([r["low"] for r in rows], [r["accuracy"] for r in rows], width=1 / CALIBRATION_BINS, align="edge",
-               color=color, edgecolor="white", label="accuracy in the bin")
-        ax.plot([r["confidence"] for r in rows], [r["accuracy"] for r in rows], "o", color="black", markersize=3)
-        ax.plot([0, 1], [0, 1], "--", color="grey", label="calibrated")
-        for r in rows:
-            ax.text(r["low"] + 0.5 / CALIBRATION_BINS, 0.02, str(r["questions"]), ha="center", fontsize=7,
-                    rotation=90, color="white")
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("probability of the answer given")
-        ax.set_ylabel("accuracy")
-        name = "VLM" if model == "vlm" else "blind (text only)"
-        ax.set_title(f"{name}: ECE {metrics[model]['ece']:.3f}")
-        ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    return fig
 
 
 def _pick(table: pd.DataFrame, n: int, seed: int) -> list[int]:
@@ -311,47 +225,20 @@ def _pick(table: pd.DataFrame, n: int, seed: int) -> list[int]:
     return picks
 
 
-def _load_original(path: Path, width: int) -> Image.Image:
-    with Image.open(path) as image:
-        image.draft("RGB", (width, width))
-        return image.convert("RGB")
 
 
-def attention_sheet(loaded: LoadedModel, dataset: TrafficVQADataset, table: pd.DataFrame, picks: list[int],
-                    image_paths: dict[str, Path], device: torch.device) -> Image.Image:
-    """Each picked question's image with the attention from [SEP] to the image tokens as a heat map."""
-    samples = dataset.__getitems__(picks)
-    batch = collate_questions(samples, dataset.pad_token_id).to(device)
+@torch.no_grad()
+def attention_grids(loaded: LoadedModel, rows: pd.DataFrame, image_paths: dict[str, Path],
+                    device: torch.device) -> np.ndarray | None:
+    """The attention from [SEP] to the image tokens of each row's question (mean over layers and heads) as
+    the patch grid ``[B, G, G]``; None with the Q-Former, whose tokens are queries, not cells of a grid."""
+    config = loaded.model.config
+    if config.connector != "linear":
+        return None
+    processor = loaded.processor
+    images = [processor.image(image_paths[image_id]) for image_id in rows["image_id"]]  # [3, S, S] each
+    batch = processor(images, list(rows["command"])).to(device)
     attention = loaded.model.image_attention(batch)  # [B, layers, heads, T]
     weights = attention.float().mean(dim=(1, 2)).cpu().numpy()  # [B, T]
-    config = loaded.model.config
-    shuffle = config.pixel_shuffle if config.connector == "linear" else 1
-    grid = (config.siglip.image_size // config.siglip.patch_size) // shuffle
-    colormap = matplotlib.colormaps["inferno"]
-    tiles = []
-    for k, (index, sample) in enumerate(zip(picks, samples)):
-        row = table.loc[index]
-        image = _load_original(image_paths[sample["image_id"]], 640)
-        if config.connector == "linear":  # tokens 0 .. grid*grid - 1 are the patch grid's cells
-            heat = weights[k, : grid * grid].reshape(grid, grid)
-            heat = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
-            overlay = Image.fromarray((colormap(heat)[..., :3] * 255).astype(np.uint8))
-            overlay = overlay.resize(image.size, Image.BICUBIC)
-            image = Image.blend(image, overlay, 0.45)
-        ok = row["prediction"] == row["answer"]
-        tiles.append((image, [(row["command"], (20, 20, 20)),
-                              (f"answer {row['answer']}, predicted {row['prediction']} ({row['probability']:.0%})",
-                               (20, 120, 40) if ok else (190, 30, 30))]))
-    return contact_sheet(tiles, columns=4, max_lines=2)
-
-
-def failure_sheet(failures: pd.DataFrame, image_paths: dict[str, Path]) -> Image.Image:
-    tiles = []
-    for _, row in failures.iterrows():
-        image = _load_original(image_paths[row["image_id"]], 640)
-        tiles.append((image, [(row["command"], (20, 20, 20)),
-                              (f"answer {row['answer']}, predicted {row['prediction']} ({row['probability']:.0%})",
-                               (190, 30, 30)),
-                              (f"{row['command_type']}; {row['timeofday']}, {row['weather']}", (90, 90, 90))]))
-    return contact_sheet(tiles, columns=4, max_lines=3)
-
+    grid = (config.siglip.image_size // config.siglip.patch_size) // config.pixel_shuffle
+    return weights[:, : grid * grid].reshape(-1, grid, grid)  # tokens 0 .. G*G - 1: the grid's cells, row-major

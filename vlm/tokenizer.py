@@ -131,7 +131,7 @@ class TrafficCommandTokenizer:
 
     Encoding: :meth:`encode_question` and :meth:`encode_answer` give the ids the VLM reads and learns,
     :meth:`batch_encode` padded ``[SOS] ... [EOS]`` tensors. Decoding: :meth:`decode_answer` reads an
-    answer back (e.g. from ``TrafficVLM.generate``); [UNK] stays visible as "[UNK]".
+    answer back (e.g. from ``PaliGemma.generate``); [UNK] stays visible as "[UNK]".
     """
 
     def __init__(self, vocab: dict[str, int], *, max_length: int | None = 32, statistics: dict | None = None,

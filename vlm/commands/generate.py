@@ -103,6 +103,13 @@ def split_images(image_ids: list[str], fractions: dict, seed: int) -> dict[str, 
     return splits
 
 
+
+def pick_images(image_ids: list[str], n: int = 16, seed: int = 0) -> list[str]:
+    """``n`` of the sorted ``image_ids`` picked at random (seeded), in id order: the images of the contact sheet."""
+    ids = sorted(image_ids)
+    return [ids[i] for i in sorted(np.random.default_rng(seed).choice(len(ids), size=min(n, len(ids)),
+                                                                      replace=False))]
+
 def _deficit(counts: Counter, answer: str) -> int:
     """How far ``answer`` is behind the most common answer of ``counts``."""
     return max(counts.values(), default=0) - counts[answer]

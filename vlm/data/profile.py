@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
@@ -195,33 +194,3 @@ def _summarise(samples_per_s: dict, sizes: list[int], packed_size: int, num_imag
         metrics["targets"]["samples_per_s_224px_met"] = met
     return metrics
 
-
-def plot_dataloader_metrics(metrics: dict[str, Any], path: str | os.PathLike) -> None:
-    """Grouped bars of samples/s per (workers, batch size), one panel per image size, log scale."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from vlm.io import atomic_path
-
-    sizes = list(metrics["samples_per_s"])
-    fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4), squeeze=False, sharey=True)
-    for ax, size in zip(axes[0], sizes):
-        tables = metrics["samples_per_s"][size]
-        keys = list(tables["naive"])
-        x = np.arange(len(keys))
-        width = 0.8 / len(tables)
-        for i, (name, table) in enumerate(tables.items()):
-            ax.bar(x + (i - (len(tables) - 1) / 2) * width, [table[k] for k in keys], width, label=name)
-        ax.set_xticks(x, [k.replace("workers", "w").replace("_batch", "\nb") for k in keys])
-        ax.set_yscale("log")
-        ax.set_title(f"{size}: ours {metrics['speedup'][size]}x naive (best of each)")
-        ax.grid(axis="y", which="both", alpha=0.3)
-    axes[0][0].set_ylabel("samples/s")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncols=len(labels))
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)

@@ -1,0 +1,197 @@
+"""Edits of a rendered scene: one thing changes, the rest of the layout is drawn again as it was.
+
+A synthetic scene is re-rendered from its own seed (the same pixels as the stored image), then once per
+edit from the same layout, so that nothing but the edit differs:
+
+- ``remove_category``: every object of one category present (car, truck, bus, pedestrian, traffic light or
+  sign) goes;
+- ``add_pedestrian``: a pedestrian stands in the path of one manoeuvre (left, straight or right);
+- ``switch_light``: the lights showing the governing colour switch (red -> green, green -> red,
+  yellow -> red);
+- ``move_left_to_right``: a car, truck, bus or pedestrian in the left third moves to the mirrored column;
+- ``night_to_day``: a night scene at daytime;
+- ``toggle_fog``: fog on a clear scene, off a foggy one;
+- ``mirror``: the horizontal mirror image (labels mirrored with it).
+
+The edited scene's labels come from the renderer as the original's do (occlusion measured again). An edit
+that cannot apply to a scene (no light to switch, a rainy scene for fog, no free place for a pedestrian)
+returns None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from vlm.commands import rules
+from vlm.commands.templates import ACTIONS
+from vlm.scenes.generate import image_name
+from vlm.scenes.render import (
+    PX_PER_M,
+    Camera,
+    Layout,
+    RenderConfig,
+    Thing,
+    pedestrian,
+    render_layout,
+    sample_layout,
+    settle_occlusion,
+    with_visibility,
+)
+from vlm.scenes.schema import Scene
+
+REMOVABLE = ("car", "truck", "bus", "pedestrian", "traffic light", "traffic sign")  # no rider/bike pairs
+MOVABLE = ("car", "truck", "bus", "pedestrian")
+SWITCHED = {"red": "green", "green": "red", "yellow": "red"}
+
+
+@dataclass
+class Rendered:
+    """A scene as drawn: its layout, the objects drawn (far to near, with their hidden fraction), pixels, labels."""
+
+    layout: Layout
+    settled: list[tuple[Thing, float]]
+    image: Image.Image
+    scene: Scene
+
+
+@dataclass
+class Pair:
+    edit: str
+    description: str
+    original: Rendered
+    edited_image: Image.Image
+    edited_scene: Scene
+    edited_things: list[Thing] | None  # as drawn (None: the mirror image, drawn by flipping the pixels)
+
+
+# an edit: the original, its own seeded generator, the render config -> (image, labels, things drawn, description),
+# or None where it does not apply to the scene
+Edit = Callable[[Rendered, np.random.Generator, RenderConfig],
+                "tuple[Image.Image, Scene, list[Thing] | None, str] | None"]
+
+
+def render(seed: np.random.SeedSequence, name: str, config: RenderConfig) -> Rendered:
+    layout = sample_layout(np.random.default_rng(seed), config)
+    settled = settle_occlusion(layout.things, config.width, config.height, layout.targets)
+    image, scene = render_layout(layout, settled, name, config)
+    return Rendered(layout, settled, image, scene)
+
+
+def _redraw(original: Rendered, things: list[Thing], config: RenderConfig, layout: Layout | None = None
+            ) -> tuple[Image.Image, Scene, list[Thing]]:
+    settled = with_visibility(things, config.width, config.height)
+    return (*render_layout(layout or original.layout, settled, original.scene.name, config), things)
+
+
+def _things(original: Rendered) -> list[Thing]:
+    return [thing for thing, _ in original.settled]
+
+
+def remove_category(original: Rendered, rng: np.random.Generator, config: RenderConfig):
+    present = sorted({t.category for t in _things(original)} & set(REMOVABLE))
+    if not present:
+        return None
+    category = present[int(rng.integers(len(present)))]
+    kept = [t for t in _things(original) if t.category != category]
+    return (*_redraw(original, kept, config), f"every {category} removed")
+
+
+def _clear_of(box: tuple[float, float, float, float], things: list[Thing]) -> bool:
+    """``box`` meets no other thing's box: placing something there hides nothing and nothing hides it."""
+    x1, y1, x2, y2 = box
+    return not any(t.box[0] < x2 and t.box[2] > x1 and t.box[1] < y2 and t.box[3] > y1 for t in things)
+
+
+def add_pedestrian(original: Rendered, rng: np.random.Generator, config: RenderConfig, tries: int = 20):
+    """A pedestrian where nothing hides it and it hides nothing, feet below rules.PATH_MIN_Y of the frame
+    (7 to 12 m ahead) and centred in one manoeuvre's band; not applicable when no such place is found."""
+    manoeuvre = ("left", "straight", "right")[int(rng.integers(3))]
+    layout = original.layout
+    cam = Camera(config.width, config.height, layout.horizon, layout.vanish_x)
+    low, high = rules.PATHS[manoeuvre]
+    things = _things(original)
+    for _ in range(tries):
+        z = float(rng.uniform(7.0, 12.0))
+        column = config.width * (low + (high - low) * float(rng.uniform(0.3, 0.7)))
+        added = pedestrian(rng, cam, z, (column - cam.vx) / (PX_PER_M * cam.s_of_z(z)))
+        if _clear_of(added.box, things):
+            return (*_redraw(original, [*things, added], config),
+                    f"a pedestrian in the path to {ACTIONS[manoeuvre]}")
+    return None
+
+
+def switch_light(original: Rendered, rng: np.random.Generator, config: RenderConfig):
+    light = rules.governing_light(original.scene)
+    if light is None:
+        return None
+    old, new = light.light_color, SWITCHED[light.light_color]
+    things = [dataclasses.replace(t, light_color=new) if t.category == "traffic light" and t.light_color == old else t
+              for t in _things(original)]
+    return (*_redraw(original, things, config), f"the {old} light switched to {new}")
+
+
+def move_left_to_right(original: Rendered, rng: np.random.Generator, config: RenderConfig):
+    """A car, truck, bus or pedestrian in the left third moves to the mirrored column, where it meets no
+    other thing's box; not applicable when none can."""
+    things = _things(original)
+    movable = []
+    for t in things:
+        centre = (t.box[0] + t.box[2]) / 2
+        if t.category in MOVABLE and t.group < 0 and centre < config.width / 3:
+            shift = config.width - 2 * centre  # centre x -> width - centre x
+            box = (t.box[0] + shift, t.box[1], t.box[2] + shift, t.box[3])
+            if _clear_of(box, [o for o in things if o is not t]):
+                movable.append((t, box))
+    if not movable:
+        return None
+    moved, box = movable[int(rng.integers(len(movable)))]
+    moved_things = [dataclasses.replace(t, box=box) if t is moved else t for t in things]
+    return (*_redraw(original, moved_things, config), f"a {moved.category} moved from the left third to the right")
+
+
+def night_to_day(original: Rendered, rng: np.random.Generator, config: RenderConfig):
+    if original.layout.timeofday != "night":
+        return None
+    layout = dataclasses.replace(original.layout, timeofday="daytime")
+    return (*_redraw(original, _things(original), config, layout), "night turned to day")
+
+
+def toggle_fog(original: Rendered, rng: np.random.Generator, config: RenderConfig):
+    weather = {"clear": "foggy", "foggy": "clear"}.get(original.layout.weather)
+    if weather is None:
+        return None
+    layout = dataclasses.replace(original.layout, weather=weather)
+    return (*_redraw(original, _things(original), config, layout), f"{original.layout.weather} turned {weather}")
+
+
+def mirror(original: Rendered, rng: np.random.Generator, config: RenderConfig):
+    objects = tuple(dataclasses.replace(o, box=(config.width - o.box[2], o.box[1], config.width - o.box[0], o.box[3]))
+                    for o in original.scene.objects)
+    return ImageOps.mirror(original.image), dataclasses.replace(original.scene, objects=objects), None, "mirrored"
+
+
+EDITS: dict[str, Edit] = {"remove_category": remove_category, "add_pedestrian": add_pedestrian,
+                          "switch_light": switch_light, "move_left_to_right": move_left_to_right,
+                          "night_to_day": night_to_day, "toggle_fog": toggle_fog, "mirror": mirror}
+
+
+def make_pairs(image_ids: list[str], scenes_seed: int, labels: dict[str, Scene], config: RenderConfig,
+               edits: list[str], seed: int) -> list[Pair]:
+    """Re-render each scene (checking it is the one labelled in ``labels``) and apply every applicable edit."""
+    pairs = []
+    for image_id in image_ids:
+        index = int(image_id)
+        original = render(np.random.SeedSequence([scenes_seed, index]), image_name(index), config)
+        if original.scene != labels[image_id]:
+            raise ValueError(f"scene {image_id}: re-rendering with the scenes params does not give the labelled "
+                             "scene: data/raw was generated with other scenes params")
+        for k, name in enumerate(edits):
+            result = EDITS[name](original, np.random.default_rng([seed, index, k]), config)
+            if result is not None:
+                pairs.append(Pair(name, result[3], original, *result[:3]))
+    return pairs

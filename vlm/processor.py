@@ -13,7 +13,7 @@ import io
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import IO, Protocol
 
 import numpy as np
 import torch
@@ -64,9 +64,9 @@ class Processor:
     image_size: int  # the packed images' side
     resample: str  # the filter they were packed with
 
-    def image(self, source: str | os.PathLike | Image.Image) -> torch.Tensor:
-        """uint8 ``[3, S, S]`` of an image file (any size and format), decoded and resized exactly as the
-        pack stage does; a PIL image is first written as a JPEG of ``jpeg_quality`` (:meth:`rendered`)."""
+    def image(self, source: str | os.PathLike | IO[bytes]) -> torch.Tensor:
+        """uint8 ``[3, S, S]`` of an image file or file object (any size and format), decoded and resized
+        exactly as the pack stage does."""
         pixels = decode_image(source, self.image_size, self.resample)  # [S, S, 3]
         return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
 

@@ -422,6 +422,7 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
     only its resume checkpoint)."""
     metrics = {}
     if run.dist.is_main:
+        run.curves.update(state.history)  # a run resumed at its end has logged nothing yet
         checkpoint.save(run.paths.model, state.best)
         metrics = train_metrics(state, run.model)
         timing = train_timing(state, run.total_steps)

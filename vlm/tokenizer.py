@@ -49,8 +49,8 @@ logger = logging.getLogger(__name__)
 VOCAB_FORMAT_VERSION = 1
 
 PAD, UNK, SOS, EOS, YES, NO, MAYBE, SEP = range(8)
-SPECIAL_TOKENS = {token: i for i, token in enumerate(("[PAD]", "[UNK]", "[SOS]", "[EOS]", "[YES]", "[NO]", "[MAYBE]",
-                                                      "[SEP]"))}
+SPECIAL_TOKENS = {"[PAD]": PAD, "[UNK]": UNK, "[SOS]": SOS, "[EOS]": EOS, "[YES]": YES, "[NO]": NO, "[MAYBE]": MAYBE,
+                  "[SEP]": SEP}
 RESERVED_TOKENS = {"[RESERVED_8]": 8, "[RESERVED_9]": 9}
 FIRST_WORD_ID = 10
 

@@ -8,7 +8,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import types
+import typing
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -92,48 +95,45 @@ def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str):
     whose type is itself a dataclass are built recursively from nested mappings. After
     construction, the dataclass's own ``validate()`` (if any) runs.
     """
-    import dataclasses
-    import typing
-
     values = dict(values or {})
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ParamError(f"{prefix}.{unknown[0]}: unknown key (known: {', '.join(sorted(fields))})")
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for name, value in values.items():
-        key = f"{prefix}.{name}"
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            if not isinstance(value, Mapping):
-                raise ParamError(f"{key}: must be a mapping")
+        key, hint = f"{prefix}.{name}", hints[name]
+        if not dataclasses.is_dataclass(hint):
+            kwargs[name] = _coerce(value, hint, key)
+        elif not isinstance(value, Mapping):
+            raise ParamError(f"{key}: must be a mapping")
+        else:
             kwargs[name] = build_config(hint, value, key)
-            continue
-        kwargs[name] = _coerce(value, hint, key)
     config = cls(**kwargs)
     if hasattr(config, "validate"):
         config.validate(prefix)
     return config
 
 
-def _coerce(value: Any, hint: Any, key: str) -> Any:
-    import typing
+# scalar type -> (the Python types it accepts, bool excluded unless it is bool; how the error names it)
+_SCALARS = {bool: ((bool,), "true or false"), int: ((int,), "an integer"), float: ((int, float), "a number"),
+            str: ((str,), "a string")}
 
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         errors = []
         for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ParamError as e:
-                errors.append(str(e))
-        raise ParamError(errors[0] if errors else f"{key}: invalid value {value!r}")
+            if arg is not type(None):
+                try:
+                    return _coerce(value, arg, key)
+                except ParamError as e:
+                    errors.append(e)
+        raise errors[0]
     if origin is typing.Literal:
         if value not in args:
             raise ParamError(f"{key}: must be one of {', '.join(map(repr, args))}, got {value!r}")
@@ -148,22 +148,9 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         if not isinstance(value, Mapping):
             raise ParamError(f"{key}: must be a mapping, got {value!r}")
         return dict(value)
-    if hint is Any:
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ParamError(f"{key}: must be true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ParamError(f"{key}: must be an integer, got {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ParamError(f"{key}: must be a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ParamError(f"{key}: must be a string, got {value!r}")
-        return value
+    if hint in _SCALARS:
+        accepted, what = _SCALARS[hint]
+        if not isinstance(value, accepted) or (isinstance(value, bool) and hint is not bool):
+            raise ParamError(f"{key}: must be {what}, got {value!r}")
+        return float(value) if hint is float else value
     return value

@@ -49,16 +49,8 @@ logger = logging.getLogger(__name__)
 VOCAB_FORMAT_VERSION = 1
 
 PAD, UNK, SOS, EOS, YES, NO, MAYBE, SEP = range(8)
-SPECIAL_TOKENS = {
-    "[PAD]": PAD,
-    "[UNK]": UNK,
-    "[SOS]": SOS,
-    "[EOS]": EOS,
-    "[YES]": YES,
-    "[NO]": NO,
-    "[MAYBE]": MAYBE,
-    "[SEP]": SEP,
-}
+SPECIAL_TOKENS = {"[PAD]": PAD, "[UNK]": UNK, "[SOS]": SOS, "[EOS]": EOS, "[YES]": YES, "[NO]": NO, "[MAYBE]": MAYBE,
+                  "[SEP]": SEP}
 RESERVED_TOKENS = {"[RESERVED_8]": 8, "[RESERVED_9]": 9}
 FIRST_WORD_ID = 10
 
@@ -93,11 +85,8 @@ class VocabConfig:
     def validate(self, prefix: str = "vocab") -> None:
         check(self.min_freq >= 1, f"{prefix}.min_freq", f"must be >= 1, got {self.min_freq}")
         required = FIRST_WORD_ID + len(PUNCTUATION) + len(CONTRACT_ANSWER_WORDS)
-        check(
-            self.max_vocab_size >= required,
-            f"{prefix}.max_vocab_size",
-            f"must be >= {required} (special ids, punctuation and answer words), got {self.max_vocab_size}",
-        )
+        check(self.max_vocab_size >= required, f"{prefix}.max_vocab_size",
+              f"must be >= {required} (special ids, punctuation and answer words), got {self.max_vocab_size}")
         check(self.max_length >= 3, f"{prefix}.max_length", f"must be >= 3 ([SOS] word [EOS]), got {self.max_length}")
 
 
@@ -112,18 +101,7 @@ class CoverageReport:
 
     @property
     def coverage_pct(self) -> float:
-        if self.num_tokens == 0:
-            return 100.0
-        return 100.0 * (self.num_tokens - self.num_oov) / self.num_tokens
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "coverage_pct": round(self.coverage_pct, 4),
-            "tokens": self.num_tokens,
-            "oov_tokens": self.num_oov,
-            "oov_unique": self.num_unique_oov,
-            "top_oov": [[word, count] for word, count in self.top_oov],
-        }
+        return 100.0 * (self.num_tokens - self.num_oov) / self.num_tokens if self.num_tokens else 100.0
 
 
 class TrafficCommandTokenizer:
@@ -279,59 +257,44 @@ class TrafficCommandTokenizer:
         """Ids of the words of ``text`` (no special tokens); unknown words counted and logged."""
         entry = self._encode_cache.get(text)
         if entry is None:
-            entry = self._encode_uncached(text)
-        ids, unknown_words = entry
-        if unknown_words:
-            self._count_unknown(unknown_words)
-        return ids
-
-    def _encode_uncached(self, text: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        words = self.tokenize(text)
-        lookup = self._word_to_id.get
-        ids = tuple([lookup(w, UNK) for w in words])
-        unknown_words = tuple(w for w, i in zip(words, ids) if i == UNK) if UNK in ids else ()
-        if len(self._encode_cache) < ENCODE_CACHE_SIZE:
-            self._encode_cache[text] = (ids, unknown_words)
-        return ids, unknown_words
-
-    def _count_unknown(self, words: tuple[str, ...]) -> None:
-        for word in words:
+            words = self.tokenize(text)
+            ids = tuple([self._word_to_id.get(w, UNK) for w in words])
+            entry = ids, tuple(w for w, i in zip(words, ids) if i == UNK)
+            if len(self._encode_cache) < ENCODE_CACHE_SIZE:
+                self._encode_cache[text] = entry
+        for word in entry[1]:  # the unknown words
             if word not in self.unknown_word_counts:
                 logger.warning("unknown word %r encoded as [UNK] (logged once per word)", word)
             self.unknown_word_counts[word] += 1
+        return entry[0]
 
     # ------------------------------------------------------------------ decoding
 
     def decode_answer(self, ids: Iterable[int] | torch.Tensor | np.ndarray) -> str:
-        """Inverse of :meth:`encode_answer`: words up to the first [EOS], [YES] -> "yes" etc."""
-        words = []
-        for token_id in _as_id_list(ids):
-            if self._check_id(token_id) == EOS:
+        """Inverse of :meth:`encode_answer`: words up to the first [EOS], [YES] -> "yes" etc., punctuation
+        attached to the word before."""
+        if isinstance(ids, (torch.Tensor, np.ndarray)):
+            if ids.ndim != 1:
+                raise ValueError(f"expected a 1-D sequence of ids, got shape {tuple(ids.shape)}")
+            ids = ids.tolist()
+        words: list[str] = []
+        for token_id in map(int, ids):
+            if not 0 <= token_id < self.vocab_size:
+                raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self.vocab_size})")
+            if token_id == EOS:
                 break
             if token_id not in CONTROL_IDS:
                 words.append(self._id_to_text[token_id])
-        return _detokenize(words)
-
-    def _check_id(self, token_id: int) -> int:
-        if not 0 <= token_id < len(self._id_to_token):
-            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {len(self._id_to_token)})")
-        return token_id
+        return "".join(w if not i or w in PUNCTUATION else " " + w for i, w in enumerate(words))
 
     # ------------------------------------------------------------------ coverage
 
     def coverage(self, texts: Iterable[str], top_k: int = 10) -> CoverageReport:
         """Share of the tokens of ``texts`` that have an id (no logging, no counting side effects)."""
-        counts: Counter[str] = Counter()
-        for text in texts:
-            counts.update(self.tokenize(text))
-        oov = Counter({w: c for w, c in counts.items() if w not in self._word_to_id})
+        counts = Counter(itertools.chain.from_iterable(map(self.tokenize, texts)))
+        oov = {w: c for w, c in counts.items() if w not in self._word_to_id}
         top_oov = sorted(oov.items(), key=lambda wc: (-wc[1], wc[0]))[:top_k]
-        return CoverageReport(
-            num_tokens=sum(counts.values()),
-            num_oov=sum(oov.values()),
-            top_oov=top_oov,
-            num_unique_oov=len(oov),
-        )
+        return CoverageReport(sum(counts.values()), sum(oov.values()), top_oov, len(oov))
 
     # ------------------------------------------------------------------ properties
 
@@ -406,10 +369,10 @@ def coverage_by_split(tokenizer: TrafficCommandTokenizer,
 
 def vocab_metrics(tokenizer: TrafficCommandTokenizer, reports: dict[str, CoverageReport]) -> dict[str, Any]:
     """``metrics/vocab.json``: vocabulary size and, per split, coverage and OOV counts (numbers only)."""
-    metrics: dict[str, Any] = {"vocab_size": tokenizer.vocab_size, "num_words": tokenizer.vocab_size - FIRST_WORD_ID}
-    for name, report in reports.items():
-        metrics[name] = {key: value for key, value in report.to_dict().items() if key != "top_oov"}
-    return metrics
+    return {"vocab_size": tokenizer.vocab_size, "num_words": tokenizer.vocab_size - FIRST_WORD_ID} | {
+        name: {"coverage_pct": round(report.coverage_pct, 4), "tokens": report.num_tokens,
+               "oov_tokens": report.num_oov, "oov_unique": report.num_unique_oov}
+        for name, report in reports.items()}
 
 
 def _command_texts(commands: Iterable[dict]) -> Iterable[str]:
@@ -428,21 +391,3 @@ def _check_vocab_ids(vocab: Any, what: str) -> None:
     ids = list(vocab.values())
     if any(isinstance(i, bool) or not isinstance(i, int) for i in ids) or sorted(ids) != list(range(len(ids))):
         raise ValueError(f"{what}: ids must be the integers 0..{len(vocab) - 1}, each used once")
-
-
-def _as_id_list(ids: Any) -> list[int]:
-    if isinstance(ids, (torch.Tensor, np.ndarray)):
-        if ids.ndim != 1:
-            raise ValueError(f"expected a 1-D sequence of ids, got shape {tuple(ids.shape)}")
-        return ids.tolist()
-    return [int(i) for i in ids]
-
-
-def _detokenize(tokens: Sequence[str]) -> str:
-    """Join tokens with spaces, punctuation attached to the word before."""
-    pieces: list[str] = []
-    for token in tokens:
-        if pieces and token not in PUNCTUATION:
-            pieces.append(" ")
-        pieces.append(token)
-    return "".join(pieces)

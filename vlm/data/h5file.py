@@ -37,17 +37,15 @@ class PackedImageWriter:
     """Streams images into a new packed HDF5 file; ``finish`` writes the ids, annotations and stats.
 
     Memory stays bounded: each image goes to disk as it is appended, only the (small) id and
-    annotation strings are kept until ``finish``.
+    annotation strings are kept until ``finish``. As a context manager, an error before ``finish``
+    closes the half-written file.
     """
 
     def __init__(self, path: str | os.PathLike, image_size: int, capacity: int, *, split: str, resample: str):
         self.path = Path(path)
         self.image_size = image_size
         self._file = h5py.File(self.path, "w", libver=LIBVER, track_order=False)
-        self._file.attrs["format_version"] = FORMAT_VERSION
-        self._file.attrs["image_size"] = image_size
-        self._file.attrs["split"] = split
-        self._file.attrs["resample"] = resample
+        self._file.attrs.update(format_version=FORMAT_VERSION, image_size=image_size, split=split, resample=resample)
         shape = (image_size, image_size, 3)
         self._images = self._file.create_dataset(
             "images", shape=(capacity, *shape), maxshape=(None, *shape), dtype=np.uint8,
@@ -58,6 +56,13 @@ class PackedImageWriter:
 
     def __len__(self) -> int:
         return len(self._image_ids)
+
+    def __enter__(self) -> PackedImageWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._file.id.valid:  # not finished
+            self._file.close()
 
     def append(self, image_id: str, image: np.ndarray, annotation: str) -> None:
         """Store ``image`` (uint8 ``[S, S, 3]``) as the next row."""
@@ -87,10 +92,6 @@ class PackedImageWriter:
         metadata.create_dataset("mean", data=np.asarray(mean, dtype=np.float32), track_times=False)
         metadata.create_dataset("std", data=np.asarray(std, dtype=np.float32), track_times=False)
         self._file.close()
-
-    def abort(self) -> None:
-        if self._file.id.valid:
-            self._file.close()
 
 
 class PackedImageReader:
@@ -151,10 +152,7 @@ class PackedImageReader:
             return int(f["images"].size) * f["images"].dtype.itemsize
 
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_file"] = None
-        state["_pid"] = None
-        return state
+        return self.__dict__ | {"_file": None, "_pid": None}
 
     def _images(self) -> h5py.Dataset:
         if self._pid != os.getpid():

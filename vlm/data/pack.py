@@ -91,27 +91,18 @@ def _decode_in_order(paths: list[str], config: PackConfig, pool: Any) -> Iterato
         yield from decoded
 
 
-class PixelStats:
-    """Per-channel mean/std from exact pixel-value histograms: independent of order and worker count."""
-
-    def __init__(self) -> None:
-        self.histogram = np.zeros((3, 256), dtype=np.int64)  # [C, value]
-
-    def add(self, decoded: DecodedImage) -> None:
-        self.histogram += decoded.histogram
-
-    def mean_std(self) -> tuple[np.ndarray, np.ndarray]:
-        """float32 ``[3]`` mean and std on the 0..1 scale (population std)."""
-        values = list(range(256))
-        mean, std = [], []
-        for counts in self.histogram.tolist():  # Python ints: exact sums
-            n = sum(counts)
-            total = sum(v * c for v, c in zip(values, counts))
-            total_sq = sum(v * v * c for v, c in zip(values, counts))
-            mean.append(total / n / 255.0)
-            # Var = (n * sum(x^2) - sum(x)^2) / n^2, exact in integers before the one division.
-            std.append(((n * total_sq - total * total) / (n * n)) ** 0.5 / 255.0)
-        return np.array(mean, dtype=np.float32), np.array(std, dtype=np.float32)
+def _mean_std(histogram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 ``[3]`` mean and population std on the 0..1 scale from int64 ``[3, 256]`` pixel-value counts:
+    exact, so independent of the order and the number of workers."""
+    mean, std = [], []
+    for counts in histogram.tolist():  # Python ints: exact sums
+        n = sum(counts)
+        total = sum(v * c for v, c in enumerate(counts))
+        total_sq = sum(v * v * c for v, c in enumerate(counts))
+        mean.append(total / n / 255.0)
+        # Var = (n * sum(x^2) - sum(x)^2) / n^2, exact in integers before the one division.
+        std.append(((n * total_sq - total * total) / (n * n)) ** 0.5 / 255.0)
+    return np.array(mean, dtype=np.float32), np.array(std, dtype=np.float32)
 
 
 @dataclass
@@ -187,32 +178,26 @@ class PackedSplit:
 def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackConfig, pool: Any = None,
                train_stats: tuple[np.ndarray, np.ndarray] | None = None) -> PackedSplit:
     """Write ``out_path`` atomically; mean/std are ``train_stats`` or, for the train split, its own."""
-    stats = PixelStats()
+    histogram = np.zeros((3, 256), dtype=np.int64)  # [C, value]: the split's pixel counts
     skipped: list[str] = []
-    with atomic_path(out_path) as tmp:
-        writer = PackedImageWriter(tmp, config.image_size, len(images.image_ids), split=images.split,
-                                   resample=config.resample)
-        try:
-            decoded_images = _decode_in_order(images.paths, config, pool)
-            progress = tqdm(decoded_images, total=len(images.paths), desc=f"pack {images.split}",
-                            unit="img", mininterval=1.0)
-            for image_id, annotation, decoded in zip(images.image_ids, images.annotations, progress):
-                if decoded.error is not None:
-                    if not config.skip_corrupt:
-                        raise CorruptImageError(f"{decoded.error} (set pack.skip_corrupt: true to skip it)")
-                    tqdm.write(f"skipping corrupt image: {decoded.error}")
-                    skipped.append(image_id)
-                    continue
-                stats.add(decoded)
-                writer.append(image_id, decoded.image, annotation)
-            if train_stats is None:
-                if len(writer) == 0:
-                    raise ValueError(f"{images.split} split: no decodable images to compute mean/std from")
-                train_stats = stats.mean_std()
-            writer.finish(*train_stats, skipped)
-        except BaseException:
-            writer.abort()
-            raise
+    with atomic_path(out_path) as tmp, PackedImageWriter(tmp, config.image_size, len(images.image_ids),
+                                                         split=images.split, resample=config.resample) as writer:
+        progress = tqdm(_decode_in_order(images.paths, config, pool), total=len(images.paths),
+                        desc=f"pack {images.split}", unit="img", mininterval=1.0)
+        for image_id, annotation, decoded in zip(images.image_ids, images.annotations, progress):
+            if decoded.error is not None:
+                if not config.skip_corrupt:
+                    raise CorruptImageError(f"{decoded.error} (set pack.skip_corrupt: true to skip it)")
+                tqdm.write(f"skipping corrupt image: {decoded.error}")
+                skipped.append(image_id)
+                continue
+            histogram += decoded.histogram
+            writer.append(image_id, decoded.image, annotation)
+        if train_stats is None:
+            if len(writer) == 0:
+                raise ValueError(f"{images.split} split: no decodable images to compute mean/std from")
+            train_stats = _mean_std(histogram)
+        writer.finish(*train_stats, skipped)
     return PackedSplit(images.split, len(images.image_ids) - len(skipped), skipped, os.path.getsize(out_path),
                        *train_stats)
 
@@ -279,16 +264,13 @@ def repack_resized(src_path: str | os.PathLike, dst_path: str | os.PathLike, ima
     count = len(reader) if max_images is None else min(max_images, len(reader))
     annotations = reader.read_annotations()
     buffer = np.empty((1, reader.image_size, reader.image_size, 3), dtype=np.uint8)
-    with atomic_path(dst_path) as tmp:
-        writer = PackedImageWriter(tmp, image_size, count, split=reader.split, resample=resample)
-        try:
+    try:
+        with atomic_path(dst_path) as tmp, PackedImageWriter(tmp, image_size, count, split=reader.split,
+                                                             resample=resample) as writer:
             for row in range(count):
                 reader.read_into([row], buffer)
                 resized = Image.fromarray(buffer[0]).resize((image_size, image_size), RESAMPLE[resample])
                 writer.append(reader.image_ids[row], np.asarray(resized), annotations[row])
             writer.finish(reader.mean, reader.std, reader.skipped_image_ids)
-        except BaseException:
-            writer.abort()
-            raise
-        finally:
-            reader.close()
+    finally:
+        reader.close()

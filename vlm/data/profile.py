@@ -11,6 +11,7 @@ measurement warms up (worker start, first batches) and then times a fixed number
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import tempfile
@@ -65,26 +66,13 @@ class ProfileConfig:
         check(self.max_images >= 1, f"{prefix}.max_images", "must be >= 1")
 
 
-class _EpochCycle:
-    """Exactly ``num_batches`` batches from a ``GroupedBatchSampler``, over as many epochs as needed."""
-
-    def __init__(self, sampler: GroupedBatchSampler, num_batches: int):
-        self.sampler = sampler
-        self.num_batches = num_batches
-
-    def __iter__(self) -> Iterator[list[int]]:
-        produced, epoch = 0, 0
-        while produced < self.num_batches:
-            self.sampler.set_epoch(epoch)
-            for batch in self.sampler:
-                if produced == self.num_batches:
-                    return
-                yield batch
-                produced += 1
-            epoch += 1
-
-    def __len__(self) -> int:
-        return self.num_batches
+def _epoch_cycle(sampler: GroupedBatchSampler, num_batches: int) -> Iterator[list[int]]:
+    """Exactly ``num_batches`` batches from ``sampler``, over as many epochs as needed."""
+    def epochs() -> Iterator[list[int]]:
+        for epoch in itertools.count():
+            sampler.set_epoch(epoch)
+            yield from sampler
+    return itertools.islice(epochs(), num_batches)
 
 
 def _time_loader(loader: DataLoader, warmup_batches: int, batches: int) -> tuple[float, int]:
@@ -106,14 +94,8 @@ def _make_loader(name: str, dataset: Any, batch_size: int, workers: int, num_bat
     if name == "naive":
         return build_naive_loader(dataset, batch_size, workers, seed, num_samples=num_batches * batch_size)
     sampler = GroupedBatchSampler(dataset.image_rows, batch_size, shuffle=True, seed=seed)
-    return DataLoader(dataset, batch_sampler=_EpochCycle(sampler, num_batches), num_workers=workers,
+    return DataLoader(dataset, batch_sampler=_epoch_cycle(sampler, num_batches), num_workers=workers,
                       collate_fn=functools.partial(collate_questions, pad_token_id=dataset.pad_token_id))
-
-
-def _subset_commands(commands_path: Path, image_ids: set[str], out_path: Path) -> int:
-    records = [r for r in read_commands(commands_path, ("image_id",)) if r["image_id"] in image_ids]
-    out_path.write_text(json.dumps(records), encoding="utf-8")
-    return len(records)
 
 
 def profile_dataloaders(commands_path: str | os.PathLike, h5_path: str | os.PathLike, tokenizer: QATokenizer,
@@ -125,7 +107,9 @@ def profile_dataloaders(commands_path: str | os.PathLike, h5_path: str | os.Path
     num_batches = config.warmup_batches + config.batches
     with tempfile.TemporaryDirectory(prefix="profile_dataloader_") as tmp:
         subset_path = Path(tmp) / "commands.json"
-        num_questions = _subset_commands(Path(commands_path), set(header.image_ids[:num_images]), subset_path)
+        image_ids = set(header.image_ids[:num_images])
+        records = [r for r in read_commands(commands_path, ("image_id",)) if r["image_id"] in image_ids]
+        subset_path.write_text(json.dumps(records), encoding="utf-8")
         h5_paths = {header.image_size: Path(h5_path)}
         for size in sizes[1:]:
             log(f"profile: resizing {num_images} images to {size} px")
@@ -133,9 +117,10 @@ def profile_dataloaders(commands_path: str | os.PathLike, h5_path: str | os.Path
             repack_resized(h5_path, h5_paths[size], size, max_images=num_images)
 
         samples_per_s: dict[str, dict[str, dict[str, float]]] = {}
-        plan = [(size, w, b) for size in sizes for w in config.workers for b in config.batch_sizes]
-        progress = tqdm(total=config.rounds * len(plan) * len(LOADERS), desc="profile", unit="run")
+        plan = list(itertools.product(config.workers, config.batch_sizes))
+        progress = tqdm(total=config.rounds * len(sizes) * len(plan) * len(LOADERS), desc="profile", unit="run")
         for round_index in range(config.rounds):
+            order = LOADERS if round_index % 2 == 0 else LOADERS[::-1]  # so that drift hits all loaders alike
             for size in sizes:
                 datasets = {
                     "naive": NaiveTrafficVQADataset(subset_path, h5_paths[size], tokenizer),
@@ -143,9 +128,7 @@ def profile_dataloaders(commands_path: str | os.PathLike, h5_path: str | os.Path
                     "ours_ram": TrafficVQADataset(subset_path, h5_paths[size], tokenizer, in_memory=True,
                                                   seed=config.seed),
                 }
-                for _, workers, batch_size in [p for p in plan if p[0] == size]:
-                    # Alternate the loader order between rounds so drift hits all loaders alike.
-                    order = LOADERS if round_index % 2 == 0 else LOADERS[::-1]
+                for workers, batch_size in plan:
                     for name in order:
                         loader = _make_loader(name, datasets[name], batch_size, workers, num_batches, config.seed)
                         seconds, samples = _time_loader(loader, config.warmup_batches, config.batches)
@@ -154,7 +137,7 @@ def profile_dataloaders(commands_path: str | os.PathLike, h5_path: str | os.Path
                         table[key] = max(table.get(key, 0.0), samples / seconds)
                         progress.update()
         progress.close()
-    return _summarise(samples_per_s, sizes, header.image_size, num_images, num_questions, config)
+    return _summarise(samples_per_s, sizes, header.image_size, num_images, len(records), config)
 
 
 def _best(table: dict[str, float]) -> dict[str, Any]:

@@ -63,21 +63,16 @@ class GroupedBatchSampler(Sampler[list[int]]):
     def _epoch_batches(self) -> list[list[int]]:
         if self._cached is not None and self._cached[0] == self.epoch:
             return self._cached[1]
-        num_groups = len(self.groups)
-        if self.shuffle:
-            group_order = np.random.default_rng((self.seed, self.epoch)).permutation(num_groups)
-        else:
-            group_order = np.arange(num_groups)
         world = self.world_size
+        group_order = (np.random.default_rng((self.seed, self.epoch)).permutation(len(self.groups)) if self.shuffle
+                       else np.arange(len(self.groups)))
         global_batches = self._pack(group_order, self.batch_size * world)  # [steps][questions]
         if world > 1 and global_batches and len(global_batches[-1]) < world:  # too few to give each rank one
             if len(global_batches) == 1:
                 raise ValueError(f"{len(global_batches[0])} questions cannot be split over {world} ranks")
             global_batches[-2].extend(global_batches.pop())
-        batches = []
-        for batch in global_batches:
-            n = len(batch)
-            batches.append(batch[n * self.rank // world:n * (self.rank + 1) // world])
+        batches = [batch[len(batch) * self.rank // world:len(batch) * (self.rank + 1) // world]
+                   for batch in global_batches]
         self._cached = (self.epoch, batches)
         return batches
 

@@ -225,8 +225,6 @@ def _pick(table: pd.DataFrame, n: int, seed: int) -> list[int]:
     return picks
 
 
-
-
 @torch.no_grad()
 def attention_grids(loaded: LoadedModel, rows: pd.DataFrame, image_paths: dict[str, Path],
                     device: torch.device) -> np.ndarray | None:

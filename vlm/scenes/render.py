@@ -47,6 +47,8 @@ CAR_COLORS: tuple[RGB, ...] = ((235, 235, 235), (30, 30, 32), (150, 155, 160), (
 TRUCK_COLORS: tuple[RGB, ...] = ((240, 240, 240), (200, 60, 40), (60, 90, 160), (230, 200, 60), (90, 90, 90))
 BUS_COLORS: tuple[RGB, ...] = ((250, 190, 20), (200, 40, 40), (30, 90, 170), (40, 140, 80))
 VEHICLE_COLORS: dict[str, tuple[RGB, ...]] = {"car": CAR_COLORS, "truck": TRUCK_COLORS, "bus": BUS_COLORS}
+VEHICLE_M = {"car": (1.8, 4.4, 1.5), "truck": (2.5, 8.0, 3.4), "bus": (2.55, 11.0, 3.2)}  # width, length, height
+TWO_WHEELER_M = {"motorcycle": (2.1, 1.05, 0.65), "bicycle": (1.75, 1.0, 0.7)}  # length, height, wheel diameter
 CLOTHES: tuple[RGB, ...] = ((200, 40, 40), (40, 70, 160), (30, 30, 30), (230, 230, 230), (60, 140, 70),
                             (240, 180, 40), (130, 60, 140), (240, 110, 30), (90, 60, 40), (30, 150, 170))
 SKIN: tuple[RGB, ...] = ((240, 200, 170), (200, 150, 110), (140, 95, 60), (90, 60, 40))
@@ -105,10 +107,6 @@ class Layout:
     targets: dict[str, int] = field(default_factory=dict)  # most objects kept per counted category
 
 
-# ----------------------------------------------------------------------------------------------------
-# Camera
-
-
 class Camera:
     def __init__(self, width: int, height: int, horizon: float, vanish_x: float):
         self.w, self.h, self.horizon, self.vx = width, height, horizon, vanish_x
@@ -125,6 +123,14 @@ class Camera:
 
     def px(self, metres: float, s: float) -> float:
         return metres * PX_PER_M * s
+
+    def upright_box(self, lateral_m: float, s: float, width_m: float, height_m: float
+                    ) -> tuple[float, float, float, float]:
+        """The box of an object ``width_m`` by ``height_m`` metres standing on the ground at scale ``s``, centred
+        ``lateral_m`` metres right of the camera axis."""
+        x, y = self.x(lateral_m, s), self.y(s)
+        half = self.px(width_m, s) / 2
+        return (x - half, y - self.px(height_m, s), x + half, y)
 
     def ground_quad(self, lat0: float, lat1: float, z0: float, z1: float) -> list[tuple[float, float]]:
         s0, s1 = self.s_of_z(z0), self.s_of_z(z1)
@@ -171,6 +177,12 @@ def road_extent(layout: Layout) -> tuple[float, float]:
     return (-LANE_M / 2 - layout.lanes_left * LANE_M - 0.5, LANE_M / 2 + layout.lanes_right * LANE_M + 0.5)
 
 
+def _beside_road(layout: Layout, side: int, offset_m: float) -> float:
+    """Lateral metres of a point ``offset_m`` outside the road's left (``side`` < 0) or right edge."""
+    left, right = road_extent(layout)
+    return left - offset_m if side < 0 else right + offset_m
+
+
 def _sample_buildings(rng, cross_street_z):
     buildings = []
     for side in (-1, 1):
@@ -201,10 +213,7 @@ def pedestrian(rng: np.random.Generator, cam: Camera, z: float, lateral: float) 
     clothes drawn from ``rng``."""
     s = cam.s_of_z(z)
     height_m = float(rng.uniform(1.55, 1.95))
-    width_m = height_m * 0.32
-    x, y2 = cam.x(lateral, s), cam.y(s)
-    return Thing("pedestrian", "pedestrian", (x - cam.px(width_m, s) / 2, y2 - cam.px(height_m, s),
-                                              x + cam.px(width_m, s) / 2, y2), s,
+    return Thing("pedestrian", "pedestrian", cam.upright_box(lateral, s, height_m * 0.32, height_m), s,
                  {"shirt": _choice(rng, CLOTHES), "trousers": _choice(rng, CLOTHES[2:5] + CLOTHES[8:9]),
                   "skin": _choice(rng, SKIN), "stride": float(rng.uniform(0.0, 0.35)),
                   "bag": rng.random() < 0.3,
@@ -239,20 +248,15 @@ def _sample_lane_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera,
     vehicles = ["car"] * (n_cars - cars_crossing) + ["truck"] * n_trucks + ["bus"] * n_buses
     for category in vehicles:
         lane = int(rng.choice(lanes))
-        oncoming = city and lane < 0
-        z = float(rng.uniform(6.0, MAX_Z))
-        s = cam.s_of_z(z)
-        width_m, height_m = {"car": (1.8, 1.5), "truck": (2.5, 3.4), "bus": (2.55, 3.2)}[category]
+        s = cam.s_of_z(float(rng.uniform(6.0, MAX_Z)))
+        width_m, _, height_m = VEHICLE_M[category]
         width_m *= float(rng.uniform(0.95, 1.08))
         height_m *= float(rng.uniform(0.95, 1.08))
-        lateral = lane * LANE_M + float(rng.uniform(-0.5, 0.5))  # about the lane's centre
-        x = cam.x(lateral, s)
-        y2 = cam.y(s)
-        wpx, hpx = cam.px(width_m, s), cam.px(height_m, s)
-        kind = f"{category}_{'front' if oncoming else 'rear'}"
+        box = cam.upright_box(lane * LANE_M + float(rng.uniform(-0.5, 0.5)), s, width_m, height_m)  # about lane centre
+        kind = f"{category}_{'front' if city and lane < 0 else 'rear'}"
         style = {"color": _choice(rng, VEHICLE_COLORS[category]),
                  "lights_on": layout.timeofday != "daytime" or rng.random() < 0.3}
-        layout.things.append(Thing(category, kind, (x - wpx / 2, y2 - hpx, x + wpx / 2, y2), s, style))
+        layout.things.append(Thing(category, kind, box, s, style))
     return cars_crossing
 
 
@@ -265,13 +269,10 @@ def _sample_crossing_vehicles(rng: np.random.Generator, layout: Layout, cam: Cam
     crossing = (["car"] * cars_crossing + (["bus"] if rng.random() < 0.15 else [])
                 + (["truck"] if rng.random() < 0.15 else []))
     for category in crossing:
-        z = float(rng.uniform(z_near + 1.0, z_far - 1.0))
-        s = cam.s_of_z(z)
-        length_m, height_m = {"car": (4.4, 1.5), "truck": (8.0, 3.4), "bus": (11.0, 3.2)}[category]
-        length = cam.px(length_m, s)
-        x1 = float(rng.uniform(-0.2 * cam.w, 1.0 * cam.w))
-        y2 = cam.y(s)
-        box = (x1, y2 - cam.px(height_m, s), x1 + length, y2)
+        s = cam.s_of_z(float(rng.uniform(z_near + 1.0, z_far - 1.0)))
+        _, length_m, height_m = VEHICLE_M[category]
+        x1, y2 = float(rng.uniform(-0.2 * cam.w, 1.0 * cam.w)), cam.y(s)
+        box = (x1, y2 - cam.px(height_m, s), x1 + cam.px(length_m, s), y2)
         layout.things.append(Thing(category, f"{category}_side", box, s,
                                    {"color": _choice(rng, VEHICLE_COLORS[category]),
                                     "facing": int(rng.choice((-1, 1))), "lights_on": layout.timeofday != "daytime"}))
@@ -284,23 +285,16 @@ def _sample_two_wheelers(rng: np.random.Generator, layout: Layout, cam: Camera) 
     n_motor = int(rng.choice(3, p=(0.55, 0.3, 0.15)))
     n_bike = int(rng.choice(3, p=(0.55, 0.3, 0.15))) if layout.scene == "city street" else 0
     for g, category in enumerate(["motorcycle"] * n_motor + ["bicycle"] * n_bike, start=1):
-        z = float(rng.uniform(6.0, MAX_Z))
-        s = cam.s_of_z(z)
-        lateral = float(rng.uniform(left + 0.6, right - 0.6))
-        length_m = 2.1 if category == "motorcycle" else 1.75
-        wheel_m = 0.65 if category == "motorcycle" else 0.7
-        length = cam.px(length_m, s)
-        x = cam.x(lateral, s)
-        y2 = cam.y(s)
-        bike_h = cam.px(1.05 if category == "motorcycle" else 1.0, s)
+        s = cam.s_of_z(float(rng.uniform(6.0, MAX_Z)))
+        x, y2 = cam.x(float(rng.uniform(left + 0.6, right - 0.6)), s), cam.y(s)
+        length_m, height_m, wheel_m = TWO_WHEELER_M[category]
+        length, bike_h = cam.px(length_m, s), cam.px(height_m, s)
         facing = int(rng.choice((-1, 1)))
         bike = Thing(category, category, (x - length / 2, y2 - bike_h, x + length / 2, y2), s,
                      {"color": _choice(rng, CAR_COLORS if category == "motorcycle" else CLOTHES), "facing": facing,
                       "wheel": cam.px(wheel_m, s), "lights_on": layout.timeofday != "daytime"}, group=g)
-        rider_h = cam.px(1.05, s)
-        rider_w = cam.px(0.55, s)
-        rx = x + facing * length * 0.05
-        rider_box = (rx - rider_w / 2, y2 - bike_h - rider_h * 0.55, rx + rider_w / 2, y2 - bike_h * 0.45)
+        rx, rider_w = x + facing * length * 0.05, cam.px(0.55, s)
+        rider_box = (rx - rider_w / 2, y2 - bike_h - cam.px(1.05, s) * 0.55, rx + rider_w / 2, y2 - bike_h * 0.45)
         rider = Thing("rider", "rider", rider_box, s + 1e-4,
                       {"shirt": _choice(rng, CLOTHES), "skin": _choice(rng, SKIN), "facing": facing,
                        "helmet": category == "motorcycle" or rng.random() < 0.5, "helmet_color": _choice(rng, CLOTHES)},
@@ -326,8 +320,7 @@ def _sample_pedestrians(rng: np.random.Generator, layout: Layout, cam: Camera, c
             lateral = float(rng.uniform(left - 1.5, right + 1.5))
         elif city:
             z = float(rng.uniform(6.5, MAX_Z))
-            side = int(rng.choice((-1, 1)))
-            lateral = (left - float(rng.uniform(0.5, 2.8))) if side < 0 else (right + float(rng.uniform(0.5, 2.8)))
+            lateral = _beside_road(layout, int(rng.choice((-1, 1))), float(rng.uniform(0.5, 2.8)))
         else:
             z = float(rng.uniform(8.0, MAX_Z))
             lateral = float(rng.choice((left - 1.2, right + 1.2)))
@@ -343,8 +336,7 @@ def _sample_traffic_lights(rng: np.random.Generator, layout: Layout, cam: Camera
     phase = _choice(rng, ("red", "yellow", "green", None), p=(0.22, 0.34, 0.24, 0.2))
     z = (layout.crosswalk_z + 1.0) if layout.crosswalk_z else float(rng.uniform(10, 20))
     for _ in range(int(rng.integers(1, 4))):
-        zz = z + float(rng.uniform(-0.5, 2.5))
-        s = cam.s_of_z(zz)
+        s = cam.s_of_z(z + float(rng.uniform(-0.5, 2.5)))
         lateral = float(rng.uniform(left - 2.5, right + 2.5))
         x = cam.x(lateral, s)
         head_w, head_h = cam.px(0.9, s), cam.px(2.3, s)
@@ -359,13 +351,9 @@ def _sample_traffic_lights(rng: np.random.Generator, layout: Layout, cam: Camera
 
 def _sample_traffic_signs(rng: np.random.Generator, layout: Layout, cam: Camera) -> None:
     """Up to three traffic signs on poles beside the road, of a random shape."""
-    left, right = road_extent(layout)
     for _ in range(int(rng.choice(4, p=(0.3, 0.35, 0.25, 0.1)))):
-        z = float(rng.uniform(7.0, MAX_Z))
-        s = cam.s_of_z(z)
-        side = int(rng.choice((-1, 1)))
-        lateral = (left - float(rng.uniform(0.6, 2.0))) if side < 0 else (right + float(rng.uniform(0.6, 2.0)))
-        x = cam.x(lateral, s)
+        s = cam.s_of_z(float(rng.uniform(7.0, MAX_Z)))
+        x = cam.x(_beside_road(layout, int(rng.choice((-1, 1))), float(rng.uniform(0.6, 2.0))), s)
         shape = _choice(rng, ("circle", "triangle", "octagon", "rect_blue", "diamond", "rect_green"))
         size = cam.px(1.3 if shape != "rect_green" else 2.2, s)
         aspect = 0.6 if shape == "rect_green" else 1.0
@@ -794,17 +782,15 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
         _draw_buildings(d, layout, cam, shade, night)
     else:
         for tree in sorted(layout.decor["trees"], key=lambda t: -t["z"]):
-            lat = (left - tree["offset"]) if tree["side"] < 0 else (right + tree["offset"])
             s = cam.s_of_z(tree["z"])
-            x, y = cam.x(lat, s), cam.y(s)
+            x, y = cam.x(_beside_road(layout, tree["side"], tree["offset"]), s), cam.y(s)
             th, cr = cam.px(tree["height"], s), cam.px(tree["height"] * 0.3, s)
             d.rectangle((x - cr * 0.12, y - th * 0.6, x + cr * 0.12, y), fill=shade((90, 65, 40)))
             g = tuple(int(c * tree["shade"]) for c in (50, 110, 50))
             d.ellipse((x - cr, y - th, x + cr, y - th + 2 * cr), fill=shade(g))
     for side, z in layout.decor["lamps"]:
-        lat = (left - 0.4) if side < 0 else (right + 0.4)
         s = cam.s_of_z(z)
-        x, y = cam.x(lat, s), cam.y(s)
+        x, y = cam.x(_beside_road(layout, side, 0.4), s), cam.y(s)
         top = y - cam.px(7, s)
         d.line([(x, y), (x, top)], fill=shade((90, 90, 95)), width=max(1, round(cam.px(0.15, s))))
         hx = x - side * cam.px(1.2, s)
@@ -848,28 +834,23 @@ def _draw_markings(d: ImageDraw.ImageDraw, layout: Layout, cam: Camera, shade) -
 
 
 def _draw_buildings(d: ImageDraw.ImageDraw, layout: Layout, cam: Camera, shade, night: bool) -> None:
-    left, right = road_extent(layout)
     for b in sorted(layout.decor["buildings"], key=lambda b: -b["z0"]):
-        lat = (left - 3.5) if b["side"] < 0 else (right + 3.5)
+        lat, curb = _beside_road(layout, b["side"], 3.5), _beside_road(layout, b["side"], 0.0)  # facade, road edge
         s0, s1 = cam.s_of_z(b["z0"]), cam.s_of_z(b["z1"])
         xa, xb = cam.x(lat, s0), cam.x(lat, s1)
         ya, yb = cam.y(s0), cam.y(s1)
         ha, hb = cam.px(b["height"], s0), cam.px(b["height"], s1)
         d.polygon([(xa, ya), (xb, yb), (xb, yb - hb), (xa, ya - ha)], fill=shade(b["color"]))
         # Sidewalk in front of the facade.
-        curb = left if b["side"] < 0 else right
         d.polygon([(cam.x(curb, s0), ya), (cam.x(curb, s1), yb), (xb, yb), (xa, ya)], fill=shade((160, 160, 155)))
         floors, cols = b["floors"], b["cols"]
         for i in range(floors):
             for j in range(cols):
                 u0, u1 = (j + 0.2) / cols, (j + 0.8) / cols
                 v0, v1 = (i + 0.25) / floors, (i + 0.7) / floors
-                quad = []
-                for u, v in ((u0, v0), (u1, v0), (u1, v1), (u0, v1)):
-                    x = xa + (xb - xa) * u
-                    ybase = ya + (yb - ya) * u
-                    hh = ha + (hb - ha) * u
-                    quad.append((x, ybase - hh * (1 - v)))
+                # u runs along the facade, v down from the roof line: interpolate its x, base y and height
+                quad = [(xa + (xb - xa) * u, ya + (yb - ya) * u - (ha + (hb - ha) * u) * (1 - v))
+                        for u, v in ((u0, v0), (u1, v0), (u1, v1), (u0, v1))]
                 lit = night and b["lit"][(i * cols + j) % 64] < 0.45
                 d.polygon(quad, fill=(255, 210, 120) if lit else shade((40, 50, 60)))
 

@@ -364,51 +364,50 @@ def _sample_traffic_signs(rng: np.random.Generator, layout: Layout, cam: Camera)
 
 
 # ----------------------------------------------------------------------------------------------------
-# Drawing primitives: one pen paints colours, silhouettes, or both
+# Drawing objects: in colour on the image, or as silhouettes for occlusion
 
 
 class Pen:
-    """Draws an object's primitives on the colour canvas and/or its silhouette in an id map."""
+    """Draws an object's primitives in colour (``shade`` applies the ambient light to non-emissive ones), or, with
+    no ``shade``, the solid ones as its silhouette (255) into a mask whose top-left pixel is image pixel ``offset``."""
 
-    def __init__(self, canvas: ImageDraw.ImageDraw | None, shade, ids: ImageDraw.ImageDraw | None = None,
-                 obj_id: int = 0, offset: tuple[int, int] = (0, 0)):
-        self.canvas, self.shade, self.ids, self.obj_id, self.offset = canvas, shade, ids, obj_id, offset
+    def __init__(self, draw: ImageDraw.ImageDraw, shade=None, offset: tuple[int, int] = (0, 0)):
+        self.draw, self.shade, self.offset = draw, shade, offset
 
-    def _both(self, method: str, geometry, color: RGB, solid: bool, emissive: bool, **kw) -> None:
-        if self.canvas is not None:
-            getattr(self.canvas, method)(geometry, fill=color if emissive else self.shade(color), **kw)
-        if self.ids is not None and solid:
+    def _paint(self, method: str, geometry, color: RGB, solid: bool, emissive: bool, **kw) -> None:
+        boxed = method in ("rectangle", "ellipse")  # geometry (x1, y1, x2, y2), else a list of points
+        if boxed and not (geometry[2] - geometry[0] >= 0.5 and geometry[3] - geometry[1] >= 0.5):
+            return  # under half a pixel across: not drawn
+        if self.shade is not None:
+            getattr(self.draw, method)(geometry, fill=color if emissive else self.shade(color), **kw)
+        elif solid:
             dx, dy = self.offset
-            if method in ("rectangle", "ellipse"):
+            if boxed:
                 geometry = (geometry[0] - dx, geometry[1] - dy, geometry[2] - dx, geometry[3] - dy)
             else:
                 geometry = [(x - dx, y - dy) for x, y in geometry]
-            getattr(self.ids, method)(geometry, fill=self.obj_id, **kw)
+            getattr(self.draw, method)(geometry, fill=255, **kw)
 
     def polygon(self, points, color: RGB, solid: bool = True, emissive: bool = False) -> None:
-        self._both("polygon", [(float(x), float(y)) for x, y in points], color, solid, emissive)
+        self._paint("polygon", [(float(x), float(y)) for x, y in points], color, solid, emissive)
 
     def rect(self, box, color: RGB, solid: bool = True, emissive: bool = False) -> None:
-        x1, y1, x2, y2 = box
-        if x2 - x1 >= 0.5 and y2 - y1 >= 0.5:
-            self._both("rectangle", (x1, y1, x2, y2), color, solid, emissive)
+        self._paint("rectangle", tuple(box), color, solid, emissive)
 
     def ellipse(self, box, color: RGB, solid: bool = True, emissive: bool = False) -> None:
-        x1, y1, x2, y2 = box
-        if x2 - x1 >= 0.5 and y2 - y1 >= 0.5:
-            self._both("ellipse", (x1, y1, x2, y2), color, solid, emissive)
+        self._paint("ellipse", tuple(box), color, solid, emissive)
 
     def line(self, points, color: RGB, width: float, solid: bool = True, emissive: bool = False) -> None:
-        self._both("line", [(float(x), float(y)) for x, y in points], color, solid, emissive,
-                   width=max(1, round(width)))
+        self._paint("line", [(float(x), float(y)) for x, y in points], color, solid, emissive,
+                    width=max(1, round(width)))
 
     def glow(self, cx: float, cy: float, r: float, color: RGB, strength: float = 1.0) -> None:
         """A halo around a light source (colour only, not part of any silhouette)."""
-        if self.canvas is None:
+        if self.shade is None:
             return
         for k, f in ((2.6, 0.25), (1.8, 0.5)):
             c = tuple(int(v * f * strength + 30 * (1 - f)) for v in color)
-            self.canvas.ellipse((cx - r * k, cy - r * k, cx + r * k, cy + r * k), fill=c)
+            self.draw.ellipse((cx - r * k, cy - r * k, cx + r * k, cy + r * k), fill=c)
 
 
 def make_shade(timeofday: str, weather: str):
@@ -428,14 +427,6 @@ def make_shade(timeofday: str, weather: str):
     return shade
 
 
-def _mix(a: RGB, b: RGB, t: float) -> RGB:
-    return tuple(int(x + (y - x) * t) for x, y in zip(a, b))
-
-
-# ----------------------------------------------------------------------------------------------------
-# Objects
-
-
 def draw_vehicle_end(pen: Pen, t: Thing) -> None:
     """A car, truck or bus seen from behind (``*_rear``) or from the front (``*_front``)."""
     x1, y1, x2, y2 = t.box
@@ -446,7 +437,6 @@ def draw_vehicle_end(pen: Pen, t: Thing) -> None:
     wheel_h = h * 0.12
     pen.rect((x1 + w * 0.06, y2 - wheel_h, x1 + w * 0.24, y2), dark)
     pen.rect((x2 - w * 0.24, y2 - wheel_h, x2 - w * 0.06, y2), dark)
-    lamp_y = None
     if t.category == "car":
         body_top = y1 + h * 0.45
         pen.polygon([(x1 + w * 0.14, body_top), (x1 + w * 0.24, y1), (x2 - w * 0.24, y1), (x2 - w * 0.14, body_top)],
@@ -473,14 +463,11 @@ def draw_vehicle_end(pen: Pen, t: Thing) -> None:
         lamp_y = y2 - wheel_h * 2.2
     lit = t.style["lights_on"]
     r = max(1.0, w * 0.06)
-    lamp = (255, 250, 220) if front else (255, 30, 30)
+    on, off = ((255, 250, 220), (200, 200, 190)) if front else ((255, 30, 30), (150, 20, 20))  # head or tail lamps
     for cx in (x1 + w * 0.12, x2 - w * 0.12):
         if lit:
-            pen.glow(cx, lamp_y, r, lamp, 0.8)
-            pen.ellipse((cx - r, lamp_y - r * 0.7, cx + r, lamp_y + r * 0.7), lamp, emissive=True)
-        else:
-            pen.ellipse((cx - r, lamp_y - r * 0.7, cx + r, lamp_y + r * 0.7),
-                        (200, 200, 190) if front else (150, 20, 20))
+            pen.glow(cx, lamp_y, r, on, 0.8)
+        pen.ellipse((cx - r, lamp_y - r * 0.7, cx + r, lamp_y + r * 0.7), on if lit else off, emissive=lit)
 
 
 def draw_vehicle_side(pen: Pen, t: Thing) -> None:
@@ -503,15 +490,15 @@ def draw_vehicle_side(pen: Pen, t: Thing) -> None:
         cab_x0 = x2 - cab if facing > 0 else x1
         box_x0, box_x1 = (x1, x2 - cab - w * 0.01) if facing > 0 else (x1 + cab + w * 0.01, x2)
         pen.rect((box_x0, y1, box_x1, y2 - r * 0.8), color)
-        pen.rect((cab_x0, y1 + h * 0.3, cab_x0 + cab, y2 - r * 0.6), _mix(color, (40, 40, 40), 0.4))
+        darker = tuple(int(c + (40 - c) * 0.4) for c in color)
+        pen.rect((cab_x0, y1 + h * 0.3, cab_x0 + cab, y2 - r * 0.6), darker)
         win_x = cab_x0 + cab * (0.45 if facing > 0 else 0.1)
         pen.rect((win_x, y1 + h * 0.36, win_x + cab * 0.45, y1 + h * 0.58), glass)
     else:  # bus
         pen.rect((x1, y1, x2, y2 - r * 0.6), color)
-        n = 6
-        for i in range(n):
-            wx = x1 + w * (0.05 + i * 0.9 / n)
-            pen.rect((wx, y1 + h * 0.15, wx + w * 0.9 / n * 0.8, y1 + h * 0.5), glass)
+        for i in range(6):  # windows
+            wx = x1 + w * (0.05 + i * 0.9 / 6)
+            pen.rect((wx, y1 + h * 0.15, wx + w * 0.9 / 6 * 0.8, y1 + h * 0.5), glass)
         pen.rect((x1, y1 + h * 0.62, x2, y1 + h * 0.68), (240, 240, 240))
     for cx in (x1 + w * 0.18, x2 - w * 0.18):
         pen.ellipse((cx - r, y2 - 2 * r, cx + r, y2), (20, 20, 22))
@@ -546,9 +533,8 @@ def draw_two_wheeler(pen: Pen, t: Thing) -> None:
             pen.glow(bar[0] + facing * w * 0.05, bar[1] + r * 0.4, r * 0.25, (255, 250, 220), 0.8)
     else:
         lw = max(1.0, w * 0.03)
-        down_tube = ((crank[0], crank[1]), (bar[0] - (front - back) * 0.05, bar[1] + (y2 - y1) * 0.2))
-        for a, b in ((back, cy), (crank[0], crank[1])), ((crank[0], crank[1]), seat), (seat, (back, cy)), (seat, bar), \
-                    (bar, (front, cy)), down_tube:
+        down_tube = (crank, (bar[0] - (front - back) * 0.05, bar[1] + (y2 - y1) * 0.2))
+        for a, b in ((back, cy), crank), (crank, seat), (seat, (back, cy)), (seat, bar), (bar, (front, cy)), down_tube:
             pen.line([a, b], color, lw)
 
 
@@ -589,15 +575,15 @@ def draw_traffic_light(pen: Pen, t: Thing) -> None:
     st = t.style
     pole = (70, 72, 75)
     pw = max(1.5, w * 0.18)
+    cx = (x1 + x2) / 2
     if st["overhead"]:
         # The arm and pole are not part of the light's silhouette (BDD boxes the head only).
-        pen.line([(st["pole_x"], y1 + h * 0.1), ((x1 + x2) / 2, y1 + h * 0.1)], pole, pw * 0.8, solid=False)
+        pen.line([(st["pole_x"], y1 + h * 0.1), (cx, y1 + h * 0.1)], pole, pw * 0.8, solid=False)
         pen.line([(st["pole_x"], y1 + h * 0.1), (st["pole_x"], st["ground_y"])], pole, pw, solid=False)
     else:
-        pen.line([((x1 + x2) / 2, y2), ((x1 + x2) / 2, st["ground_y"])], pole, pw, solid=False)
+        pen.line([(cx, y2), (cx, st["ground_y"])], pole, pw, solid=False)
     pen.rect((x1, y1, x2, y2), (35, 35, 30))
     d = min(st["lamp_d"], w * 0.8)
-    cx = (x1 + x2) / 2
     for i, color in enumerate(("red", "yellow", "green")):
         cy = y1 + h * (0.2 + 0.3 * i)
         box = (cx - d / 2, cy - d / 2, cx + d / 2, cy + d / 2)
@@ -632,12 +618,9 @@ def draw_traffic_sign(pen: Pen, t: Thing) -> None:
     elif shape == "rect_blue":
         pen.rect((x1, y1, x2, y2), (20, 70, 170))
         pen.rect((cx - w * 0.15, y1 + h * 0.2, cx + w * 0.15, y2 - h * 0.2), (245, 245, 245))
-    elif shape == "diamond":
-        pen.polygon([(cx, y1), (x2, cy), (cx, y2), (x1, cy)], (240, 200, 20))
-        pen.polygon([(cx, y1 + h * 0.1), (x2 - w * 0.1, cy), (cx, y2 - h * 0.1), (x1 + w * 0.1, cy)], (20, 20, 20),
-                    solid=False)
-        pen.polygon([(cx, y1 + h * 0.16), (x2 - w * 0.16, cy), (cx, y2 - h * 0.16), (x1 + w * 0.16, cy)],
-                    (240, 200, 20))
+    elif shape == "diamond":  # yellow, with a black border inset
+        for k, color, solid in ((0.0, (240, 200, 20), True), (0.1, (20, 20, 20), False), (0.16, (240, 200, 20), True)):
+            pen.polygon([(cx, y1 + h * k), (x2 - w * k, cy), (cx, y2 - h * k), (x1 + w * k, cy)], color, solid=solid)
     else:  # rect_green: a guide sign
         pen.rect((x1, y1, x2, y2), (20, 110, 60))
         for i in range(2):
@@ -646,9 +629,8 @@ def draw_traffic_sign(pen: Pen, t: Thing) -> None:
 
 
 DRAW = {
-    "car_rear": draw_vehicle_end, "car_front": draw_vehicle_end, "truck_rear": draw_vehicle_end,
-    "truck_front": draw_vehicle_end, "bus_rear": draw_vehicle_end, "bus_front": draw_vehicle_end,
-    "car_side": draw_vehicle_side, "truck_side": draw_vehicle_side, "bus_side": draw_vehicle_side,
+    **{f"{vehicle}_{view}": draw_vehicle_end for vehicle in VEHICLE_M for view in ("rear", "front")},
+    **{f"{vehicle}_side": draw_vehicle_side for vehicle in VEHICLE_M},
     "motorcycle": draw_two_wheeler, "bicycle": draw_two_wheeler,
     "pedestrian": draw_person, "rider": lambda pen, t: draw_person(pen, t, riding=True),
     "traffic_light": draw_traffic_light, "traffic_sign": draw_traffic_sign,
@@ -664,7 +646,7 @@ def _silhouette(t: Thing, origin: tuple[int, int], size: tuple[int, int], mask: 
     """Draw ``t``'s silhouette into a mask whose top-left pixel is image pixel ``origin``."""
     if mask is None:
         mask = Image.new("L", size, 0)
-    DRAW[t.kind](Pen(None, None, ImageDraw.Draw(mask), 255, offset=origin), t)
+    DRAW[t.kind](Pen(ImageDraw.Draw(mask), offset=origin), t)
     return mask
 
 
@@ -697,15 +679,14 @@ def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
         visible_total = int(own_in.sum())
         if total == 0 or visible_total < TRUNCATED_MIN_VISIBLE * total:  # mostly outside the image
             hidden.append(1.0)
-            continue
-        if not occluders:
+        elif not occluders:
             hidden.append(0.0)
-            continue
-        cover = Image.new("L", size, 0)
-        for o in occluders:
-            _silhouette(o, (ox, oy), size, cover)
-        covered = np.asarray(cover, dtype=bool)[cy1:cy2, cx1:cx2]
-        hidden.append(float((own_in & covered).sum()) / visible_total)
+        else:
+            cover = Image.new("L", size, 0)
+            for o in occluders:
+                _silhouette(o, (ox, oy), size, cover)
+            covered = np.asarray(cover, dtype=bool)[cy1:cy2, cx1:cx2]
+            hidden.append(float((own_in & covered).sum()) / visible_total)
     return hidden
 
 
@@ -739,7 +720,7 @@ def _sky(width: int, height: int, timeofday: str, weather: str) -> Image.Image:
     top, bottom = SKY[(timeofday, weather)]
     t = np.linspace(0.0, 1.0, height)[:, None]
     column = (np.array(top)[None, :] * (1 - t) + np.array(bottom)[None, :] * t).astype(np.uint8)
-    return Image.fromarray(column[:, None, :].repeat(1, axis=1)).resize((width, height), Image.NEAREST)
+    return Image.fromarray(column[:, None, :]).resize((width, height), Image.NEAREST)
 
 
 def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> None:
@@ -761,8 +742,7 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
     else:
         pts = [(0, hz)] + [(w * i / (len(hills) - 1), hz - 10 - v * 45) for i, v in enumerate(hills)] + [(w, hz)]
         d.polygon(pts, fill=shade((80, 110, 80)))
-    ground = (95, 130, 70) if not city else (150, 150, 145)
-    d.rectangle((0, hz, w, h), fill=shade(ground))
+    d.rectangle((0, hz, w, h), fill=shade((150, 150, 145) if city else (95, 130, 70)))  # ground
     left, right = road_extent(layout)
     far = 400.0
     d.polygon(cam.ground_quad(left, right, Z_BOTTOM * 0.5, far), fill=shade((78, 78, 82)))
@@ -866,12 +846,9 @@ def _apply_weather(img: Image.Image, layout: Layout, cam: Camera) -> Image.Image
         img = Image.composite(Image.new("RGB", (w, h), fog_rgb), img, mask)
     elif layout.weather == "rainy":
         rng = np.random.default_rng(layout.decor["rain_seed"])
-        d = ImageDraw.Draw(img)
-        n = 700
-        xs = rng.uniform(-100, w, n)
-        ys = rng.uniform(-50, h, n)
-        lengths = rng.uniform(15, 45, n)
+        xs, ys, lengths = rng.uniform(-100, w, 700), rng.uniform(-50, h, 700), rng.uniform(15, 45, 700)  # 700 streaks
         c = (150, 155, 165) if layout.timeofday != "night" else (80, 85, 95)
+        d = ImageDraw.Draw(img)
         for x, y, ln in zip(xs, ys, lengths):
             d.line([(x, y), (x + ln * 0.25, y + ln)], fill=c, width=1)
     return img

@@ -55,6 +55,11 @@ SKIN: tuple[RGB, ...] = ((240, 200, 170), (200, 150, 110), (140, 95, 60), (90, 6
 BUILDING_COLORS: tuple[RGB, ...] = ((160, 80, 60), (200, 185, 160), (120, 120, 125), (90, 110, 130),
                                     (180, 160, 120), (140, 100, 80), (210, 210, 200))
 LAMP_COLORS: dict[str, RGB] = {"red": (255, 40, 30), "yellow": (255, 200, 0), "green": (40, 255, 110)}
+AMBIENT = {  # per-channel gain and bias of the light on non-emissive surfaces
+    "daytime": ((1.0, 1.0, 1.0), (0, 0, 0)),
+    "dawn/dusk": ((0.78, 0.62, 0.58), (18, 6, 8)),
+    "night": ((0.45, 0.47, 0.58), (6, 6, 12)),
+}
 
 SKY = {  # (top, horizon) colours
     ("daytime", "clear"): ((70, 130, 205), (175, 205, 235)),
@@ -412,17 +417,12 @@ class Pen:
 
 def make_shade(timeofday: str, weather: str):
     """The colour transform of the ambient light for non-emissive surfaces."""
-    if timeofday == "night":
-        gain, bias = (0.45, 0.47, 0.58), (6, 6, 12)
-    elif timeofday == "dawn/dusk":
-        gain, bias = (0.78, 0.62, 0.58), (18, 6, 8)
-    else:
-        gain, bias = (1.0, 1.0, 1.0), (0, 0, 0)
+    gain, bias = AMBIENT[timeofday]
     if weather == "rainy":
         gain = tuple(g * 0.8 for g in gain)
 
     def shade(color: RGB) -> RGB:
-        return (int(color[0] * gain[0] + bias[0]), int(color[1] * gain[1] + bias[1]), int(color[2] * gain[2] + bias[2]))
+        return tuple(int(c * g + b) for c, g, b in zip(color, gain, bias))
 
     return shade
 
@@ -504,8 +504,7 @@ def draw_vehicle_side(pen: Pen, t: Thing) -> None:
         pen.ellipse((cx - r, y2 - 2 * r, cx + r, y2), (20, 20, 22))
         pen.ellipse((cx - r * 0.45, y2 - r * 1.45, cx + r * 0.45, y2 - r * 0.55), (150, 150, 155))
     if t.style["lights_on"]:
-        hx = x2 - w * 0.02 if facing > 0 else x1 + w * 0.02
-        hy = y2 - h * 0.45
+        hx, hy = x2 - w * 0.02 if facing > 0 else x1 + w * 0.02, y2 - h * 0.45  # headlamp
         pen.glow(hx, hy, h * 0.08, (255, 250, 220), 0.8)
         pen.ellipse((hx - h * 0.06, hy - h * 0.04, hx + h * 0.06, hy + h * 0.04), (255, 250, 220), emissive=True)
 
@@ -560,8 +559,7 @@ def draw_person(pen: Pen, t: Thing, riding: bool = False) -> None:
         pen.line([(x2 - w * 0.14, y1 + head * 1.3), (x2, y1 + h * 0.5)], st["shirt"], w * 0.16)
         if st["bag"]:
             pen.rect((x2 - w * 0.1, y1 + h * 0.4, x2 + w * 0.05, y1 + h * 0.55), (80, 50, 30))
-    hr = head * 0.55
-    hy = y1 + head * 0.55
+    hr, hy = head * 0.55, y1 + head * 0.55  # head radius and centre
     pen.ellipse((cx - hr, hy - hr, cx + hr, hy + hr), st["skin"])
     if riding and st["helmet"]:
         pen.ellipse((cx - hr * 1.1, hy - hr * 1.15, cx + hr * 1.1, hy + hr * 0.2), st["helmet_color"])
@@ -894,6 +892,5 @@ def render_layout(layout: Layout, settled: list[tuple[Thing, float]], name: str,
             id=str(k), category=t.category, box=clipped, occluded=hidden >= OCCLUDED_MIN,
             truncated=x1 < 0 or y1 < 0 or x2 > w or y2 > h,
             light_color=t.light_color if t.category == "traffic light" else None))
-    scene = Scene(name=name, weather=layout.weather, scene=layout.scene, timeofday=layout.timeofday,
-                  objects=tuple(objects))
-    return img, scene
+    return img, Scene(name=name, weather=layout.weather, scene=layout.scene, timeofday=layout.timeofday,
+                      objects=tuple(objects))

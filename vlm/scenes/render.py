@@ -319,8 +319,7 @@ def _sample_pedestrians(rng: np.random.Generator, layout: Layout, cam: Camera, c
         target_peds = n_ped = int(rng.choice(3, p=(0.8, 0.15, 0.05)))
     layout.targets["pedestrian"] = target_peds
     for _ in range(n_ped):
-        on_crosswalk = layout.crosswalk_z is not None and rng.random() < 0.45
-        if on_crosswalk:
+        if layout.crosswalk_z is not None and rng.random() < 0.45:  # on the crosswalk
             z = layout.crosswalk_z + float(rng.uniform(0.3, 2.7))
             lateral = float(rng.uniform(left - 1.5, right + 1.5))
         elif city:
@@ -597,9 +596,8 @@ def draw_traffic_sign(pen: Pen, t: Thing) -> None:
     x1, y1, x2, y2 = t.box
     w, h = x2 - x1, y2 - y1
     cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
-    st = t.style
-    pen.line([(cx, y2), (cx, st["ground_y"])], (130, 130, 135), max(1.0, w * 0.06), solid=False)
-    shape = st["shape"]
+    pen.line([(cx, y2), (cx, t.style["ground_y"])], (130, 130, 135), max(1.0, w * 0.06), solid=False)
+    shape = t.style["shape"]
     if shape == "circle":
         pen.ellipse((x1, y1, x2, y2), (200, 20, 20))
         pen.ellipse((x1 + w * 0.14, y1 + h * 0.14, x2 - w * 0.14, y2 - h * 0.14), (245, 245, 245))
@@ -662,8 +660,7 @@ def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
         overlap = (nearer[:, 0] < x2) & (nearer[:, 2] > x1) & (nearer[:, 1] < y2) & (nearer[:, 3] > y1)
         occluders = [things[k + 1 + j] for j in np.flatnonzero(overlap)
                      if t.group < 0 or things[k + 1 + j].group != t.group]
-        inside = x1 >= 0 and y1 >= 0 and x2 <= width and y2 <= height
-        if not occluders and inside:
+        if not occluders and x1 >= 0 and y1 >= 0 and x2 <= width and y2 <= height:  # fully visible
             hidden.append(0.0)
             continue
         ox, oy = int(math.floor(x1)), int(math.floor(y1))
@@ -723,10 +720,9 @@ def _sky(width: int, height: int, timeofday: str, weather: str) -> Image.Image:
 
 def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> None:
     d = ImageDraw.Draw(img)
-    w, h = cam.w, cam.h
+    w, h, hz = cam.w, cam.h, cam.horizon
     night = layout.timeofday == "night"
     city = layout.scene == "city street"
-    hz = cam.horizon
     if not night:
         for cx, cy, r in layout.decor["clouds"]:
             c = shade((235, 235, 240) if layout.weather == "clear" else (120, 122, 128))
@@ -780,8 +776,7 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
 
 
 def _draw_markings(d: ImageDraw.ImageDraw, layout: Layout, cam: Camera, shade) -> None:
-    white = shade((230, 230, 225))
-    yellow = shade((230, 190, 40))
+    white, yellow = shade((230, 230, 225)), shade((230, 190, 40))
     left, right = road_extent(layout)
     city = layout.scene == "city street"
     boundaries = [(-LANE_M / 2 - i * LANE_M) for i in range(layout.lanes_left)] + \

@@ -78,8 +78,7 @@ Edit = Callable[[Rendered, np.random.Generator, RenderConfig],
 def render(seed: np.random.SeedSequence, name: str, config: RenderConfig) -> Rendered:
     layout = sample_layout(np.random.default_rng(seed), config)
     settled = settle_occlusion(layout.things, config.width, config.height, layout.targets)
-    image, scene = render_layout(layout, settled, name, config)
-    return Rendered(layout, settled, image, scene)
+    return Rendered(layout, settled, *render_layout(layout, settled, name, config))
 
 
 def _redraw(original: Rendered, things: list[Thing], config: RenderConfig, description: str, **layout_changes
@@ -113,8 +112,7 @@ def add_pedestrian(original: Rendered, rng: np.random.Generator, config: RenderC
     """A pedestrian where nothing hides it and it hides nothing, feet below rules.PATH_MIN_Y of the frame
     (7 to 12 m ahead) and centred in one manoeuvre's band; not applicable when no such place is found."""
     manoeuvre = ("left", "straight", "right")[int(rng.integers(3))]
-    layout = original.layout
-    cam = Camera(config.width, config.height, layout.horizon, layout.vanish_x)
+    cam = Camera(config.width, config.height, original.layout.horizon, original.layout.vanish_x)
     low, high = rules.PATHS[manoeuvre]
     things = _things(original)
     for _ in range(tries):

@@ -172,8 +172,7 @@ def import_bdd100k(config: ScenesConfig, out_dir: str | os.PathLike) -> dict:
     """Read a BDD100K labels file, keep frames whose images exist, write normalised det_20 labels."""
     bdd = config.bdd100k
     images, labels = bdd100k_paths(bdd)
-    scenes = read_labels(labels)
-    scenes, report = match_images(scenes, images, bdd.on_missing)
+    scenes, report = match_images(read_labels(labels), images, bdd.on_missing)
     if bdd.max_images is not None and bdd.max_images < len(scenes):
         keep = np.sort(np.random.default_rng(config.seed).choice(len(scenes), bdd.max_images, replace=False))
         scenes = [scenes[i] for i in keep]

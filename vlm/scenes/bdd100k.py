@@ -36,18 +36,16 @@ def read_labels(path: str | os.PathLike) -> list[Scene]:
         frames = frames["frames"]
     if not isinstance(frames, list):
         raise LabelError(f"{path}: expected a JSON list of frames, got {type(frames).__name__}")
-    scenes = []
-    seen: set[str] = set()
+    scenes: dict[str, Scene] = {}  # by name, in the file's order
     for i, frame in enumerate(frames):
         try:
             scene = scene_from_frame(frame, where=f"frame[{i}]")
         except LabelError as e:
             raise LabelError(f"{path}: {e}") from None
-        if scene.name in seen:
+        if scene.name in scenes:
             raise LabelError(f"{path}: frame[{i}].name: duplicate image name {scene.name!r}")
-        seen.add(scene.name)
-        scenes.append(scene)
-    return scenes
+        scenes[scene.name] = scene
+    return list(scenes.values())
 
 
 def match_images(scenes: list[Scene], image_dir: str | os.PathLike, on_missing: str = "error",

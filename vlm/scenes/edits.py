@@ -78,14 +78,15 @@ Edit = Callable[[Rendered, np.random.Generator, RenderConfig],
 def render(seed: np.random.SeedSequence, name: str, config: RenderConfig) -> Rendered:
     layout = sample_layout(np.random.default_rng(seed), config)
     settled = settle_occlusion(layout.things, config.width, config.height, layout.targets)
-    image, scene = render_layout(layout, settled, name, config)
-    return Rendered(layout, settled, image, scene)
+    return Rendered(layout, settled, *render_layout(layout, settled, name, config))
 
 
-def _redraw(original: Rendered, things: list[Thing], config: RenderConfig, layout: Layout | None = None
-            ) -> tuple[Image.Image, Scene, list[Thing]]:
+def _redraw(original: Rendered, things: list[Thing], config: RenderConfig, description: str, **layout_changes
+            ) -> tuple[Image.Image, Scene, list[Thing], str]:
+    """The original's layout, with ``layout_changes``, drawn with ``things``: an edit's result."""
+    layout = dataclasses.replace(original.layout, **layout_changes)
     settled = with_visibility(things, config.width, config.height)
-    return (*render_layout(layout or original.layout, settled, original.scene.name, config), things)
+    return (*render_layout(layout, settled, original.scene.name, config), things, description)
 
 
 def _things(original: Rendered) -> list[Thing]:
@@ -98,7 +99,7 @@ def remove_category(original: Rendered, rng: np.random.Generator, config: Render
         return None
     category = present[int(rng.integers(len(present)))]
     kept = [t for t in _things(original) if t.category != category]
-    return (*_redraw(original, kept, config), f"every {category} removed")
+    return _redraw(original, kept, config, f"every {category} removed")
 
 
 def _clear_of(box: tuple[float, float, float, float], things: list[Thing]) -> bool:
@@ -111,8 +112,7 @@ def add_pedestrian(original: Rendered, rng: np.random.Generator, config: RenderC
     """A pedestrian where nothing hides it and it hides nothing, feet below rules.PATH_MIN_Y of the frame
     (7 to 12 m ahead) and centred in one manoeuvre's band; not applicable when no such place is found."""
     manoeuvre = ("left", "straight", "right")[int(rng.integers(3))]
-    layout = original.layout
-    cam = Camera(config.width, config.height, layout.horizon, layout.vanish_x)
+    cam = Camera(config.width, config.height, original.layout.horizon, original.layout.vanish_x)
     low, high = rules.PATHS[manoeuvre]
     things = _things(original)
     for _ in range(tries):
@@ -120,8 +120,7 @@ def add_pedestrian(original: Rendered, rng: np.random.Generator, config: RenderC
         column = config.width * (low + (high - low) * float(rng.uniform(0.3, 0.7)))
         added = pedestrian(rng, cam, z, (column - cam.vx) / (PX_PER_M * cam.s_of_z(z)))
         if _clear_of(added.box, things):
-            return (*_redraw(original, [*things, added], config),
-                    f"a pedestrian in the path to {ACTIONS[manoeuvre]}")
+            return _redraw(original, [*things, added], config, f"a pedestrian in the path to {ACTIONS[manoeuvre]}")
     return None
 
 
@@ -132,7 +131,7 @@ def switch_light(original: Rendered, rng: np.random.Generator, config: RenderCon
     old, new = light.light_color, SWITCHED[light.light_color]
     things = [dataclasses.replace(t, light_color=new) if t.category == "traffic light" and t.light_color == old else t
               for t in _things(original)]
-    return (*_redraw(original, things, config), f"the {old} light switched to {new}")
+    return _redraw(original, things, config, f"the {old} light switched to {new}")
 
 
 def move_left_to_right(original: Rendered, rng: np.random.Generator, config: RenderConfig):
@@ -151,22 +150,20 @@ def move_left_to_right(original: Rendered, rng: np.random.Generator, config: Ren
         return None
     moved, box = movable[int(rng.integers(len(movable)))]
     moved_things = [dataclasses.replace(t, box=box) if t is moved else t for t in things]
-    return (*_redraw(original, moved_things, config), f"a {moved.category} moved from the left third to the right")
+    return _redraw(original, moved_things, config, f"a {moved.category} moved from the left third to the right")
 
 
 def night_to_day(original: Rendered, rng: np.random.Generator, config: RenderConfig):
     if original.layout.timeofday != "night":
         return None
-    layout = dataclasses.replace(original.layout, timeofday="daytime")
-    return (*_redraw(original, _things(original), config, layout), "night turned to day")
+    return _redraw(original, _things(original), config, "night turned to day", timeofday="daytime")
 
 
 def toggle_fog(original: Rendered, rng: np.random.Generator, config: RenderConfig):
     weather = {"clear": "foggy", "foggy": "clear"}.get(original.layout.weather)
     if weather is None:
         return None
-    layout = dataclasses.replace(original.layout, weather=weather)
-    return (*_redraw(original, _things(original), config, layout), f"{original.layout.weather} turned {weather}")
+    return _redraw(original, _things(original), config, f"{original.layout.weather} turned {weather}", weather=weather)
 
 
 def mirror(original: Rendered, rng: np.random.Generator, config: RenderConfig):
@@ -175,9 +172,8 @@ def mirror(original: Rendered, rng: np.random.Generator, config: RenderConfig):
     return ImageOps.mirror(original.image), dataclasses.replace(original.scene, objects=objects), None, "mirrored"
 
 
-EDITS: dict[str, Edit] = {"remove_category": remove_category, "add_pedestrian": add_pedestrian,
-                          "switch_light": switch_light, "move_left_to_right": move_left_to_right,
-                          "night_to_day": night_to_day, "toggle_fog": toggle_fog, "mirror": mirror}
+EDITS: dict[str, Edit] = {edit.__name__: edit for edit in (remove_category, add_pedestrian, switch_light,
+                                                           move_left_to_right, night_to_day, toggle_fog, mirror)}
 
 
 def make_pairs(image_ids: list[str], scenes_seed: int, labels: dict[str, Scene], config: RenderConfig,

@@ -121,12 +121,9 @@ def generate_synthetic(config: ScenesConfig, out_dir: str | os.PathLike, progres
                 for i in range(config.num_images)]
         workers = min(config.num_workers, config.num_images)
         start = time.perf_counter()
-        with contextlib.ExitStack() as stack:  # each label frame is written as its image is done: none is held
-            if workers > 1:
-                pool = stack.enter_context(multiprocessing.get_context("fork").Pool(workers))
-                frames = pool.imap(_render_one, jobs, chunksize=8)
-            else:
-                frames = map(_render_one, jobs)
+        # Each label frame is written as its image is done: none is held.
+        with multiprocessing.get_context("fork").Pool(workers) if workers > 1 else contextlib.nullcontext() as pool:
+            frames = pool.imap(_render_one, jobs, chunksize=8) if workers > 1 else map(_render_one, jobs)
             images = write_json_list(tmp / "labels.json", tqdm(frames, total=len(jobs), desc="render scenes",
                                                                 unit="img", disable=not progress))
         seconds = time.perf_counter() - start
@@ -175,8 +172,7 @@ def import_bdd100k(config: ScenesConfig, out_dir: str | os.PathLike) -> dict:
     """Read a BDD100K labels file, keep frames whose images exist, write normalised det_20 labels."""
     bdd = config.bdd100k
     images, labels = bdd100k_paths(bdd)
-    scenes = read_labels(labels)
-    scenes, report = match_images(scenes, images, bdd.on_missing)
+    scenes, report = match_images(read_labels(labels), images, bdd.on_missing)
     if bdd.max_images is not None and bdd.max_images < len(scenes):
         keep = np.sort(np.random.default_rng(config.seed).choice(len(scenes), bdd.max_images, replace=False))
         scenes = [scenes[i] for i in keep]

@@ -47,12 +47,19 @@ CAR_COLORS: tuple[RGB, ...] = ((235, 235, 235), (30, 30, 32), (150, 155, 160), (
 TRUCK_COLORS: tuple[RGB, ...] = ((240, 240, 240), (200, 60, 40), (60, 90, 160), (230, 200, 60), (90, 90, 90))
 BUS_COLORS: tuple[RGB, ...] = ((250, 190, 20), (200, 40, 40), (30, 90, 170), (40, 140, 80))
 VEHICLE_COLORS: dict[str, tuple[RGB, ...]] = {"car": CAR_COLORS, "truck": TRUCK_COLORS, "bus": BUS_COLORS}
+VEHICLE_M = {"car": (1.8, 4.4, 1.5), "truck": (2.5, 8.0, 3.4), "bus": (2.55, 11.0, 3.2)}  # width, length, height
+TWO_WHEELER_M = {"motorcycle": (2.1, 1.05, 0.65), "bicycle": (1.75, 1.0, 0.7)}  # length, height, wheel diameter
 CLOTHES: tuple[RGB, ...] = ((200, 40, 40), (40, 70, 160), (30, 30, 30), (230, 230, 230), (60, 140, 70),
                             (240, 180, 40), (130, 60, 140), (240, 110, 30), (90, 60, 40), (30, 150, 170))
 SKIN: tuple[RGB, ...] = ((240, 200, 170), (200, 150, 110), (140, 95, 60), (90, 60, 40))
 BUILDING_COLORS: tuple[RGB, ...] = ((160, 80, 60), (200, 185, 160), (120, 120, 125), (90, 110, 130),
                                     (180, 160, 120), (140, 100, 80), (210, 210, 200))
 LAMP_COLORS: dict[str, RGB] = {"red": (255, 40, 30), "yellow": (255, 200, 0), "green": (40, 255, 110)}
+AMBIENT = {  # per-channel gain and bias of the light on non-emissive surfaces
+    "daytime": ((1.0, 1.0, 1.0), (0, 0, 0)),
+    "dawn/dusk": ((0.78, 0.62, 0.58), (18, 6, 8)),
+    "night": ((0.45, 0.47, 0.58), (6, 6, 12)),
+}
 
 SKY = {  # (top, horizon) colours
     ("daytime", "clear"): ((70, 130, 205), (175, 205, 235)),
@@ -105,10 +112,6 @@ class Layout:
     targets: dict[str, int] = field(default_factory=dict)  # most objects kept per counted category
 
 
-# ----------------------------------------------------------------------------------------------------
-# Camera
-
-
 class Camera:
     def __init__(self, width: int, height: int, horizon: float, vanish_x: float):
         self.w, self.h, self.horizon, self.vx = width, height, horizon, vanish_x
@@ -125,6 +128,14 @@ class Camera:
 
     def px(self, metres: float, s: float) -> float:
         return metres * PX_PER_M * s
+
+    def upright_box(self, lateral_m: float, s: float, width_m: float, height_m: float
+                    ) -> tuple[float, float, float, float]:
+        """The box of an object ``width_m`` by ``height_m`` metres standing on the ground at scale ``s``, centred
+        ``lateral_m`` metres right of the camera axis."""
+        x, y = self.x(lateral_m, s), self.y(s)
+        half = self.px(width_m, s) / 2
+        return (x - half, y - self.px(height_m, s), x + half, y)
 
     def ground_quad(self, lat0: float, lat1: float, z0: float, z1: float) -> list[tuple[float, float]]:
         s0, s1 = self.s_of_z(z0), self.s_of_z(z1)
@@ -171,6 +182,12 @@ def road_extent(layout: Layout) -> tuple[float, float]:
     return (-LANE_M / 2 - layout.lanes_left * LANE_M - 0.5, LANE_M / 2 + layout.lanes_right * LANE_M + 0.5)
 
 
+def _beside_road(layout: Layout, side: int, offset_m: float) -> float:
+    """Lateral metres of a point ``offset_m`` outside the road's left (``side`` < 0) or right edge."""
+    left, right = road_extent(layout)
+    return left - offset_m if side < 0 else right + offset_m
+
+
 def _sample_buildings(rng, cross_street_z):
     buildings = []
     for side in (-1, 1):
@@ -201,10 +218,7 @@ def pedestrian(rng: np.random.Generator, cam: Camera, z: float, lateral: float) 
     clothes drawn from ``rng``."""
     s = cam.s_of_z(z)
     height_m = float(rng.uniform(1.55, 1.95))
-    width_m = height_m * 0.32
-    x, y2 = cam.x(lateral, s), cam.y(s)
-    return Thing("pedestrian", "pedestrian", (x - cam.px(width_m, s) / 2, y2 - cam.px(height_m, s),
-                                              x + cam.px(width_m, s) / 2, y2), s,
+    return Thing("pedestrian", "pedestrian", cam.upright_box(lateral, s, height_m * 0.32, height_m), s,
                  {"shirt": _choice(rng, CLOTHES), "trousers": _choice(rng, CLOTHES[2:5] + CLOTHES[8:9]),
                   "skin": _choice(rng, SKIN), "stride": float(rng.uniform(0.0, 0.35)),
                   "bag": rng.random() < 0.3,
@@ -239,20 +253,15 @@ def _sample_lane_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera,
     vehicles = ["car"] * (n_cars - cars_crossing) + ["truck"] * n_trucks + ["bus"] * n_buses
     for category in vehicles:
         lane = int(rng.choice(lanes))
-        oncoming = city and lane < 0
-        z = float(rng.uniform(6.0, MAX_Z))
-        s = cam.s_of_z(z)
-        width_m, height_m = {"car": (1.8, 1.5), "truck": (2.5, 3.4), "bus": (2.55, 3.2)}[category]
+        s = cam.s_of_z(float(rng.uniform(6.0, MAX_Z)))
+        width_m, _, height_m = VEHICLE_M[category]
         width_m *= float(rng.uniform(0.95, 1.08))
         height_m *= float(rng.uniform(0.95, 1.08))
-        lateral = lane * LANE_M + float(rng.uniform(-0.5, 0.5))  # about the lane's centre
-        x = cam.x(lateral, s)
-        y2 = cam.y(s)
-        wpx, hpx = cam.px(width_m, s), cam.px(height_m, s)
-        kind = f"{category}_{'front' if oncoming else 'rear'}"
+        box = cam.upright_box(lane * LANE_M + float(rng.uniform(-0.5, 0.5)), s, width_m, height_m)  # about lane centre
+        kind = f"{category}_{'front' if city and lane < 0 else 'rear'}"
         style = {"color": _choice(rng, VEHICLE_COLORS[category]),
                  "lights_on": layout.timeofday != "daytime" or rng.random() < 0.3}
-        layout.things.append(Thing(category, kind, (x - wpx / 2, y2 - hpx, x + wpx / 2, y2), s, style))
+        layout.things.append(Thing(category, kind, box, s, style))
     return cars_crossing
 
 
@@ -265,13 +274,10 @@ def _sample_crossing_vehicles(rng: np.random.Generator, layout: Layout, cam: Cam
     crossing = (["car"] * cars_crossing + (["bus"] if rng.random() < 0.15 else [])
                 + (["truck"] if rng.random() < 0.15 else []))
     for category in crossing:
-        z = float(rng.uniform(z_near + 1.0, z_far - 1.0))
-        s = cam.s_of_z(z)
-        length_m, height_m = {"car": (4.4, 1.5), "truck": (8.0, 3.4), "bus": (11.0, 3.2)}[category]
-        length = cam.px(length_m, s)
-        x1 = float(rng.uniform(-0.2 * cam.w, 1.0 * cam.w))
-        y2 = cam.y(s)
-        box = (x1, y2 - cam.px(height_m, s), x1 + length, y2)
+        s = cam.s_of_z(float(rng.uniform(z_near + 1.0, z_far - 1.0)))
+        _, length_m, height_m = VEHICLE_M[category]
+        x1, y2 = float(rng.uniform(-0.2 * cam.w, 1.0 * cam.w)), cam.y(s)
+        box = (x1, y2 - cam.px(height_m, s), x1 + cam.px(length_m, s), y2)
         layout.things.append(Thing(category, f"{category}_side", box, s,
                                    {"color": _choice(rng, VEHICLE_COLORS[category]),
                                     "facing": int(rng.choice((-1, 1))), "lights_on": layout.timeofday != "daytime"}))
@@ -284,23 +290,16 @@ def _sample_two_wheelers(rng: np.random.Generator, layout: Layout, cam: Camera) 
     n_motor = int(rng.choice(3, p=(0.55, 0.3, 0.15)))
     n_bike = int(rng.choice(3, p=(0.55, 0.3, 0.15))) if layout.scene == "city street" else 0
     for g, category in enumerate(["motorcycle"] * n_motor + ["bicycle"] * n_bike, start=1):
-        z = float(rng.uniform(6.0, MAX_Z))
-        s = cam.s_of_z(z)
-        lateral = float(rng.uniform(left + 0.6, right - 0.6))
-        length_m = 2.1 if category == "motorcycle" else 1.75
-        wheel_m = 0.65 if category == "motorcycle" else 0.7
-        length = cam.px(length_m, s)
-        x = cam.x(lateral, s)
-        y2 = cam.y(s)
-        bike_h = cam.px(1.05 if category == "motorcycle" else 1.0, s)
+        s = cam.s_of_z(float(rng.uniform(6.0, MAX_Z)))
+        x, y2 = cam.x(float(rng.uniform(left + 0.6, right - 0.6)), s), cam.y(s)
+        length_m, height_m, wheel_m = TWO_WHEELER_M[category]
+        length, bike_h = cam.px(length_m, s), cam.px(height_m, s)
         facing = int(rng.choice((-1, 1)))
         bike = Thing(category, category, (x - length / 2, y2 - bike_h, x + length / 2, y2), s,
                      {"color": _choice(rng, CAR_COLORS if category == "motorcycle" else CLOTHES), "facing": facing,
                       "wheel": cam.px(wheel_m, s), "lights_on": layout.timeofday != "daytime"}, group=g)
-        rider_h = cam.px(1.05, s)
-        rider_w = cam.px(0.55, s)
-        rx = x + facing * length * 0.05
-        rider_box = (rx - rider_w / 2, y2 - bike_h - rider_h * 0.55, rx + rider_w / 2, y2 - bike_h * 0.45)
+        rx, rider_w = x + facing * length * 0.05, cam.px(0.55, s)
+        rider_box = (rx - rider_w / 2, y2 - bike_h - cam.px(1.05, s) * 0.55, rx + rider_w / 2, y2 - bike_h * 0.45)
         rider = Thing("rider", "rider", rider_box, s + 1e-4,
                       {"shirt": _choice(rng, CLOTHES), "skin": _choice(rng, SKIN), "facing": facing,
                        "helmet": category == "motorcycle" or rng.random() < 0.5, "helmet_color": _choice(rng, CLOTHES)},
@@ -320,14 +319,12 @@ def _sample_pedestrians(rng: np.random.Generator, layout: Layout, cam: Camera, c
         target_peds = n_ped = int(rng.choice(3, p=(0.8, 0.15, 0.05)))
     layout.targets["pedestrian"] = target_peds
     for _ in range(n_ped):
-        on_crosswalk = layout.crosswalk_z is not None and rng.random() < 0.45
-        if on_crosswalk:
+        if layout.crosswalk_z is not None and rng.random() < 0.45:  # on the crosswalk
             z = layout.crosswalk_z + float(rng.uniform(0.3, 2.7))
             lateral = float(rng.uniform(left - 1.5, right + 1.5))
         elif city:
             z = float(rng.uniform(6.5, MAX_Z))
-            side = int(rng.choice((-1, 1)))
-            lateral = (left - float(rng.uniform(0.5, 2.8))) if side < 0 else (right + float(rng.uniform(0.5, 2.8)))
+            lateral = _beside_road(layout, int(rng.choice((-1, 1))), float(rng.uniform(0.5, 2.8)))
         else:
             z = float(rng.uniform(8.0, MAX_Z))
             lateral = float(rng.choice((left - 1.2, right + 1.2)))
@@ -343,8 +340,7 @@ def _sample_traffic_lights(rng: np.random.Generator, layout: Layout, cam: Camera
     phase = _choice(rng, ("red", "yellow", "green", None), p=(0.22, 0.34, 0.24, 0.2))
     z = (layout.crosswalk_z + 1.0) if layout.crosswalk_z else float(rng.uniform(10, 20))
     for _ in range(int(rng.integers(1, 4))):
-        zz = z + float(rng.uniform(-0.5, 2.5))
-        s = cam.s_of_z(zz)
+        s = cam.s_of_z(z + float(rng.uniform(-0.5, 2.5)))
         lateral = float(rng.uniform(left - 2.5, right + 2.5))
         x = cam.x(lateral, s)
         head_w, head_h = cam.px(0.9, s), cam.px(2.3, s)
@@ -359,13 +355,9 @@ def _sample_traffic_lights(rng: np.random.Generator, layout: Layout, cam: Camera
 
 def _sample_traffic_signs(rng: np.random.Generator, layout: Layout, cam: Camera) -> None:
     """Up to three traffic signs on poles beside the road, of a random shape."""
-    left, right = road_extent(layout)
     for _ in range(int(rng.choice(4, p=(0.3, 0.35, 0.25, 0.1)))):
-        z = float(rng.uniform(7.0, MAX_Z))
-        s = cam.s_of_z(z)
-        side = int(rng.choice((-1, 1)))
-        lateral = (left - float(rng.uniform(0.6, 2.0))) if side < 0 else (right + float(rng.uniform(0.6, 2.0)))
-        x = cam.x(lateral, s)
+        s = cam.s_of_z(float(rng.uniform(7.0, MAX_Z)))
+        x = cam.x(_beside_road(layout, int(rng.choice((-1, 1))), float(rng.uniform(0.6, 2.0))), s)
         shape = _choice(rng, ("circle", "triangle", "octagon", "rect_blue", "diamond", "rect_green"))
         size = cam.px(1.3 if shape != "rect_green" else 2.2, s)
         aspect = 0.6 if shape == "rect_green" else 1.0
@@ -376,76 +368,62 @@ def _sample_traffic_signs(rng: np.random.Generator, layout: Layout, cam: Camera)
 
 
 # ----------------------------------------------------------------------------------------------------
-# Drawing primitives: one pen paints colours, silhouettes, or both
+# Drawing objects: in colour on the image, or as silhouettes for occlusion
 
 
 class Pen:
-    """Draws an object's primitives on the colour canvas and/or its silhouette in an id map."""
+    """Draws an object's primitives in colour (``shade`` applies the ambient light to non-emissive ones), or, with
+    no ``shade``, the solid ones as its silhouette (255) into a mask whose top-left pixel is image pixel ``offset``."""
 
-    def __init__(self, canvas: ImageDraw.ImageDraw | None, shade, ids: ImageDraw.ImageDraw | None = None,
-                 obj_id: int = 0, offset: tuple[int, int] = (0, 0)):
-        self.canvas, self.shade, self.ids, self.obj_id, self.offset = canvas, shade, ids, obj_id, offset
+    def __init__(self, draw: ImageDraw.ImageDraw, shade=None, offset: tuple[int, int] = (0, 0)):
+        self.draw, self.shade, self.offset = draw, shade, offset
 
-    def _both(self, method: str, geometry, color: RGB, solid: bool, emissive: bool, **kw) -> None:
-        if self.canvas is not None:
-            getattr(self.canvas, method)(geometry, fill=color if emissive else self.shade(color), **kw)
-        if self.ids is not None and solid:
+    def _paint(self, method: str, geometry, color: RGB, solid: bool, emissive: bool, **kw) -> None:
+        boxed = method in ("rectangle", "ellipse")  # geometry (x1, y1, x2, y2), else a list of points
+        if boxed and not (geometry[2] - geometry[0] >= 0.5 and geometry[3] - geometry[1] >= 0.5):
+            return  # under half a pixel across: not drawn
+        if self.shade is not None:
+            getattr(self.draw, method)(geometry, fill=color if emissive else self.shade(color), **kw)
+        elif solid:
             dx, dy = self.offset
-            if method in ("rectangle", "ellipse"):
+            if boxed:
                 geometry = (geometry[0] - dx, geometry[1] - dy, geometry[2] - dx, geometry[3] - dy)
             else:
                 geometry = [(x - dx, y - dy) for x, y in geometry]
-            getattr(self.ids, method)(geometry, fill=self.obj_id, **kw)
+            getattr(self.draw, method)(geometry, fill=255, **kw)
 
     def polygon(self, points, color: RGB, solid: bool = True, emissive: bool = False) -> None:
-        self._both("polygon", [(float(x), float(y)) for x, y in points], color, solid, emissive)
+        self._paint("polygon", [(float(x), float(y)) for x, y in points], color, solid, emissive)
 
     def rect(self, box, color: RGB, solid: bool = True, emissive: bool = False) -> None:
-        x1, y1, x2, y2 = box
-        if x2 - x1 >= 0.5 and y2 - y1 >= 0.5:
-            self._both("rectangle", (x1, y1, x2, y2), color, solid, emissive)
+        self._paint("rectangle", tuple(box), color, solid, emissive)
 
     def ellipse(self, box, color: RGB, solid: bool = True, emissive: bool = False) -> None:
-        x1, y1, x2, y2 = box
-        if x2 - x1 >= 0.5 and y2 - y1 >= 0.5:
-            self._both("ellipse", (x1, y1, x2, y2), color, solid, emissive)
+        self._paint("ellipse", tuple(box), color, solid, emissive)
 
     def line(self, points, color: RGB, width: float, solid: bool = True, emissive: bool = False) -> None:
-        self._both("line", [(float(x), float(y)) for x, y in points], color, solid, emissive,
-                   width=max(1, round(width)))
+        self._paint("line", [(float(x), float(y)) for x, y in points], color, solid, emissive,
+                    width=max(1, round(width)))
 
     def glow(self, cx: float, cy: float, r: float, color: RGB, strength: float = 1.0) -> None:
         """A halo around a light source (colour only, not part of any silhouette)."""
-        if self.canvas is None:
+        if self.shade is None:
             return
         for k, f in ((2.6, 0.25), (1.8, 0.5)):
             c = tuple(int(v * f * strength + 30 * (1 - f)) for v in color)
-            self.canvas.ellipse((cx - r * k, cy - r * k, cx + r * k, cy + r * k), fill=c)
+            self.draw.ellipse((cx - r * k, cy - r * k, cx + r * k, cy + r * k), fill=c)
 
 
 def make_shade(timeofday: str, weather: str):
     """The colour transform of the ambient light for non-emissive surfaces."""
-    if timeofday == "night":
-        gain, bias = (0.45, 0.47, 0.58), (6, 6, 12)
-    elif timeofday == "dawn/dusk":
-        gain, bias = (0.78, 0.62, 0.58), (18, 6, 8)
-    else:
-        gain, bias = (1.0, 1.0, 1.0), (0, 0, 0)
+    gain, bias = AMBIENT[timeofday]
     if weather == "rainy":
         gain = tuple(g * 0.8 for g in gain)
 
     def shade(color: RGB) -> RGB:
-        return (int(color[0] * gain[0] + bias[0]), int(color[1] * gain[1] + bias[1]), int(color[2] * gain[2] + bias[2]))
+        return tuple(int(c * g + b) for c, g, b in zip(color, gain, bias))
 
     return shade
-
-
-def _mix(a: RGB, b: RGB, t: float) -> RGB:
-    return tuple(int(x + (y - x) * t) for x, y in zip(a, b))
-
-
-# ----------------------------------------------------------------------------------------------------
-# Objects
 
 
 def draw_vehicle_end(pen: Pen, t: Thing) -> None:
@@ -458,7 +436,6 @@ def draw_vehicle_end(pen: Pen, t: Thing) -> None:
     wheel_h = h * 0.12
     pen.rect((x1 + w * 0.06, y2 - wheel_h, x1 + w * 0.24, y2), dark)
     pen.rect((x2 - w * 0.24, y2 - wheel_h, x2 - w * 0.06, y2), dark)
-    lamp_y = None
     if t.category == "car":
         body_top = y1 + h * 0.45
         pen.polygon([(x1 + w * 0.14, body_top), (x1 + w * 0.24, y1), (x2 - w * 0.24, y1), (x2 - w * 0.14, body_top)],
@@ -485,14 +462,11 @@ def draw_vehicle_end(pen: Pen, t: Thing) -> None:
         lamp_y = y2 - wheel_h * 2.2
     lit = t.style["lights_on"]
     r = max(1.0, w * 0.06)
-    lamp = (255, 250, 220) if front else (255, 30, 30)
+    on, off = ((255, 250, 220), (200, 200, 190)) if front else ((255, 30, 30), (150, 20, 20))  # head or tail lamps
     for cx in (x1 + w * 0.12, x2 - w * 0.12):
         if lit:
-            pen.glow(cx, lamp_y, r, lamp, 0.8)
-            pen.ellipse((cx - r, lamp_y - r * 0.7, cx + r, lamp_y + r * 0.7), lamp, emissive=True)
-        else:
-            pen.ellipse((cx - r, lamp_y - r * 0.7, cx + r, lamp_y + r * 0.7),
-                        (200, 200, 190) if front else (150, 20, 20))
+            pen.glow(cx, lamp_y, r, on, 0.8)
+        pen.ellipse((cx - r, lamp_y - r * 0.7, cx + r, lamp_y + r * 0.7), on if lit else off, emissive=lit)
 
 
 def draw_vehicle_side(pen: Pen, t: Thing) -> None:
@@ -515,22 +489,21 @@ def draw_vehicle_side(pen: Pen, t: Thing) -> None:
         cab_x0 = x2 - cab if facing > 0 else x1
         box_x0, box_x1 = (x1, x2 - cab - w * 0.01) if facing > 0 else (x1 + cab + w * 0.01, x2)
         pen.rect((box_x0, y1, box_x1, y2 - r * 0.8), color)
-        pen.rect((cab_x0, y1 + h * 0.3, cab_x0 + cab, y2 - r * 0.6), _mix(color, (40, 40, 40), 0.4))
+        darker = tuple(int(c + (40 - c) * 0.4) for c in color)
+        pen.rect((cab_x0, y1 + h * 0.3, cab_x0 + cab, y2 - r * 0.6), darker)
         win_x = cab_x0 + cab * (0.45 if facing > 0 else 0.1)
         pen.rect((win_x, y1 + h * 0.36, win_x + cab * 0.45, y1 + h * 0.58), glass)
     else:  # bus
         pen.rect((x1, y1, x2, y2 - r * 0.6), color)
-        n = 6
-        for i in range(n):
-            wx = x1 + w * (0.05 + i * 0.9 / n)
-            pen.rect((wx, y1 + h * 0.15, wx + w * 0.9 / n * 0.8, y1 + h * 0.5), glass)
+        for i in range(6):  # windows
+            wx = x1 + w * (0.05 + i * 0.9 / 6)
+            pen.rect((wx, y1 + h * 0.15, wx + w * 0.9 / 6 * 0.8, y1 + h * 0.5), glass)
         pen.rect((x1, y1 + h * 0.62, x2, y1 + h * 0.68), (240, 240, 240))
     for cx in (x1 + w * 0.18, x2 - w * 0.18):
         pen.ellipse((cx - r, y2 - 2 * r, cx + r, y2), (20, 20, 22))
         pen.ellipse((cx - r * 0.45, y2 - r * 1.45, cx + r * 0.45, y2 - r * 0.55), (150, 150, 155))
     if t.style["lights_on"]:
-        hx = x2 - w * 0.02 if facing > 0 else x1 + w * 0.02
-        hy = y2 - h * 0.45
+        hx, hy = x2 - w * 0.02 if facing > 0 else x1 + w * 0.02, y2 - h * 0.45  # headlamp
         pen.glow(hx, hy, h * 0.08, (255, 250, 220), 0.8)
         pen.ellipse((hx - h * 0.06, hy - h * 0.04, hx + h * 0.06, hy + h * 0.04), (255, 250, 220), emissive=True)
 
@@ -558,9 +531,8 @@ def draw_two_wheeler(pen: Pen, t: Thing) -> None:
             pen.glow(bar[0] + facing * w * 0.05, bar[1] + r * 0.4, r * 0.25, (255, 250, 220), 0.8)
     else:
         lw = max(1.0, w * 0.03)
-        down_tube = ((crank[0], crank[1]), (bar[0] - (front - back) * 0.05, bar[1] + (y2 - y1) * 0.2))
-        for a, b in ((back, cy), (crank[0], crank[1])), ((crank[0], crank[1]), seat), (seat, (back, cy)), (seat, bar), \
-                    (bar, (front, cy)), down_tube:
+        down_tube = (crank, (bar[0] - (front - back) * 0.05, bar[1] + (y2 - y1) * 0.2))
+        for a, b in ((back, cy), crank), (crank, seat), (seat, (back, cy)), (seat, bar), (bar, (front, cy)), down_tube:
             pen.line([a, b], color, lw)
 
 
@@ -586,8 +558,7 @@ def draw_person(pen: Pen, t: Thing, riding: bool = False) -> None:
         pen.line([(x2 - w * 0.14, y1 + head * 1.3), (x2, y1 + h * 0.5)], st["shirt"], w * 0.16)
         if st["bag"]:
             pen.rect((x2 - w * 0.1, y1 + h * 0.4, x2 + w * 0.05, y1 + h * 0.55), (80, 50, 30))
-    hr = head * 0.55
-    hy = y1 + head * 0.55
+    hr, hy = head * 0.55, y1 + head * 0.55  # head radius and centre
     pen.ellipse((cx - hr, hy - hr, cx + hr, hy + hr), st["skin"])
     if riding and st["helmet"]:
         pen.ellipse((cx - hr * 1.1, hy - hr * 1.15, cx + hr * 1.1, hy + hr * 0.2), st["helmet_color"])
@@ -601,15 +572,15 @@ def draw_traffic_light(pen: Pen, t: Thing) -> None:
     st = t.style
     pole = (70, 72, 75)
     pw = max(1.5, w * 0.18)
+    cx = (x1 + x2) / 2
     if st["overhead"]:
         # The arm and pole are not part of the light's silhouette (BDD boxes the head only).
-        pen.line([(st["pole_x"], y1 + h * 0.1), ((x1 + x2) / 2, y1 + h * 0.1)], pole, pw * 0.8, solid=False)
+        pen.line([(st["pole_x"], y1 + h * 0.1), (cx, y1 + h * 0.1)], pole, pw * 0.8, solid=False)
         pen.line([(st["pole_x"], y1 + h * 0.1), (st["pole_x"], st["ground_y"])], pole, pw, solid=False)
     else:
-        pen.line([((x1 + x2) / 2, y2), ((x1 + x2) / 2, st["ground_y"])], pole, pw, solid=False)
+        pen.line([(cx, y2), (cx, st["ground_y"])], pole, pw, solid=False)
     pen.rect((x1, y1, x2, y2), (35, 35, 30))
     d = min(st["lamp_d"], w * 0.8)
-    cx = (x1 + x2) / 2
     for i, color in enumerate(("red", "yellow", "green")):
         cy = y1 + h * (0.2 + 0.3 * i)
         box = (cx - d / 2, cy - d / 2, cx + d / 2, cy + d / 2)
@@ -625,9 +596,8 @@ def draw_traffic_sign(pen: Pen, t: Thing) -> None:
     x1, y1, x2, y2 = t.box
     w, h = x2 - x1, y2 - y1
     cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
-    st = t.style
-    pen.line([(cx, y2), (cx, st["ground_y"])], (130, 130, 135), max(1.0, w * 0.06), solid=False)
-    shape = st["shape"]
+    pen.line([(cx, y2), (cx, t.style["ground_y"])], (130, 130, 135), max(1.0, w * 0.06), solid=False)
+    shape = t.style["shape"]
     if shape == "circle":
         pen.ellipse((x1, y1, x2, y2), (200, 20, 20))
         pen.ellipse((x1 + w * 0.14, y1 + h * 0.14, x2 - w * 0.14, y2 - h * 0.14), (245, 245, 245))
@@ -644,12 +614,9 @@ def draw_traffic_sign(pen: Pen, t: Thing) -> None:
     elif shape == "rect_blue":
         pen.rect((x1, y1, x2, y2), (20, 70, 170))
         pen.rect((cx - w * 0.15, y1 + h * 0.2, cx + w * 0.15, y2 - h * 0.2), (245, 245, 245))
-    elif shape == "diamond":
-        pen.polygon([(cx, y1), (x2, cy), (cx, y2), (x1, cy)], (240, 200, 20))
-        pen.polygon([(cx, y1 + h * 0.1), (x2 - w * 0.1, cy), (cx, y2 - h * 0.1), (x1 + w * 0.1, cy)], (20, 20, 20),
-                    solid=False)
-        pen.polygon([(cx, y1 + h * 0.16), (x2 - w * 0.16, cy), (cx, y2 - h * 0.16), (x1 + w * 0.16, cy)],
-                    (240, 200, 20))
+    elif shape == "diamond":  # yellow, with a black border inset
+        for k, color, solid in ((0.0, (240, 200, 20), True), (0.1, (20, 20, 20), False), (0.16, (240, 200, 20), True)):
+            pen.polygon([(cx, y1 + h * k), (x2 - w * k, cy), (cx, y2 - h * k), (x1 + w * k, cy)], color, solid=solid)
     else:  # rect_green: a guide sign
         pen.rect((x1, y1, x2, y2), (20, 110, 60))
         for i in range(2):
@@ -658,9 +625,8 @@ def draw_traffic_sign(pen: Pen, t: Thing) -> None:
 
 
 DRAW = {
-    "car_rear": draw_vehicle_end, "car_front": draw_vehicle_end, "truck_rear": draw_vehicle_end,
-    "truck_front": draw_vehicle_end, "bus_rear": draw_vehicle_end, "bus_front": draw_vehicle_end,
-    "car_side": draw_vehicle_side, "truck_side": draw_vehicle_side, "bus_side": draw_vehicle_side,
+    **{f"{vehicle}_{view}": draw_vehicle_end for vehicle in VEHICLE_M for view in ("rear", "front")},
+    **{f"{vehicle}_side": draw_vehicle_side for vehicle in VEHICLE_M},
     "motorcycle": draw_two_wheeler, "bicycle": draw_two_wheeler,
     "pedestrian": draw_person, "rider": lambda pen, t: draw_person(pen, t, riding=True),
     "traffic_light": draw_traffic_light, "traffic_sign": draw_traffic_sign,
@@ -676,7 +642,7 @@ def _silhouette(t: Thing, origin: tuple[int, int], size: tuple[int, int], mask: 
     """Draw ``t``'s silhouette into a mask whose top-left pixel is image pixel ``origin``."""
     if mask is None:
         mask = Image.new("L", size, 0)
-    DRAW[t.kind](Pen(None, None, ImageDraw.Draw(mask), 255, offset=origin), t)
+    DRAW[t.kind](Pen(ImageDraw.Draw(mask), offset=origin), t)
     return mask
 
 
@@ -694,8 +660,7 @@ def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
         overlap = (nearer[:, 0] < x2) & (nearer[:, 2] > x1) & (nearer[:, 1] < y2) & (nearer[:, 3] > y1)
         occluders = [things[k + 1 + j] for j in np.flatnonzero(overlap)
                      if t.group < 0 or things[k + 1 + j].group != t.group]
-        inside = x1 >= 0 and y1 >= 0 and x2 <= width and y2 <= height
-        if not occluders and inside:
+        if not occluders and x1 >= 0 and y1 >= 0 and x2 <= width and y2 <= height:  # fully visible
             hidden.append(0.0)
             continue
         ox, oy = int(math.floor(x1)), int(math.floor(y1))
@@ -709,15 +674,14 @@ def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
         visible_total = int(own_in.sum())
         if total == 0 or visible_total < TRUNCATED_MIN_VISIBLE * total:  # mostly outside the image
             hidden.append(1.0)
-            continue
-        if not occluders:
+        elif not occluders:
             hidden.append(0.0)
-            continue
-        cover = Image.new("L", size, 0)
-        for o in occluders:
-            _silhouette(o, (ox, oy), size, cover)
-        covered = np.asarray(cover, dtype=bool)[cy1:cy2, cx1:cx2]
-        hidden.append(float((own_in & covered).sum()) / visible_total)
+        else:
+            cover = Image.new("L", size, 0)
+            for o in occluders:
+                _silhouette(o, (ox, oy), size, cover)
+            covered = np.asarray(cover, dtype=bool)[cy1:cy2, cx1:cx2]
+            hidden.append(float((own_in & covered).sum()) / visible_total)
     return hidden
 
 
@@ -751,15 +715,14 @@ def _sky(width: int, height: int, timeofday: str, weather: str) -> Image.Image:
     top, bottom = SKY[(timeofday, weather)]
     t = np.linspace(0.0, 1.0, height)[:, None]
     column = (np.array(top)[None, :] * (1 - t) + np.array(bottom)[None, :] * t).astype(np.uint8)
-    return Image.fromarray(column[:, None, :].repeat(1, axis=1)).resize((width, height), Image.NEAREST)
+    return Image.fromarray(column[:, None, :]).resize((width, height), Image.NEAREST)
 
 
 def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> None:
     d = ImageDraw.Draw(img)
-    w, h = cam.w, cam.h
+    w, h, hz = cam.w, cam.h, cam.horizon
     night = layout.timeofday == "night"
     city = layout.scene == "city street"
-    hz = cam.horizon
     if not night:
         for cx, cy, r in layout.decor["clouds"]:
             c = shade((235, 235, 240) if layout.weather == "clear" else (120, 122, 128))
@@ -773,8 +736,7 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
     else:
         pts = [(0, hz)] + [(w * i / (len(hills) - 1), hz - 10 - v * 45) for i, v in enumerate(hills)] + [(w, hz)]
         d.polygon(pts, fill=shade((80, 110, 80)))
-    ground = (95, 130, 70) if not city else (150, 150, 145)
-    d.rectangle((0, hz, w, h), fill=shade(ground))
+    d.rectangle((0, hz, w, h), fill=shade((150, 150, 145) if city else (95, 130, 70)))  # ground
     left, right = road_extent(layout)
     far = 400.0
     d.polygon(cam.ground_quad(left, right, Z_BOTTOM * 0.5, far), fill=shade((78, 78, 82)))
@@ -794,17 +756,15 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
         _draw_buildings(d, layout, cam, shade, night)
     else:
         for tree in sorted(layout.decor["trees"], key=lambda t: -t["z"]):
-            lat = (left - tree["offset"]) if tree["side"] < 0 else (right + tree["offset"])
             s = cam.s_of_z(tree["z"])
-            x, y = cam.x(lat, s), cam.y(s)
+            x, y = cam.x(_beside_road(layout, tree["side"], tree["offset"]), s), cam.y(s)
             th, cr = cam.px(tree["height"], s), cam.px(tree["height"] * 0.3, s)
             d.rectangle((x - cr * 0.12, y - th * 0.6, x + cr * 0.12, y), fill=shade((90, 65, 40)))
             g = tuple(int(c * tree["shade"]) for c in (50, 110, 50))
             d.ellipse((x - cr, y - th, x + cr, y - th + 2 * cr), fill=shade(g))
     for side, z in layout.decor["lamps"]:
-        lat = (left - 0.4) if side < 0 else (right + 0.4)
         s = cam.s_of_z(z)
-        x, y = cam.x(lat, s), cam.y(s)
+        x, y = cam.x(_beside_road(layout, side, 0.4), s), cam.y(s)
         top = y - cam.px(7, s)
         d.line([(x, y), (x, top)], fill=shade((90, 90, 95)), width=max(1, round(cam.px(0.15, s))))
         hx = x - side * cam.px(1.2, s)
@@ -816,8 +776,7 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
 
 
 def _draw_markings(d: ImageDraw.ImageDraw, layout: Layout, cam: Camera, shade) -> None:
-    white = shade((230, 230, 225))
-    yellow = shade((230, 190, 40))
+    white, yellow = shade((230, 230, 225)), shade((230, 190, 40))
     left, right = road_extent(layout)
     city = layout.scene == "city street"
     boundaries = [(-LANE_M / 2 - i * LANE_M) for i in range(layout.lanes_left)] + \
@@ -848,28 +807,23 @@ def _draw_markings(d: ImageDraw.ImageDraw, layout: Layout, cam: Camera, shade) -
 
 
 def _draw_buildings(d: ImageDraw.ImageDraw, layout: Layout, cam: Camera, shade, night: bool) -> None:
-    left, right = road_extent(layout)
     for b in sorted(layout.decor["buildings"], key=lambda b: -b["z0"]):
-        lat = (left - 3.5) if b["side"] < 0 else (right + 3.5)
+        lat, curb = _beside_road(layout, b["side"], 3.5), _beside_road(layout, b["side"], 0.0)  # facade, road edge
         s0, s1 = cam.s_of_z(b["z0"]), cam.s_of_z(b["z1"])
         xa, xb = cam.x(lat, s0), cam.x(lat, s1)
         ya, yb = cam.y(s0), cam.y(s1)
         ha, hb = cam.px(b["height"], s0), cam.px(b["height"], s1)
         d.polygon([(xa, ya), (xb, yb), (xb, yb - hb), (xa, ya - ha)], fill=shade(b["color"]))
         # Sidewalk in front of the facade.
-        curb = left if b["side"] < 0 else right
         d.polygon([(cam.x(curb, s0), ya), (cam.x(curb, s1), yb), (xb, yb), (xa, ya)], fill=shade((160, 160, 155)))
         floors, cols = b["floors"], b["cols"]
         for i in range(floors):
             for j in range(cols):
                 u0, u1 = (j + 0.2) / cols, (j + 0.8) / cols
                 v0, v1 = (i + 0.25) / floors, (i + 0.7) / floors
-                quad = []
-                for u, v in ((u0, v0), (u1, v0), (u1, v1), (u0, v1)):
-                    x = xa + (xb - xa) * u
-                    ybase = ya + (yb - ya) * u
-                    hh = ha + (hb - ha) * u
-                    quad.append((x, ybase - hh * (1 - v)))
+                # u runs along the facade, v down from the roof line: interpolate its x, base y and height
+                quad = [(xa + (xb - xa) * u, ya + (yb - ya) * u - (ha + (hb - ha) * u) * (1 - v))
+                        for u, v in ((u0, v0), (u1, v0), (u1, v1), (u0, v1))]
                 lit = night and b["lit"][(i * cols + j) % 64] < 0.45
                 d.polygon(quad, fill=(255, 210, 120) if lit else shade((40, 50, 60)))
 
@@ -885,12 +839,9 @@ def _apply_weather(img: Image.Image, layout: Layout, cam: Camera) -> Image.Image
         img = Image.composite(Image.new("RGB", (w, h), fog_rgb), img, mask)
     elif layout.weather == "rainy":
         rng = np.random.default_rng(layout.decor["rain_seed"])
-        d = ImageDraw.Draw(img)
-        n = 700
-        xs = rng.uniform(-100, w, n)
-        ys = rng.uniform(-50, h, n)
-        lengths = rng.uniform(15, 45, n)
+        xs, ys, lengths = rng.uniform(-100, w, 700), rng.uniform(-50, h, 700), rng.uniform(15, 45, 700)  # 700 streaks
         c = (150, 155, 165) if layout.timeofday != "night" else (80, 85, 95)
+        d = ImageDraw.Draw(img)
         for x, y, ln in zip(xs, ys, lengths):
             d.line([(x, y), (x + ln * 0.25, y + ln)], fill=c, width=1)
     return img
@@ -936,6 +887,5 @@ def render_layout(layout: Layout, settled: list[tuple[Thing, float]], name: str,
             id=str(k), category=t.category, box=clipped, occluded=hidden >= OCCLUDED_MIN,
             truncated=x1 < 0 or y1 < 0 or x2 > w or y2 > h,
             light_color=t.light_color if t.category == "traffic light" else None))
-    scene = Scene(name=name, weather=layout.weather, scene=layout.scene, timeofday=layout.timeofday,
-                  objects=tuple(objects))
-    return img, scene
+    return img, Scene(name=name, weather=layout.weather, scene=layout.scene, timeofday=layout.timeofday,
+                      objects=tuple(objects))

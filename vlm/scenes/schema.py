@@ -14,18 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 # det_20 detection categories, in the order of the BDD100K documentation.
-CATEGORIES = (
-    "pedestrian",
-    "rider",
-    "car",
-    "truck",
-    "bus",
-    "train",
-    "motorcycle",
-    "bicycle",
-    "traffic light",
-    "traffic sign",
-)
+CATEGORIES = ("pedestrian", "rider", "car", "truck", "bus", "train", "motorcycle", "bicycle",
+              "traffic light", "traffic sign")
 # 2018 names -> det_20 names.
 CATEGORY_ALIASES = {"person": "pedestrian", "bike": "bicycle", "motor": "motorcycle"}
 # Labelled in BDD100K but not part of the det_20 benchmark: skipped, as the official evaluation does.
@@ -44,6 +34,7 @@ _LIGHT_COLOR_IN = {"r": "red", "red": "red", "y": "yellow", "yellow": "yellow", 
 _LIGHT_COLOR_OUT = {"red": "R", "yellow": "Y", "green": "G", None: "NA"}
 
 UNDEFINED = "undefined"
+_ATTRIBUTE_FIELDS = ("weather", "scene", "timeofday")  # a frame's attributes, kept as the Scene fields of those names
 
 
 class LabelError(ValueError):
@@ -85,8 +76,12 @@ class Scene:
         return self.name.rsplit(".", 1)[0]
 
 
-def _lower_keys(d: dict) -> dict:
-    return {str(k).lower(): v for k, v in d.items()}
+def _attributes(container: dict, where: str) -> dict:
+    """The ``attributes`` object of a frame or label (absent or null: empty), its keys in lower case."""
+    attributes = container.get("attributes") or {}
+    if not isinstance(attributes, dict):
+        raise LabelError(f"{where}.attributes: must be an object")
+    return {str(k).lower(): v for k, v in attributes.items()}
 
 
 def _as_bool(value: Any, where: str) -> bool:
@@ -126,10 +121,7 @@ def _object_from_label(label: Any, where: str) -> SceneObject | None:
     x1, y1, x2, y2 = coords
     if x2 < x1 or y2 < y1:
         raise LabelError(f"{where}.box2d: x2 < x1 or y2 < y1 ({x1}, {y1}, {x2}, {y2})")
-    attributes = label.get("attributes") or {}
-    if not isinstance(attributes, dict):
-        raise LabelError(f"{where}.attributes: must be an object")
-    attributes = _lower_keys(attributes)
+    attributes = _attributes(label, where)
     color_raw = attributes.get("trafficlightcolor", "NA")
     color_key = str(color_raw).strip().lower() if color_raw is not None else "na"
     if color_key not in _LIGHT_COLOR_IN:
@@ -155,40 +147,26 @@ def scene_from_frame(frame: Any, where: str = "frame") -> Scene:
     if name in (".", "..") or any(ch in name for ch in "/\\") or not name.isprintable():
         raise LabelError(f"{where}.name: {name!r} is not a plain file name")
     where = f"{where} ({name})"
-    attributes = frame.get("attributes") or {}
-    if not isinstance(attributes, dict):
-        raise LabelError(f"{where}.attributes: must be an object")
-    attributes = _lower_keys(attributes)
-    for key in ("weather", "scene", "timeofday"):
+    attributes = _attributes(frame, where)
+    for key in _ATTRIBUTE_FIELDS:
         if not isinstance(attributes.get(key) or "", str):
             raise LabelError(f"{where}.attributes.{key}: expected a string, got {attributes[key]!r}")
-    labels = frame.get("labels")
-    if labels is None:
-        labels = []
+    labels = [] if frame.get("labels") is None else frame["labels"]
     if not isinstance(labels, list):
         raise LabelError(f"{where}.labels: must be a list or null")
     if len(labels) > MAX_LABELS_PER_FRAME:
         raise LabelError(f"{where}.labels: {len(labels):,} labels, more than the {MAX_LABELS_PER_FRAME:,} a frame "
                          "may have")
-    objects = []
-    for i, label in enumerate(labels):
-        obj = _object_from_label(label, f"{where}.labels[{i}]")
-        if obj is not None:
-            objects.append(obj)
-    return Scene(
-        name=name,
-        weather=str(attributes.get("weather") or UNDEFINED).lower(),
-        scene=str(attributes.get("scene") or UNDEFINED).lower(),
-        timeofday=str(attributes.get("timeofday") or UNDEFINED).lower(),
-        objects=tuple(objects),
-    )
+    objects = [_object_from_label(label, f"{where}.labels[{i}]") for i, label in enumerate(labels)]
+    return Scene(name=name, objects=tuple(obj for obj in objects if obj is not None),
+                 **{key: str(attributes.get(key) or UNDEFINED).lower() for key in _ATTRIBUTE_FIELDS})
 
 
 def scene_to_frame(scene: Scene) -> dict:
     """Serialise a scene as a BDD100K det_20 frame (boxes rounded to 1/1000 px)."""
     return {
         "name": scene.name,
-        "attributes": {"weather": scene.weather, "scene": scene.scene, "timeofday": scene.timeofday},
+        "attributes": {key: getattr(scene, key) for key in _ATTRIBUTE_FIELDS},
         "labels": [
             {
                 "id": obj.id,

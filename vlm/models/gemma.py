@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlm.models.attention import attention
-from vlm.models.pretrained import load_tensors, read_config, weights_file
+from vlm.models.pretrained import read_config, sub_model_tensors, weights_file
 from vlm.params import check
 
 log = logging.getLogger(__name__)
@@ -393,11 +393,7 @@ def load_pretrained_gemma(path: str | os.PathLike, vocab_size: int | None = None
     path = Path(path)
     config = gemma_config_from_pretrained(path)
     file = weights_file(path, "Gemma")
-    tensors = load_tensors(file)
-    prefixes = [k[: -len(_EMBED_KEY)] for k in tensors if k.endswith(_EMBED_KEY)]
-    if len(prefixes) != 1:
-        raise ValueError(f"{file}: expected one Gemma decoder ('*{_EMBED_KEY}'), found {len(prefixes)}")
-    state_dict = {k[len(prefixes[0]):]: v for k, v in tensors.items() if k.startswith(prefixes[0])}
+    state_dict = sub_model_tensors(file, _EMBED_KEY, "Gemma decoder")
     if state_dict[_EMBED_KEY].shape != (config.vocab_size, config.hidden_size):
         raise ValueError(f"{file}: {_EMBED_KEY} {tuple(state_dict[_EMBED_KEY].shape)} does not match its "
                          f"config.json ({config.vocab_size}, {config.hidden_size})")

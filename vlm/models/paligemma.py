@@ -18,7 +18,6 @@ core through one interface, a :class:`vlm.models.extension.VisionExtension` give
 from __future__ import annotations
 
 import dataclasses
-import json
 import operator
 import typing
 from collections.abc import Callable, Mapping
@@ -40,6 +39,7 @@ from vlm.models.gemma import (
     load_pretrained_gemma,
     prefix_lm_mask,
 )
+from vlm.models.pretrained import read_config
 from vlm.models.qformer import QFormerConfig, QFormerConnector
 from vlm.models.siglip import (
     SiglipVisionConfig,
@@ -128,7 +128,9 @@ class PaliGemmaConfig:
             # the encoder's sizes and pixel normalisation are the checkpoint's: model.siglip is not used
             pretrained_siglip = _pretrained_config("vision_checkpoint", checkpoint, siglip_config_from_pretrained)
             values["siglip"] = {k: v for k, v in dataclasses.asdict(pretrained_siglip).items() if k != "image_size"}
-            image_mean, image_std = _pretrained_normalisation(Path(checkpoint))
+            # its preprocessor_config.json's pixel mean/std (without one SigLIP's 0.5, below)
+            _, preprocessor = read_config(Path(checkpoint), "preprocessor_config.json") or (None, {})
+            image_mean, image_std = preprocessor.get("image_mean"), preprocessor.get("image_std")
         decoder = values.get("decoder_checkpoint")
         if decoder is not None:  # the decoder's sizes are the checkpoint's: model.gemma is not used
             pretrained_gemma = _pretrained_config("decoder_checkpoint", decoder, gemma_config_from_pretrained)
@@ -167,17 +169,6 @@ def _pretrained_config(key: str, checkpoint: Any, read: Callable[[str], Any]) ->
         return read(checkpoint)
     except (OSError, ValueError) as e:
         raise ParamError(f"model.{key}: {e}") from e
-
-
-def _pretrained_normalisation(checkpoint: Path) -> tuple[list[float], list[float]]:
-    """The pixel mean/std a pretrained SigLIP was trained with (its preprocessor_config.json; SigLIP's 0.5)."""
-    folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
-    preprocessor = folder / "preprocessor_config.json"
-    if preprocessor.is_file():
-        with open(preprocessor, encoding="utf-8") as f:
-            raw = json.load(f)
-        return list(raw.get("image_mean", [0.5] * 3)), list(raw.get("image_std", [0.5] * 3))
-    return [0.5] * 3, [0.5] * 3
 
 
 @dataclass

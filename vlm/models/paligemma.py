@@ -76,10 +76,8 @@ class PaliGemmaConfig:
         if self.vision == "none":
             return 0
         if self.connector == "qformer":
-            tokens = self.qformer.num_query_tokens
-        else:
-            tokens = self.siglip.num_patches // (self.pixel_shuffle * self.pixel_shuffle)
-        return tokens
+            return self.qformer.num_query_tokens
+        return self.siglip.num_patches // (self.pixel_shuffle * self.pixel_shuffle)
 
     def validate(self, prefix: str = "model") -> None:
         check(self.vision in ("siglip", "none"), f"{prefix}.vision", f"must be 'siglip' or 'none', got {self.vision!r}")
@@ -261,7 +259,6 @@ class PaliGemma(nn.Module):
         num, length, _ = inputs_embeds.shape
         slots = torch.arange(length, device=inputs_embeds.device).expand(num, length)  # [B, S]
         mask = prefix_lm_mask(key_valid, slots, prefix_total)
-        num_image_tokens = self.num_image_tokens
         if answer_only:
             if batch.labels is None:
                 raise ValueError("forward(answer_only=True) needs batch.labels: the answer is where they are")
@@ -271,7 +268,7 @@ class PaliGemma(nn.Module):
             labels = batch.labels.gather(1, text_positions.clamp(max=batch.labels.shape[1] - 1))
             labels = labels.masked_fill(text_positions >= batch.labels.shape[1], IGNORE_INDEX)  # [B, A]
         else:
-            output_slots = slots[:, num_image_tokens:]  # [B, L]: the text positions
+            output_slots = slots[:, self.num_image_tokens:]  # [B, L]: the text positions
             # position t predicts token t + 1; the last position predicts nothing
             labels = None if batch.labels is None else F.pad(batch.labels[:, 1:], (0, 1), value=IGNORE_INDEX)
         hidden, _ = self.language_model.model(inputs_embeds, slots, mask, output_slots=output_slots)  # [B, Q, D]
@@ -304,12 +301,9 @@ class PaliGemma(nn.Module):
         num, prefix_length, dim = inputs_embeds.shape
         device = inputs_embeds.device
         num_candidates, cand_length = len(candidates), max(len(c) for c in candidates)
-        cand_ids = torch.zeros(num_candidates, cand_length, dtype=torch.long)
-        cand_valid = torch.zeros(num_candidates, cand_length, dtype=torch.bool)
-        for i, ids in enumerate(candidates):
-            cand_ids[i, : len(ids)] = torch.tensor(ids)
-            cand_valid[i, : len(ids)] = True
-        cand_ids, cand_valid = cand_ids.to(device), cand_valid.to(device)  # [C, T]
+        lengths = torch.tensor([len(c) for c in candidates], device=device)  # [C]
+        cand_ids = nn.utils.rnn.pad_sequence([torch.tensor(c) for c in candidates], batch_first=True).to(device)
+        cand_valid = torch.arange(cand_length, device=device) < lengths[:, None]  # [C, T], as cand_ids
 
         cand_embeds = self.language_model.model.embed_tokens(cand_ids).view(1, -1, dim)  # [1, C*T, D]
         inputs_embeds = torch.cat([inputs_embeds, cand_embeds.expand(num, -1, -1).to(inputs_embeds.dtype)], 1)
@@ -346,8 +340,7 @@ class PaliGemma(nn.Module):
                                                   prefix_lm_mask(key_valid, slots, prefix_total),
                                                   output_attentions=True)
         rows = torch.arange(num, device=inputs_embeds.device)
-        num_image_tokens = self.num_image_tokens
-        return torch.stack([layer[rows, :, prefix_total - 1, :num_image_tokens] for layer in attentions], dim=1)
+        return torch.stack([layer[rows, :, prefix_total - 1, :self.num_image_tokens] for layer in attentions], dim=1)
 
 
 def answer_length(batch: Batch) -> int:

@@ -46,9 +46,8 @@ class SiglipVisionConfig:
 
     def validate(self, prefix: str = "SiglipVisionConfig") -> None:
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_channels", "image_size", "patch_size"):
+                     "num_channels", "image_size", "patch_size", "layer_norm_eps"):
             check(getattr(self, name) > 0, f"{prefix}.{name}", f"must be positive, got {getattr(self, name)}")
-        check(self.layer_norm_eps > 0, f"{prefix}.layer_norm_eps", f"must be positive, got {self.layer_norm_eps}")
         check(self.hidden_size % self.num_attention_heads == 0, f"{prefix}.hidden_size",
               f"must be divisible by {prefix}.num_attention_heads "
               f"({self.hidden_size} % {self.num_attention_heads} = {self.hidden_size % self.num_attention_heads})")

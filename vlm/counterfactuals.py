@@ -138,11 +138,6 @@ def summarize(table: pd.DataFrame, edits: list[str]) -> dict[str, dict[str, Any]
     return out
 
 
-def not_followed(table: pd.DataFrame) -> pd.DataFrame:
-    """Questions whose answer had to change and the model's did not (or changed to a wrong answer)."""
-    return table[table["must_change"] & ~table["right_after"]]
-
-
 def sample_test_images(test_records: list[dict], samples: int, seed: int) -> list[str]:
     image_ids = sorted({r["image_id"] for r in test_records})
     if samples >= len(image_ids):
@@ -184,7 +179,8 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
     predictions = answer_pairs(loaded, pairs, questions, scenes.jpeg_quality, config.batch_size, device)
     table = consistency_table(pairs, questions, predictions)
     metrics = {"counterfactuals": summarize(table, config.edits)}
-    failed = not_followed(table).drop_duplicates("pair")
+    # the first question of each pair whose answer had to change and the model's did not (or changed to a wrong one)
+    failed = table[table["must_change"] & ~table["right_after"]].drop_duplicates("pair")
     picks = failed.groupby("edit", sort=False).head(max(1, config.sheet_examples // len(config.edits)))
     shown = [(pairs[row.pair], row) for row in picks.head(config.sheet_examples).itertuples()]
     write_outputs(metrics, table, shown, paths, "every edit was followed")

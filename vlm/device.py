@@ -9,9 +9,7 @@ import torch
 
 def pick_device(local_rank: int = 0) -> torch.device:
     """CUDA (this process's GPU under torchrun) when there is one, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def autocast(device: torch.device) -> AbstractContextManager:

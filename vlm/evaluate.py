@@ -72,21 +72,19 @@ def predictions_table(loaded: LoadedModel, dataset: TrafficVQADataset, batch_siz
                       device: torch.device) -> pd.DataFrame:
     """One row per question: the record's fields, the prediction and its probability."""
     predicted, probs = predict_dataset(loaded.model, dataset, loaded.candidates(), batch_size, device)
-    rows = []
-    for record, p, prob in zip(dataset.records, predicted, probs):
-        rows.append({"question_id": record["question_id"], "image_id": record["image_id"],
-                     "command_type": record["command_type"], "template": record.get("template", ""),
-                     "command": record["command"], "answer": record["answer"],
-                     "prediction": loaded.answers[p], "probability": round(float(prob[p]), 4)})
-    table = pd.DataFrame(rows)
+    table = pd.DataFrame([{"question_id": record["question_id"], "image_id": record["image_id"],
+                           "command_type": record["command_type"], "template": record.get("template", ""),
+                           "command": record["command"], "answer": record["answer"],
+                           "prediction": loaded.answers[p], "probability": round(float(prob[p]), 4)}
+                          for record, p, prob in zip(dataset.records, predicted, probs)])
     table["correct"] = table["prediction"] == table["answer"]
     return table
 
 
-def yes_no_maybe_pairs(table: pd.DataFrame, prediction: str = "prediction") -> pd.DataFrame:
+def yes_no_maybe_pairs(table: pd.DataFrame) -> pd.DataFrame:
     """(actual, predicted) of the yes/no/maybe questions; any other prediction is called ``other``."""
     yn = table[table["answer"].isin(YES_NO_MAYBE)]
-    predicted = yn[prediction].where(yn[prediction].isin(YES_NO_MAYBE), OTHER)
+    predicted = yn["prediction"].where(yn["prediction"].isin(YES_NO_MAYBE), OTHER)
     return pd.DataFrame({"actual": yn["answer"].to_numpy(), "predicted": predicted.to_numpy()})
 
 

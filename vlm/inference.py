@@ -15,18 +15,15 @@ from vlm.processor import Processor
 
 @torch.no_grad()
 def predict_dataset(model, dataset: TrafficVQADataset, candidates: list[list[int]], batch_size: int,
-                    device: torch.device, progress=None) -> tuple[np.ndarray, np.ndarray]:
+                    device: torch.device) -> tuple[np.ndarray, np.ndarray]:
     """Index of the most probable candidate ``[Q]`` and the candidate probabilities ``[Q, C]`` per question.
 
     Questions of one image share a batch, so each image is encoded once.
     """
     probs = np.zeros((len(dataset), len(candidates)), dtype=np.float32)
-    sampler = GroupedBatchSampler(dataset.image_rows, batch_size, shuffle=False)
-    for indices in sampler:
+    for indices in GroupedBatchSampler(dataset.image_rows, batch_size, shuffle=False):
         batch = collate_questions(dataset.__getitems__(indices), dataset.pad_token_id).to(device)
         probs[np.asarray(indices)] = model.answer(batch, candidates).float().cpu().numpy()  # [B, C]
-        if progress is not None:
-            progress.update(len(indices))
     return probs.argmax(1), probs
 
 

@@ -26,6 +26,7 @@ Line = tuple[str, tuple[int, int, int]]  # a caption line of a tile: (text, rgb)
 TYPE_COLORS = {"detection": (20, 90, 170), "counting": (150, 60, 10), "traffic_light": (180, 20, 20),
                "spatial": (20, 120, 60), "safety": (120, 20, 140), "scene": (60, 60, 60)}
 MODEL_COLORS = {"vlm": "#2b6cb0", "blind": "#a0aec0"}
+MODEL_NAMES = {"vlm": "VLM", "blind": "blind (text only)"}
 RATES = ("accuracy_original", "accuracy_edited", "consistency", "changed_when_it_must", "stayed_when_it_must")
 TEXT, GREY, GREEN, RED = (20, 20, 20), (90, 90, 90), (20, 120, 40), (190, 30, 30)
 
@@ -118,11 +119,10 @@ def attention_sheet(rows: pd.DataFrame, image_paths: dict[str, Path], heat: np.n
 
 def failure_sheet(failures: pd.DataFrame, image_paths: dict[str, Path]) -> Image.Image:
     """Wrong predictions: each question's image with the question, the prediction and the conditions."""
-    tiles = []
-    for _, row in failures.iterrows():
-        tiles.append((load_original(image_paths[row["image_id"]]),
-                      [(row["command"], TEXT), _prediction(row, RED),
-                       (f"{row['command_type']}; {row['timeofday']}, {row['weather']}", GREY)]))
+    tiles = [(load_original(image_paths[row["image_id"]]),
+              [(row["command"], TEXT), _prediction(row, RED),
+               (f"{row['command_type']}; {row['timeofday']}, {row['weather']}", GREY)])
+             for _, row in failures.iterrows()]
     return contact_sheet(tiles, columns=4, max_lines=3)
 
 
@@ -147,7 +147,7 @@ def summary_figure(metrics: dict) -> Figure:
     for offset, model in ((-0.2, "vlm"), (0.2, "blind")):
         values = [metrics[model]["per_type"].get(t, 0.0) for t in types]
         bars.bar(x + offset, values, width=0.4, color=MODEL_COLORS[model],
-                 label=f"{'VLM' if model == 'vlm' else 'blind (text only)'}: {metrics[model]['accuracy']:.1%} overall")
+                 label=f"{MODEL_NAMES[model]}: {metrics[model]['accuracy']:.1%} overall")
         for xi, v in zip(x + offset, values):
             bars.text(xi, v + 0.01, f"{v:.0%}", ha="center", fontsize=8)
     bars.set_xticks(x, [t.replace("_", " ") for t in types])
@@ -214,8 +214,7 @@ def reliability_figure(metrics: dict, bins: int) -> Figure:
         ax.set_ylim(0, 1)
         ax.set_xlabel("probability of the answer given")
         ax.set_ylabel("accuracy")
-        name = "VLM" if model == "vlm" else "blind (text only)"
-        ax.set_title(f"{name}: ECE {metrics[model]['ece']:.3f}")
+        ax.set_title(f"{MODEL_NAMES[model]}: ECE {metrics[model]['ece']:.3f}")
         ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig

@@ -39,11 +39,7 @@ def answer_images(loaded: LoadedModel, image_paths: list[str], question: str) ->
     device = next(loaded.model.parameters()).device
     probs = answer_questions(loaded.model, processor, images, [(path, question) for path in image_paths],
                              loaded.candidates(), batch_size=len(image_paths), device=device)  # [N, C]
-    ranked = []
-    for row in probs:
-        order = np.argsort(-row, kind="stable")
-        ranked.append([(loaded.answers[i], float(row[i])) for i in order])
-    return ranked
+    return [[(loaded.answers[i], float(row[i])) for i in np.argsort(-row, kind="stable")] for row in probs]
 
 
 def main(argv: list[str] | None = None) -> None:

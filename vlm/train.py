@@ -151,12 +151,6 @@ class Distributed:
                    int(os.environ.get("LOCAL_RANK", 0)))
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
     """Linear warmup to 1, then cosine down to ``min_ratio`` at ``total_steps``."""
     if step < warmup_steps:
@@ -300,7 +294,9 @@ def start_processes(config: TrainConfig, paths: TrainPaths) -> Distributed:
     if dist_info.world_size > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // dist_info.world_size))
-    seed_everything(config.seed)
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    torch.manual_seed(config.seed)
     return dist_info
 
 
@@ -386,10 +382,9 @@ def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
         record = {"step": state.step, "epoch": state.epoch + 1, **window.pop(), "lr": run.scheduler.get_last_lr()[0]}
         bar.update(index + 1 - bar.n)
         bar.set_postfix(loss=f"{record['train/loss']:.3f}", acc=f"{record['train/accuracy']:.2f}")
-        if last_batch:  # end_epoch completes the record with the val accuracy
-            state.history.append(record)
-            break
         state.history.append(record)
+        if last_batch:  # end_epoch completes the record with the val accuracy
+            break
         if state.step % config.checkpoint_every == 0:
             state.seconds += time.perf_counter() - started
             started = time.perf_counter()

@@ -22,24 +22,15 @@ def collate_questions(samples: Sequence[dict[str, Any]], pad_token_id: int = 0) 
         raise ValueError("collate_questions: empty batch")
     slot_of_image: dict[str, int] = {}
     distinct = []  # the first sample of each distinct image
-    image_index = []
     for sample in samples:
-        slot = slot_of_image.get(sample["image_id"])
-        if slot is None:
-            slot = slot_of_image[sample["image_id"]] = len(distinct)
+        if sample["image_id"] not in slot_of_image:
+            slot_of_image[sample["image_id"]] = len(distinct)
             distinct.append(sample)
-        image_index.append(slot)
-
-    targets = None
-    if "targets" in samples[0]:
-        targets = torch.from_numpy(np.stack([s["targets"] for s in distinct]))  # float32 [N_img, ...]
+    # numpy's copies run on this thread; torch.stack's intra-op threads contend with training.
     return make_batch(
-        # numpy's copy runs on this thread; torch.stack's intra-op threads contend with training.
         torch.from_numpy(np.stack([s["image"].numpy() for s in distinct])),  # uint8 [N_img, 3, H, W]
-        image_index, [s["question_ids"] for s in samples], [s["answer_ids"] for s in samples], pad_token_id,
-        targets=targets,
-        question_id=[s["question_id"] for s in samples],
-        image_id=[s["image_id"] for s in samples],
-        command_type=[s["command_type"] for s in samples],
-        answer=[s["answer"] for s in samples],
+        [slot_of_image[s["image_id"]] for s in samples],  # image_index [B]
+        [s["question_ids"] for s in samples], [s["answer_ids"] for s in samples], pad_token_id,
+        targets=torch.from_numpy(np.stack([s["targets"] for s in distinct])) if "targets" in samples[0] else None,
+        **{field: [s[field] for s in samples] for field in ("question_id", "image_id", "command_type", "answer")},
     )

@@ -30,8 +30,6 @@ _RECORD_FIELDS = ("question_id", "image_id", "command", "answer", "command_type"
 class Targets(Protocol):
     """What the dataset needs of a target transform (:class:`vlm.models.perception.TargetTransform`)."""
 
-    bytes_per_image: int
-
     def of(self, annotation: str, where: str) -> np.ndarray: ...
 
     def from_annotations(self, annotations: Sequence[str], source: str) -> np.ndarray: ...
@@ -45,22 +43,14 @@ class TokenTable:
     """Token ids of a list of texts in one flat int64 tensor; each distinct text encoded once."""
 
     def __init__(self, texts: Sequence[str], encode: Callable[[str], list[int]]):
-        slot_of_text: dict[str, int] = {}
-        encoded: list[list[int]] = []
-        slots = np.empty(len(texts), dtype=np.int64)  # [T] index into `encoded`
-        for i, text in enumerate(texts):
-            slot = slot_of_text.get(text)
-            if slot is None:
-                slot = slot_of_text[text] = len(encoded)
-                encoded.append(list(encode(text)))
-            slots[i] = slot
-        lengths = np.array([len(ids) for ids in encoded], dtype=np.int64)
+        slot_of_text = {text: k for k, text in enumerate(dict.fromkeys(texts))}  # the distinct texts, in order
+        encoded = [list(encode(text)) for text in slot_of_text]
+        slots = np.array([slot_of_text[text] for text in texts], dtype=np.int64)  # [T] index into `encoded`
         offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        np.cumsum([len(ids) for ids in encoded], out=offsets[1:])
         self.ids = torch.tensor(list(chain.from_iterable(encoded)), dtype=torch.int64)  # [sum of lengths]
         self.starts = offsets[slots].tolist()  # per text
         self.ends = offsets[slots + 1].tolist()
-        self.num_distinct = len(encoded)
 
     def __getitem__(self, index: int) -> torch.Tensor:
         return self.ids[self.starts[index]:self.ends[index]]  # a view, no copy

@@ -13,8 +13,7 @@ from vlm.data.sampler import GroupedBatchSampler
 
 
 def build_loader(dataset: TrafficVQADataset, batch_size: int, *, shuffle: bool, num_workers: int = 0,
-                 seed: int = 0, rank: int = 0, world_size: int = 1,
-                 pin_memory: bool | None = None) -> DataLoader:
+                 seed: int = 0, rank: int = 0, world_size: int = 1) -> DataLoader:
     """A DataLoader over ``dataset`` with a ``GroupedBatchSampler`` (``batch_size`` counts questions).
 
     Workers are not persistent, so ``set_epoch`` reaches them: each epoch's iterator pickles
@@ -27,7 +26,7 @@ def build_loader(dataset: TrafficVQADataset, batch_size: int, *, shuffle: bool, 
         batch_sampler=sampler,
         collate_fn=functools.partial(collate_questions, pad_token_id=dataset.pad_token_id),
         num_workers=num_workers,
-        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+        pin_memory=torch.cuda.is_available(),
         persistent_workers=False,
     )
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlm.models.attention import attention
-from vlm.models.pretrained import load_tensors, read_config, weights_file
+from vlm.models.pretrained import read_config, sub_model_tensors, weights_file
 from vlm.params import check
 
 log = logging.getLogger(__name__)
@@ -50,13 +50,9 @@ class GemmaConfig:
             self.head_dim = self.hidden_size // self.num_attention_heads
 
     def validate(self, prefix: str = "GemmaConfig") -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads"):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "rms_norm_eps", "rope_theta", "initializer_range"):
             check(getattr(self, name) > 0, f"{prefix}.{name}", f"must be positive, got {getattr(self, name)}")
-        check(self.rms_norm_eps > 0, f"{prefix}.rms_norm_eps", f"must be positive, got {self.rms_norm_eps}")
-        check(self.rope_theta > 0, f"{prefix}.rope_theta", f"must be positive, got {self.rope_theta}")
-        check(self.initializer_range > 0, f"{prefix}.initializer_range",
-              f"must be positive, got {self.initializer_range}")
         check(self.head_dim is not None, f"{prefix}.hidden_size",
               f"must be divisible by {prefix}.num_attention_heads "
               f"({self.hidden_size} % {self.num_attention_heads} = {self.hidden_size % self.num_attention_heads}) "
@@ -153,8 +149,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` ``[B, H, S, Dh]`` by the angles of ``cos``/``sin`` ``[B, S, Dh]``."""
-    cos = cos[:, None].to(x.dtype)
-    sin = sin[:, None].to(x.dtype)
+    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
     return x * cos + rotate_half(x) * sin
 
 
@@ -285,7 +280,8 @@ class GemmaForCausalLM(nn.Module):
         hidden, attentions = self.model(inputs_embeds, slots, prefix_lm_mask(key_valid, slots),
                                         output_attentions=output_attentions)
         logits = self.lm_head(hidden)
-        loss = None if labels is None else shifted_cross_entropy(logits, labels)
+        loss = None if labels is None else F.cross_entropy(  # logits at t against the token at t + 1
+            logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutput(logits=logits, loss=loss, attentions=attentions)
 
     @torch.no_grad()
@@ -341,11 +337,6 @@ class GemmaForCausalLM(nn.Module):
         return torch.stack(generated, dim=1)
 
 
-def shifted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of ``logits[:, t]`` against ``labels[:, t + 1]`` over labels != -100."""
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-
-
 def init_decoder_weights(module: nn.Module, std: float = 0.02) -> None:
     """Truncated-normal (``std``) projections and embeddings; RMSNorm weights 0 (scale 1 + 0)."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -393,11 +384,7 @@ def load_pretrained_gemma(path: str | os.PathLike, vocab_size: int | None = None
     path = Path(path)
     config = gemma_config_from_pretrained(path)
     file = weights_file(path, "Gemma")
-    tensors = load_tensors(file)
-    prefixes = [k[: -len(_EMBED_KEY)] for k in tensors if k.endswith(_EMBED_KEY)]
-    if len(prefixes) != 1:
-        raise ValueError(f"{file}: expected one Gemma decoder ('*{_EMBED_KEY}'), found {len(prefixes)}")
-    state_dict = {k[len(prefixes[0]):]: v for k, v in tensors.items() if k.startswith(prefixes[0])}
+    state_dict = sub_model_tensors(file, _EMBED_KEY, "Gemma decoder")
     if state_dict[_EMBED_KEY].shape != (config.vocab_size, config.hidden_size):
         raise ValueError(f"{file}: {_EMBED_KEY} {tuple(state_dict[_EMBED_KEY].shape)} does not match its "
                          f"config.json ({config.vocab_size}, {config.hidden_size})")

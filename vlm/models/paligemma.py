@@ -18,7 +18,6 @@ core through one interface, a :class:`vlm.models.extension.VisionExtension` give
 from __future__ import annotations
 
 import dataclasses
-import json
 import operator
 import typing
 from collections.abc import Callable, Mapping
@@ -40,6 +39,7 @@ from vlm.models.gemma import (
     load_pretrained_gemma,
     prefix_lm_mask,
 )
+from vlm.models.pretrained import read_config
 from vlm.models.qformer import QFormerConfig, QFormerConnector
 from vlm.models.siglip import (
     SiglipVisionConfig,
@@ -76,10 +76,8 @@ class PaliGemmaConfig:
         if self.vision == "none":
             return 0
         if self.connector == "qformer":
-            tokens = self.qformer.num_query_tokens
-        else:
-            tokens = self.siglip.num_patches // (self.pixel_shuffle * self.pixel_shuffle)
-        return tokens
+            return self.qformer.num_query_tokens
+        return self.siglip.num_patches // (self.pixel_shuffle * self.pixel_shuffle)
 
     def validate(self, prefix: str = "model") -> None:
         check(self.vision in ("siglip", "none"), f"{prefix}.vision", f"must be 'siglip' or 'none', got {self.vision!r}")
@@ -128,7 +126,9 @@ class PaliGemmaConfig:
             # the encoder's sizes and pixel normalisation are the checkpoint's: model.siglip is not used
             pretrained_siglip = _pretrained_config("vision_checkpoint", checkpoint, siglip_config_from_pretrained)
             values["siglip"] = {k: v for k, v in dataclasses.asdict(pretrained_siglip).items() if k != "image_size"}
-            image_mean, image_std = _pretrained_normalisation(Path(checkpoint))
+            # its preprocessor_config.json's pixel mean/std (without one SigLIP's 0.5, below)
+            _, preprocessor = read_config(Path(checkpoint), "preprocessor_config.json") or (None, {})
+            image_mean, image_std = preprocessor.get("image_mean"), preprocessor.get("image_std")
         decoder = values.get("decoder_checkpoint")
         if decoder is not None:  # the decoder's sizes are the checkpoint's: model.gemma is not used
             pretrained_gemma = _pretrained_config("decoder_checkpoint", decoder, gemma_config_from_pretrained)
@@ -167,17 +167,6 @@ def _pretrained_config(key: str, checkpoint: Any, read: Callable[[str], Any]) ->
         return read(checkpoint)
     except (OSError, ValueError) as e:
         raise ParamError(f"model.{key}: {e}") from e
-
-
-def _pretrained_normalisation(checkpoint: Path) -> tuple[list[float], list[float]]:
-    """The pixel mean/std a pretrained SigLIP was trained with (its preprocessor_config.json; SigLIP's 0.5)."""
-    folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
-    preprocessor = folder / "preprocessor_config.json"
-    if preprocessor.is_file():
-        with open(preprocessor, encoding="utf-8") as f:
-            raw = json.load(f)
-        return list(raw.get("image_mean", [0.5] * 3)), list(raw.get("image_std", [0.5] * 3))
-    return [0.5] * 3, [0.5] * 3
 
 
 @dataclass
@@ -270,7 +259,6 @@ class PaliGemma(nn.Module):
         num, length, _ = inputs_embeds.shape
         slots = torch.arange(length, device=inputs_embeds.device).expand(num, length)  # [B, S]
         mask = prefix_lm_mask(key_valid, slots, prefix_total)
-        num_image_tokens = self.num_image_tokens
         if answer_only:
             if batch.labels is None:
                 raise ValueError("forward(answer_only=True) needs batch.labels: the answer is where they are")
@@ -280,7 +268,7 @@ class PaliGemma(nn.Module):
             labels = batch.labels.gather(1, text_positions.clamp(max=batch.labels.shape[1] - 1))
             labels = labels.masked_fill(text_positions >= batch.labels.shape[1], IGNORE_INDEX)  # [B, A]
         else:
-            output_slots = slots[:, num_image_tokens:]  # [B, L]: the text positions
+            output_slots = slots[:, self.num_image_tokens:]  # [B, L]: the text positions
             # position t predicts token t + 1; the last position predicts nothing
             labels = None if batch.labels is None else F.pad(batch.labels[:, 1:], (0, 1), value=IGNORE_INDEX)
         hidden, _ = self.language_model.model(inputs_embeds, slots, mask, output_slots=output_slots)  # [B, Q, D]
@@ -313,12 +301,9 @@ class PaliGemma(nn.Module):
         num, prefix_length, dim = inputs_embeds.shape
         device = inputs_embeds.device
         num_candidates, cand_length = len(candidates), max(len(c) for c in candidates)
-        cand_ids = torch.zeros(num_candidates, cand_length, dtype=torch.long)
-        cand_valid = torch.zeros(num_candidates, cand_length, dtype=torch.bool)
-        for i, ids in enumerate(candidates):
-            cand_ids[i, : len(ids)] = torch.tensor(ids)
-            cand_valid[i, : len(ids)] = True
-        cand_ids, cand_valid = cand_ids.to(device), cand_valid.to(device)  # [C, T]
+        lengths = torch.tensor([len(c) for c in candidates], device=device)  # [C]
+        cand_ids = nn.utils.rnn.pad_sequence([torch.tensor(c) for c in candidates], batch_first=True).to(device)
+        cand_valid = torch.arange(cand_length, device=device) < lengths[:, None]  # [C, T], as cand_ids
 
         cand_embeds = self.language_model.model.embed_tokens(cand_ids).view(1, -1, dim)  # [1, C*T, D]
         inputs_embeds = torch.cat([inputs_embeds, cand_embeds.expand(num, -1, -1).to(inputs_embeds.dtype)], 1)
@@ -355,8 +340,7 @@ class PaliGemma(nn.Module):
                                                   prefix_lm_mask(key_valid, slots, prefix_total),
                                                   output_attentions=True)
         rows = torch.arange(num, device=inputs_embeds.device)
-        num_image_tokens = self.num_image_tokens
-        return torch.stack([layer[rows, :, prefix_total - 1, :num_image_tokens] for layer in attentions], dim=1)
+        return torch.stack([layer[rows, :, prefix_total - 1, :self.num_image_tokens] for layer in attentions], dim=1)
 
 
 def answer_length(batch: Batch) -> int:

@@ -35,9 +35,21 @@ def load_tensors(file: Path) -> dict[str, torch.Tensor]:
     raise ValueError(f"{file}: expected a .safetensors or .bin file")
 
 
-def read_config(path: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The ``config.json`` in the folder ``path`` (or beside the weights file ``path``) and its content."""
-    config_file = (path if path.is_dir() else path.parent) / "config.json"
+def sub_model_tensors(file: Path, key: str, what: str, drop: str | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of one sub-model of the weights ``file``, whatever its layout: those under the one key prefix
+    that ``key`` follows, relative to it (without those then starting with ``drop``); ``what`` names the model."""
+    tensors = load_tensors(file)
+    prefixes = [k[: -len(key)] for k in tensors if k.endswith(key)]
+    if len(prefixes) != 1:
+        raise ValueError(f"{file}: expected one {what} ('*{key}'), found {len(prefixes)}")
+    prefix = prefixes[0]
+    return {k[len(prefix):]: v for k, v in tensors.items()
+            if k.startswith(prefix) and not (drop and k[len(prefix):].startswith(drop))}
+
+
+def read_config(path: Path, name: str = "config.json") -> tuple[Path, dict[str, Any]] | None:
+    """The JSON file ``name`` in the folder ``path`` (or beside the weights file ``path``) and its content."""
+    config_file = (path if path.is_dir() else path.parent) / name
     if not config_file.is_file():
         return None
     with open(config_file, encoding="utf-8") as f:

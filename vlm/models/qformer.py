@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlm.models.siglip import init_vit_weights
 from vlm.params import check
 
 
@@ -33,9 +34,8 @@ class QFormerConfig:
 
     def validate(self, prefix: str = "QFormerConfig") -> None:
         for name in ("num_query_tokens", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "cross_attention_freq"):
+                     "intermediate_size", "cross_attention_freq", "layer_norm_eps"):
             check(getattr(self, name) > 0, f"{prefix}.{name}", f"must be positive, got {getattr(self, name)}")
-        check(self.layer_norm_eps > 0, f"{prefix}.layer_norm_eps", f"must be positive, got {self.layer_norm_eps}")
         check(self.hidden_size % self.num_attention_heads == 0, f"{prefix}.hidden_size",
               f"must be divisible by {prefix}.num_attention_heads "
               f"({self.hidden_size} % {self.num_attention_heads} = {self.hidden_size % self.num_attention_heads})")
@@ -95,10 +95,8 @@ class QFormerLayer(nn.Module):
     def __init__(self, config: QFormerConfig, layer_idx: int, vision_hidden_size: int):
         super().__init__()
         self.attention = QFormerAttention(config, config.hidden_size)
-        if layer_idx % config.cross_attention_freq == 0:
-            self.crossattention = QFormerAttention(config, vision_hidden_size)
-        else:
-            self.crossattention = None
+        self.crossattention = QFormerAttention(config, vision_hidden_size) \
+            if layer_idx % config.cross_attention_freq == 0 else None
         self.intermediate_query = QFormerIntermediate(config)
         self.output_query = QFormerOutput(config, config.intermediate_size)
 
@@ -142,18 +140,9 @@ class QFormerConnector(nn.Module):
         self.query_tokens = nn.Parameter(torch.zeros(1, config.num_query_tokens, config.hidden_size))
         self.qformer = QFormerModel(config, vision_hidden_size)
         self.language_projection = nn.Linear(config.hidden_size, text_hidden_size)
-        self.apply(init_bert_weights)
+        self.apply(init_vit_weights)  # BERT's init: the same truncated normal, zero biases, unit LayerNorms
         nn.init.trunc_normal_(self.query_tokens, std=0.02, a=-0.04, b=0.04)
 
     def forward(self, image_features: torch.Tensor) -> torch.Tensor:
         queries = self.query_tokens.expand(image_features.shape[0], -1, -1)  # [N, Q, Dq]
         return self.language_projection(self.qformer(queries, image_features))  # [N, Q, D_text]
-
-
-def init_bert_weights(module: nn.Module, std: float = 0.02) -> None:
-    if isinstance(module, nn.Linear):
-        nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
-        nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlm.models.attention import attention
-from vlm.models.pretrained import load_tensors, read_config, weights_file
+from vlm.models.pretrained import read_config, sub_model_tensors, weights_file
 from vlm.params import check
 
 
@@ -46,9 +46,8 @@ class SiglipVisionConfig:
 
     def validate(self, prefix: str = "SiglipVisionConfig") -> None:
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_channels", "image_size", "patch_size"):
+                     "num_channels", "image_size", "patch_size", "layer_norm_eps"):
             check(getattr(self, name) > 0, f"{prefix}.{name}", f"must be positive, got {getattr(self, name)}")
-        check(self.layer_norm_eps > 0, f"{prefix}.layer_norm_eps", f"must be positive, got {self.layer_norm_eps}")
         check(self.hidden_size % self.num_attention_heads == 0, f"{prefix}.hidden_size",
               f"must be divisible by {prefix}.num_attention_heads "
               f"({self.hidden_size} % {self.num_attention_heads} = {self.hidden_size % self.num_attention_heads})")
@@ -212,9 +211,7 @@ def siglip_config_from_pretrained(path: str | os.PathLike, num_attention_heads: 
     when there is one (in the folder, or beside the weights file), else inferred from the tensor shapes
     (everything but the head count, which must then be given)."""
     config = _config_from_json(Path(path))
-    if config is None:
-        config = _config_from_shapes(_vision_state_dict(weights_file(Path(path), "SigLIP")), num_attention_heads, path)
-    return config
+    return config or _config_from_shapes(_vision_state_dict(Path(path)), num_attention_heads, path)
 
 
 def load_pretrained_siglip(path: str | os.PathLike, image_size: int | None = None,
@@ -230,7 +227,7 @@ def load_pretrained_siglip(path: str | os.PathLike, image_size: int | None = Non
     once (bicubic), so the encoder then runs natively at that size.
     """
     path = Path(path)
-    state_dict = _vision_state_dict(weights_file(path, "SigLIP"))
+    state_dict = _vision_state_dict(path)
     config = _config_from_json(path) or _config_from_shapes(state_dict, num_attention_heads, path)
     if image_size is not None and image_size != config.image_size:
         if image_size % config.patch_size:
@@ -271,13 +268,6 @@ def _config_from_shapes(state_dict: dict[str, torch.Tensor], num_attention_heads
         image_size=math.isqrt(num_positions) * patch_size, patch_size=patch_size)
 
 
-def _vision_state_dict(file: Path) -> dict[str, torch.Tensor]:
-    """The vision-encoder tensors of a checkpoint file, keys relative to :class:`SiglipVisionModel`."""
-    tensors = load_tensors(file)
-    prefixes = [k[: -len(_PATCH_KEY)] for k in tensors if k.endswith(_PATCH_KEY)]
-    if len(prefixes) != 1:
-        raise ValueError(f"{file}: expected one SigLIP vision encoder ('*{_PATCH_KEY}'), "
-                         f"found {len(prefixes)}")
-    prefix = prefixes[0]
-    return {k[len(prefix):]: v for k, v in tensors.items()
-            if k.startswith(prefix) and not k[len(prefix):].startswith("head.")}
+def _vision_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """The vision-encoder tensors of a checkpoint, keys relative to :class:`SiglipVisionModel`."""
+    return sub_model_tensors(weights_file(path, "SigLIP"), _PATCH_KEY, "SigLIP vision encoder", drop="head.")

@@ -89,9 +89,7 @@ class TrafficPerception(VisionExtension):
 
     def adapt(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor | None, list[torch.Tensor] | None]:
         """-> the stem's output ``[N, Dv, h, w]`` and its stage outputs (None, None without a stem)."""
-        if self.stem is None:
-            return None, None
-        return self.stem(pixel_values)
+        return (None, None) if self.stem is None else self.stem(pixel_values)
 
     def forward(self, patch_features: torch.Tensor, stem_features: list[torch.Tensor] | None,
                 targets: torch.Tensor | None) -> ExtensionOutput:

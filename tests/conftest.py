@@ -1,6 +1,19 @@
+"""Shared fixtures: the tiny params and the tiny projects built once per test session; and the ``xdist_group``
+marks made to work under pytest 9.2.
+
+`make test` runs ``pytest -n 2 --dist loadgroup``: each of the 2 worker processes has its own session, so a
+session fixture is built once per worker that uses it. The tests that use an expensive one share an
+``xdist_group`` (the whole group runs on one worker): ``tiny_project`` is built once per run.
+"""
+
+from __future__ import annotations
+
+import copy
 from pathlib import Path
 
 import pytest
+
+from tiny_project import TINY_PIPELINE_PARAMS, TinyProject, build_project
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_FIXTURES = ROOT / "tests" / "fixtures" / "bdd100k"
@@ -29,3 +42,45 @@ def pytest_collection_modifyitems(config, items):
 def bdd_fixture_dir() -> Path:
     """The real BDD100K label samples (a copy lives in tests/fixtures so a clean clone has them)."""
     return LOCAL_FIXTURES
+
+
+@pytest.fixture
+def tiny_params() -> dict:
+    """A copy of the tiny params (tiny_project.TINY_PIPELINE_PARAMS) to change or write at will."""
+    return copy.deepcopy(TINY_PIPELINE_PARAMS)
+
+
+class _Unchanged:
+    """A folder's files (path, size, modification time) when built, checked again at the end of the session:
+    the tests that share a session build only read it. Paths under ``ignore`` (DVC's own state) are not."""
+
+    def __init__(self, folder: Path, ignore: str | None = None):
+        self.folder, self.ignore = folder, ignore
+        self.files = self._files()
+
+    def _files(self) -> dict[str, tuple[int, int]]:
+        files = {p.relative_to(self.folder).as_posix(): p.stat() for p in self.folder.rglob("*") if p.is_file()}
+        return {name: (stat.st_size, stat.st_mtime_ns) for name, stat in sorted(files.items())
+                if not (self.ignore and name.startswith(self.ignore))}
+
+    def check(self) -> None:
+        assert self._files() == self.files, f"a test wrote into the shared {self.folder}: copy it first"
+
+
+@pytest.fixture(scope="session")
+def tiny_project(tmp_path_factory) -> TinyProject:
+    """40 rendered scenes, questioned, tokenised and packed at 32 px (tiny_project.build_project), built once per
+    worker that uses it; read only. Its users share ``xdist_group("tiny_project")``: one worker builds it."""
+    project = build_project(tmp_path_factory.mktemp("tiny_project"))
+    unchanged = _Unchanged(project.root)
+    yield project
+    unchanged.check()
+
+
+@pytest.fixture(scope="session")
+def colour_project(tmp_path_factory) -> TinyProject:
+    """The hand-made colour frames (build_project(frames="colours")), packed; read only (copy_to to write)."""
+    project = build_project(tmp_path_factory.mktemp("colour_project"), frames="colours")
+    unchanged = _Unchanged(project.root)
+    yield project
+    unchanged.check()

@@ -136,12 +136,15 @@ def test_a_killed_stage_leaves_no_wrong_output_and_reruns_to_the_same_bytes(proj
     assert _temporaries(project.path, outs) == []
 
 
-def test_two_dvc_repro_at_once(project):
+def test_two_dvc_repro_at_once(project, tmp_path):
     """A second `dvc repro` in the same workspace while the first runs a stage: DVC's lock stops it; the
     first finishes and its outputs and dvc.lock are intact."""
     processed = project.path / "data" / "processed"
-    # the first holds the lock for 20 s more once its stage is writing: past DVC's few seconds of retrying
-    first = _start(project, "dvc repro -f -s pack_hdf5", VLM_TEST_PAUSE_BEFORE_REPLACE="train_images.h5:20")
+    # once its stage is writing, the first holds the lock until the second has given up (past DVC's few seconds
+    # of retrying), 60 s at most
+    resume = tmp_path / "resume"
+    first = _start(project, "dvc repro -f -s pack_hdf5", VLM_TEST_PAUSE_BEFORE_REPLACE="train_images.h5:60",
+                   VLM_TEST_RESUME_FILE=str(resume))
     deadline = time.monotonic() + 120
     while not list(processed.glob(".*_images.h5.*.tmp")) and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -149,6 +152,7 @@ def test_two_dvc_repro_at_once(project):
     second = project.run("dvc", "repro", "-f", "-s", "pack_hdf5", check=False)
     assert first.poll() is None, "the first dvc repro should still hold the lock"
     assert second.returncode != 0 and "lock" in (second.stdout + second.stderr).lower()
+    resume.touch()
     assert first.wait() == 0, first.stderr.read()
     assert "up to date" in project.run("dvc", "status", "pack_hdf5").stdout
     assert list(processed.glob(".*.tmp")) == []

@@ -1,18 +1,22 @@
-"""Shared fixtures: the tiny params and the tiny projects built once per test session; and the ``xdist_group``
-marks made to work under pytest 9.2.
+"""Shared fixtures: the tiny params, the tiny projects built once per test session, and a tiny DVC project
+reproduced once per test session; and the ``xdist_group`` marks made to work under pytest 9.2.
 
 `make test` runs ``pytest -n 2 --dist loadgroup``: each of the 2 worker processes has its own session, so a
 session fixture is built once per worker that uses it. The tests that use an expensive one share an
-``xdist_group`` (the whole group runs on one worker): ``tiny_project`` is built once per run.
+``xdist_group`` (the whole group runs on one worker): ``tiny_project`` is built, and the DVC project
+(``reproduced``) reproduced, once per run.
 """
 
 from __future__ import annotations
 
 import copy
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from pipeline import DvcProject
 from tiny_project import TINY_PIPELINE_PARAMS, TinyProject, build_project
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,4 +87,28 @@ def colour_project(tmp_path_factory) -> TinyProject:
     project = build_project(tmp_path_factory.mktemp("colour_project"), frames="colours")
     unchanged = _Unchanged(project.root)
     yield project
+    unchanged.check()
+
+
+@dataclass
+class Reproduced:
+    """A tiny DVC project right after its first `dvc repro` (uncommitted), and that run's output."""
+
+    project: DvcProject
+    repro: str  # the stdout of `dvc repro`
+
+    def copy(self, path: Path) -> DvcProject:
+        """A copy of the project (git repository, DVC cache, outputs) at ``path``, to run DVC commands in."""
+        shutil.copytree(self.project.path, path, symlinks=True)
+        return DvcProject.existing(path, self.project.env)
+
+
+@pytest.fixture(scope="session")
+def reproduced(tmp_path_factory) -> Reproduced:
+    """`dvc repro` of the whole pipeline on the tiny params, once per worker that uses it; its users copy it.
+    They share ``xdist_group("tiny_dvc")``: one worker reproduces it."""
+    project = DvcProject(tmp_path_factory.mktemp("reproduced"), TINY_PIPELINE_PARAMS)
+    out = project.run("dvc", "repro")
+    unchanged = _Unchanged(project.path, ignore=".dvc/tmp/")
+    yield Reproduced(project, out.stdout)
     unchanged.check()

@@ -20,9 +20,8 @@ import pytest
 import yaml
 
 from pipeline import DvcProject
-from tiny_project import TINY_PIPELINE_PARAMS
 
-pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("kills")]
+pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("tiny_dvc")]  # the worker that has `reproduced`
 
 HOOK = Path(__file__).resolve().parent / "killhook"
 # The stage's main output, written last or nearly: the hook kills the stage just before it is moved into place.
@@ -40,9 +39,9 @@ TIME_FRACTIONS = (0.3, 0.7)  # of the uninterrupted run's wall time: start-up an
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    project = DvcProject(tmp_path_factory.mktemp("kills"), TINY_PIPELINE_PARAMS)
-    project.run("dvc", "repro", "evaluate")
+def project(reproduced, tmp_path_factory):
+    """A copy of the tiny project after `dvc repro` (tests/conftest.py), its stages started with the test hook."""
+    project = reproduced.copy(tmp_path_factory.mktemp("kills") / "project")
     project.env["PYTHONPATH"] = os.pathsep.join([str(project.path), str(HOOK)])
     project.stages = yaml.safe_load((project.path / "dvc.yaml").read_text())["stages"]
     return project

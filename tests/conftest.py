@@ -1,12 +1,114 @@
+"""Shared fixtures: the tiny params, the tiny projects built once per test session, and a tiny DVC project
+reproduced once per test session; and the ``xdist_group`` marks made to work under pytest 9.2.
+
+`make test` runs ``pytest -n 2 --dist loadgroup``: each of the 2 worker processes has its own session, so a
+session fixture is built once per worker that uses it. The tests that use an expensive one share an
+``xdist_group`` (the whole group runs on one worker): ``tiny_project`` is built, and the DVC project
+(``reproduced``) reproduced, once per run.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from pipeline import DvcProject
+from tiny_project import TINY_PIPELINE_PARAMS, TinyProject, build_project
+
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_FIXTURES = ROOT / "tests" / "fixtures" / "bdd100k"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """pytest-xdist 3.8 groups ``--dist loadgroup`` tests by suffixing the node id of each test marked
+    ``xdist_group`` with ``@<group>`` on the workers, by setting ``item._nodeid``, which pytest 9.2 no longer
+    reads (it keeps a structured ``item._id``): every mark is silently ignored and the tests of a group spread
+    over the workers (pytest-dev/pytest-xdist#1386). Add the suffix where pytest 9.2 reads it, unless xdist
+    did (an xdist that works with this pytest)."""
+    if not getattr(config.option, "loadgroup", False):  # set on the workers of --dist loadgroup only
+        return
+    for item in items:
+        names = {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                 for mark in item.iter_markers("xdist_group")}
+        if not names:
+            continue
+        suffix = "@" + "_".join(sorted(names))
+        if not item.nodeid.endswith(suffix):
+            item._id = type(item._id).parse(item.nodeid + suffix)
 
 
 @pytest.fixture
 def bdd_fixture_dir() -> Path:
     """The real BDD100K label samples (a copy lives in tests/fixtures so a clean clone has them)."""
     return LOCAL_FIXTURES
+
+
+@pytest.fixture
+def tiny_params() -> dict:
+    """A copy of the tiny params (tiny_project.TINY_PIPELINE_PARAMS) to change or write at will."""
+    return copy.deepcopy(TINY_PIPELINE_PARAMS)
+
+
+class _Unchanged:
+    """A folder's files (path, size, modification time) when built, checked again at the end of the session:
+    the tests that share a session build only read it. Paths under ``ignore`` (DVC's own state) are not."""
+
+    def __init__(self, folder: Path, ignore: str | None = None):
+        self.folder, self.ignore = folder, ignore
+        self.files = self._files()
+
+    def _files(self) -> dict[str, tuple[int, int]]:
+        files = {p.relative_to(self.folder).as_posix(): p.stat() for p in self.folder.rglob("*") if p.is_file()}
+        return {name: (stat.st_size, stat.st_mtime_ns) for name, stat in sorted(files.items())
+                if not (self.ignore and name.startswith(self.ignore))}
+
+    def check(self) -> None:
+        assert self._files() == self.files, f"a test wrote into the shared {self.folder}: copy it first"
+
+
+@pytest.fixture(scope="session")
+def tiny_project(tmp_path_factory) -> TinyProject:
+    """40 rendered scenes, questioned, tokenised and packed at 32 px (tiny_project.build_project), built once per
+    worker that uses it; read only. Its users share ``xdist_group("tiny_project")``: one worker builds it."""
+    project = build_project(tmp_path_factory.mktemp("tiny_project"))
+    unchanged = _Unchanged(project.root)
+    yield project
+    unchanged.check()
+
+
+@pytest.fixture(scope="session")
+def colour_project(tmp_path_factory) -> TinyProject:
+    """The hand-made colour frames (build_project(frames="colours")), packed; read only (copy_to to write)."""
+    project = build_project(tmp_path_factory.mktemp("colour_project"), frames="colours")
+    unchanged = _Unchanged(project.root)
+    yield project
+    unchanged.check()
+
+
+@dataclass
+class Reproduced:
+    """A tiny DVC project right after its first `dvc repro` (uncommitted), and that run's output."""
+
+    project: DvcProject
+    repro: str  # the stdout of `dvc repro`
+
+    def copy(self, path: Path) -> DvcProject:
+        """A copy of the project (git repository, DVC cache, outputs) at ``path``, to run DVC commands in."""
+        shutil.copytree(self.project.path, path, symlinks=True)
+        return DvcProject.existing(path, self.project.env)
+
+
+@pytest.fixture(scope="session")
+def reproduced(tmp_path_factory) -> Reproduced:
+    """`dvc repro` of the whole pipeline on the tiny params, once per worker that uses it; its users copy it.
+    They share ``xdist_group("tiny_dvc")``: one worker reproduces it."""
+    project = DvcProject(tmp_path_factory.mktemp("reproduced"), TINY_PIPELINE_PARAMS)
+    out = project.run("dvc", "repro")
+    unchanged = _Unchanged(project.path, ignore=".dvc/tmp/")
+    yield Reproduced(project, out.stdout)
+    unchanged.check()

@@ -14,8 +14,6 @@ import pytest
 import yaml
 from PIL import Image
 
-from tiny_project import TINY_MODEL, build_project
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -68,16 +66,15 @@ def test_bench_loader(tmp_path):
     assert set(report["pack"]["32px"]["workers2"]) == {"images_per_s", "main_process_cpu_ms_per_image"}
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """Packed data of a tiny project and a params.yaml training a tiny model on it."""
-    root = tmp_path_factory.mktemp("bench_train_step")
-    params = {"scenes": {"width": 1280, "height": 720}, "model": TINY_MODEL,
-              "train": {"batch_size": 16, "warmup_steps": 2, "threads": 1, "in_memory": True}}
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    return ["--params", str(root / "params.yaml"), "--data", str(build_project(root / "project"))]
+@pytest.fixture
+def tiny_run(tiny_project, tiny_params, tmp_path):
+    """The packed data of the shared tiny project and a params.yaml (the tiny params) training on it."""
+    tiny_params["train"]["in_memory"] = True
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params))
+    return ["--params", str(tmp_path / "params.yaml"), "--data", str(tiny_project.processed)]
 
 
+@pytest.mark.xdist_group("tiny_project")  # the worker that builds the shared tiny project
 def test_bench_train_step(tmp_path, tiny_run):
     report = run_benchmark("bench_train_step.py", tmp_path / "step.json", *tiny_run, "--warmup", "1", "--steps", "2",
                            "--profile-steps", "2")
@@ -92,6 +89,7 @@ def test_bench_train_step(tmp_path, tiny_run):
     assert report["profile"]["top_operators"]
 
 
+@pytest.mark.xdist_group("tiny_project")
 def test_bench_train_step_compare(tmp_path, tiny_run):
     tweaks = ("before_answer_only_and_fused", "channels_last")  # the first undoes two changes, through all of them
     report = run_benchmark("bench_train_step.py", tmp_path / "tweaks.json", *tiny_run, "--compare", *tweaks,

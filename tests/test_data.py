@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_data_helpers import PACK_SIZE, SPLIT_SIZES, image_colours, write_scene_project
+from tiny_project import PACK_SIZE, SPLIT_SIZES, image_colours
 from vlm.batch import IGNORE_INDEX
 from vlm.data.augment import AugmentConfig, sample_augment_params, swap_left_right
 from vlm.data.collate import collate_questions
@@ -27,10 +27,8 @@ MIRROR_ONLY = AugmentConfig(hflip_prob=1.0, brightness=0.0, contrast=0.0, satura
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    project = write_scene_project(tmp_path_factory.mktemp("scenes"))
-    project.pack()
-    return project
+def project(colour_project):
+    return colour_project
 
 
 @pytest.fixture(scope="module")

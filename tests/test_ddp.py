@@ -20,7 +20,8 @@ import pytest
 import torch
 import yaml
 
-from tiny_project import TINY_MODEL, build_project
+from pipeline import _merge
+from tiny_project import TINY_PIPELINE_PARAMS, build_project
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("ddp")]
 
@@ -36,13 +37,13 @@ LOSS_TOLERANCE = 0.02
 
 @pytest.fixture(scope="module")
 def processed(tmp_path_factory):
-    return build_project(tmp_path_factory.mktemp("ddp"), num_images=48)
+    return build_project(tmp_path_factory.mktemp("ddp"), num_images=48).processed
 
 
 def _params(folder: Path, nproc: int, batch_size: int, seed: int = 0) -> Path:
-    params = {"scenes": {"width": 1280, "height": 720}, "model": TINY_MODEL,
-              "train": {"epochs": 2, "batch_size": batch_size, "lr": 3e-3, "warmup_steps": 2, "checkpoint_every": 2,
-                        "eval_batch_size": 64, "threads": 1, "nproc": nproc, "seed": seed}}
+    """The tiny params (lr 3e-3, 2 warm-up steps, 1 thread), 2 epochs of ``nproc`` processes at ``batch_size``."""
+    params = _merge(TINY_PIPELINE_PARAMS, {"train": {"epochs": 2, "batch_size": batch_size, "checkpoint_every": 2,
+                                                     "eval_batch_size": 64, "nproc": nproc, "seed": seed}})
     path = folder / "params.yaml"
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(params))

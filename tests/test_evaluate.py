@@ -7,20 +7,19 @@ import pytest
 from PIL import Image
 from sklearn.metrics import f1_score
 
-from tiny_project import FRAME_SIZE, TINY_MODEL, build_project, paths_for, tiny_train_config
+from tiny_project import FRAME_SIZE, TINY_MODEL, paths_for, tiny_train_config
 from vlm import predict
 from vlm.evaluate import EvaluateConfig, EvaluatePaths, calibration, evaluate, summarize, yes_no_maybe_pairs
 from vlm.params import ParamError, build_config
 from vlm.train import train
 
-pytestmark = pytest.mark.xdist_group("train")
+pytestmark = pytest.mark.xdist_group("tiny_project")  # one worker builds the shared tiny project
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("evaluate")
-    processed = build_project(root)
-    models = root / "models"
+def trained(tiny_project, tmp_path_factory):
+    root, processed = tiny_project.root, tiny_project.processed
+    models = tmp_path_factory.mktemp("evaluate_models")
     for blind in (False, True):
         name = "blind" if blind else "vlm"
         train(TINY_MODEL, tiny_train_config(epochs=2), paths_for(processed, models, name), blind=blind, progress=False,

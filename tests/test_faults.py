@@ -28,7 +28,7 @@ import stages.generate_scenes
 import stages.pack_hdf5
 import vlm.checkpoint
 import vlm.train
-from tiny_project import FRAME_SIZE, TINY_MODEL, build_project, paths_for, tiny_train_config
+from tiny_project import FRAME_SIZE, TINY_MODEL, paths_for, tiny_train_config
 from vlm import checkpoint
 from vlm.cli import run
 from vlm.data.h5file import PackedImageReader, PackedImageWriter
@@ -39,7 +39,7 @@ from vlm.scenes.generate import ScenesConfig, generate_synthetic
 from vlm.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.xdist_group("faults")
+pytestmark = pytest.mark.xdist_group("tiny_project")  # one worker builds the shared tiny project
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -80,10 +80,9 @@ def read_only(tmp_path):
         folder.chmod(0o755)
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    root = tmp_path_factory.mktemp("faults")
-    return root, build_project(root)
+@pytest.fixture
+def project(tiny_project):
+    return tiny_project.root, tiny_project.processed
 
 
 def _files(folder: Path) -> list[str]:

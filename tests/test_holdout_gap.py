@@ -6,8 +6,7 @@ import sys
 import pandas as pd
 import pytest
 
-from pipeline import ROOT, DvcProject
-from tiny_project import TINY_PIPELINE_PARAMS
+from pipeline import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import holdout_gap  # noqa: E402
@@ -37,10 +36,9 @@ def test_combination_argument():
 
 
 @pytest.mark.pipeline
-@pytest.mark.xdist_group("pipeline")
-def test_held_out_experiment_against_the_workspace_run(tmp_path):
-    project = DvcProject(tmp_path, TINY_PIPELINE_PARAMS)
-    project.run("dvc", "repro")
+@pytest.mark.xdist_group("tiny_dvc")  # the worker that has `reproduced`
+def test_held_out_experiment_against_the_workspace_run(reproduced, tmp_path):
+    project = reproduced.copy(tmp_path / "project")  # `dvc repro` on the tiny params (tests/conftest.py)
     project.env["PYTHONPATH"] = f"{project.path}:{ROOT}"
     run = project.run(sys.executable, str(ROOT / "benchmarks" / "holdout_gap.py"), "--combination",
                       "timeofday=night", "--poll", "1")

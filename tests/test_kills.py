@@ -20,9 +20,8 @@ import pytest
 import yaml
 
 from pipeline import DvcProject
-from tiny_project import TINY_PIPELINE_PARAMS
 
-pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("kills")]
+pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("tiny_dvc")]  # the worker that has `reproduced`
 
 HOOK = Path(__file__).resolve().parent / "killhook"
 # The stage's main output, written last or nearly: the hook kills the stage just before it is moved into place.
@@ -43,9 +42,9 @@ TIME_FRACTIONS = (0.3, 0.7)  # of the uninterrupted run's wall time: start-up an
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    project = DvcProject(tmp_path_factory.mktemp("kills"), TINY_PIPELINE_PARAMS)
-    project.run("dvc", "repro", "evaluate")
+def project(reproduced, tmp_path_factory):
+    """A copy of the tiny project after `dvc repro` (tests/conftest.py), its stages started with the test hook."""
+    project = reproduced.copy(tmp_path_factory.mktemp("kills") / "project")
     project.env["PYTHONPATH"] = os.pathsep.join([str(project.path), str(HOOK)])
     project.stages = yaml.safe_load((project.path / "dvc.yaml").read_text())["stages"]
     return project
@@ -139,12 +138,15 @@ def test_a_killed_stage_leaves_no_wrong_output_and_reruns_to_the_same_bytes(proj
     assert _temporaries(project.path, outs) == []
 
 
-def test_two_dvc_repro_at_once(project):
+def test_two_dvc_repro_at_once(project, tmp_path):
     """A second `dvc repro` in the same workspace while the first runs a stage: DVC's lock stops it; the
     first finishes and its outputs and dvc.lock are intact."""
     processed = project.path / "data" / "processed"
-    # the first holds the lock for 20 s more once its stage is writing: past DVC's few seconds of retrying
-    first = _start(project, "dvc repro -f -s pack_hdf5", VLM_TEST_PAUSE_BEFORE_REPLACE="train_images.h5:20")
+    # once its stage is writing, the first holds the lock until the second has given up (past DVC's few seconds
+    # of retrying), 60 s at most
+    resume = tmp_path / "resume"
+    first = _start(project, "dvc repro -f -s pack_hdf5", VLM_TEST_PAUSE_BEFORE_REPLACE="train_images.h5:60",
+                   VLM_TEST_RESUME_FILE=str(resume))
     deadline = time.monotonic() + 120
     while not list(processed.glob(".*_images.h5.*.tmp")) and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -152,6 +154,7 @@ def test_two_dvc_repro_at_once(project):
     second = project.run("dvc", "repro", "-f", "-s", "pack_hdf5", check=False)
     assert first.poll() is None, "the first dvc repro should still hold the lock"
     assert second.returncode != 0 and "lock" in (second.stdout + second.stderr).lower()
+    resume.touch()
     assert first.wait() == 0, first.stderr.read()
     assert "up to date" in project.run("dvc", "status", "pack_hdf5").stdout
     assert list(processed.glob(".*.tmp")) == []

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from test_data_helpers import PACK_SIZE, SPLIT_SIZES, image_colours, write_jpeg, write_scene_project
+from tiny_project import PACK_SIZE, SPLIT_SIZES, build_project, image_colours, write_jpeg
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.image import CorruptImageError, decode_image
 from vlm.data.pack import PackConfig, _decode_in_order
@@ -27,7 +27,7 @@ def sha256(path: Path) -> str:
 
 @pytest.fixture
 def project(tmp_path):
-    return write_scene_project(tmp_path)
+    return build_project(tmp_path, frames="colours", pack=False)
 
 
 def test_packed_layout_ids_annotations_and_pixels(project):

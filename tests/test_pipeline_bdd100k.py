@@ -9,7 +9,7 @@ from PIL import Image
 
 from pipeline import DvcProject
 
-pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("pipeline")]
+pytestmark = pytest.mark.pipeline
 
 FRAMES = ("00091078-875c1f73-0000166.jpg", "00091078-875c1f73-0000167.jpg")
 

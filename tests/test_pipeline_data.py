@@ -4,7 +4,7 @@ import pytest
 
 from pipeline import DvcProject
 
-pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("pipeline")]
+pytestmark = pytest.mark.pipeline
 
 
 def test_data_stages_repro_then_up_to_date(tmp_path):

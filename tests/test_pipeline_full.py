@@ -5,10 +5,9 @@ import json
 import pytest
 
 from pipeline import DvcProject
-from tiny_project import TINY_PIPELINE_PARAMS as TINY_PARAMS
 from vlm.commands.templates import COMMAND_TYPES
 
-pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("pipeline")]
+pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("tiny_dvc")]  # the worker that has `reproduced`
 
 MAX_HEADLINE_METRICS = 40  # columns of `dvc exp show` besides slices and counterfactuals: what a person compares
 
@@ -39,12 +38,11 @@ def _check_headline_metrics(project: DvcProject) -> None:
     assert header[header.index("parent") + 1:][:len(lead)] == lead  # exp show leads with the same columns
 
 
-def test_repro_then_experiment(tmp_path):
-    project = DvcProject(tmp_path, TINY_PARAMS)
-    out = project.run("dvc", "repro")
+def test_repro_then_experiment(reproduced, tmp_path):
+    project = reproduced.copy(tmp_path / "project")  # `dvc repro` on the tiny params (tests/conftest.py)
     for stage in ("generate_scenes", "generate_commands", "build_vocab", "pack_hdf5", "train", "train_blind",
                   "evaluate", "counterfactuals", "profile_dataloader"):
-        assert f"Running stage '{stage}'" in out.stdout, stage
+        assert f"Running stage '{stage}'" in reproduced.repro, stage
     evaluation = project.json("metrics/eval.json")
     assert {"vlm", "blind", "gain_from_vision"} <= set(evaluation)
     assert project.json("metrics/train.json")["epochs"] == 1

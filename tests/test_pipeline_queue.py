@@ -8,7 +8,7 @@ import pytest
 
 from pipeline import DvcProject
 
-pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("pipeline")]
+pytestmark = pytest.mark.pipeline
 
 MARKER = '''
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from test_data_helpers import PACK_SIZE, write_scene_project
+from tiny_project import PACK_SIZE
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.h5file import PackedImageReader
 from vlm.data.naive import NaiveTrafficVQADataset, build_naive_loader
@@ -19,11 +19,9 @@ from vlm.params import ParamError, build_config
 from vlm.plots import dataloader_figure, save_figure
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    project = write_scene_project(tmp_path_factory.mktemp("scenes"))
-    project.pack()
-    return project
+@pytest.fixture
+def project(colour_project):
+    return colour_project
 
 
 def test_naive_loader_yields_what_ours_yields_in_float(project):
@@ -86,11 +84,12 @@ def test_profile_config_errors_name_the_key():
         build_config(ProfileConfig, {"batches": 0}, "profile")
 
 
-def test_stage_script_writes_metrics_and_plot(project, monkeypatch):
+def test_stage_script_writes_metrics_and_plot(colour_project, tmp_path, monkeypatch):
     import yaml
 
     from stages.profile_dataloader import main
 
+    project = colour_project.copy_to(tmp_path / "project")
     project.tokenizer().save_vocab(project.processed / "vocab.json")
     params = {"profile": {"workers": [0], "batch_sizes": [8], "extra_image_sizes": [], "warmup_batches": 1,
                           "batches": 2, "rounds": 1}}

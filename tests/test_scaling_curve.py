@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import ROOT, DvcProject
-from tiny_project import TINY_PIPELINE_PARAMS
+from pipeline import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import scaling_curve  # noqa: E402
@@ -49,9 +48,13 @@ def test_targets_reached_or_extrapolated_from_the_trend():
 
 
 @pytest.mark.pipeline
-@pytest.mark.xdist_group("pipeline")
-def test_one_point_through_the_queue_then_collect_reports_the_missing(tmp_path):
-    project = DvcProject(tmp_path, TINY_PIPELINE_PARAMS)
+@pytest.mark.xdist_group("tiny_dvc")  # the worker that has `reproduced`
+def test_one_point_through_the_queue_then_collect_reports_the_missing(reproduced, tmp_path):
+    # the tiny `dvc repro` (tests/conftest.py), committed as after `make repro`: the point (1x its epochs at its
+    # image size) is queued and run as an experiment of that commit, whose stages are up to date
+    project = reproduced.copy(tmp_path / "project")
+    project.run("git", "add", "-A")
+    project.run("git", "commit", "-qm", "baseline")
     script = str(ROOT / "benchmarks" / "scaling_curve.py")
     project.env["PYTHONPATH"] = f"{project.path}:{ROOT}"
     run = project.run(sys.executable, script, "--multiples", "1", "--large-size", "0", "--poll", "1")

@@ -18,24 +18,12 @@ import yaml
 
 from dvc_graph import ROOT
 from pipeline import _merge
-from tiny_project import TINY_MODEL
+from tiny_project import TINY_PIPELINE_PARAMS as TINY_PARAMS
 from vlm.params import recording_reads
 
 pytestmark = pytest.mark.xdist_group("stage_params")  # one worker runs the stages once for all the tests
 
 STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-
-TINY_PARAMS = {
-    "scenes": {"num_images": 24, "workers": 1},
-    "commands": {"questions_per_image": 4},
-    "pack": {"image_size": 32, "workers": 0},
-    "model": TINY_MODEL,
-    "train": {"epochs": 1, "batch_size": 16, "warmup_steps": 2, "threads": 1, "eval_batch_size": 64},
-    "evaluate": {"attention_examples": 1, "failure_examples": 1, "batch_size": 64},
-    "counterfactuals": {"samples": 3, "sheet_examples": 1},
-    "profile": {"workers": [0], "batch_sizes": [16], "extra_image_sizes": [], "warmup_batches": 1, "batches": 1,
-                "rounds": 1, "max_images": 8},
-}
 
 
 def declared_params(stage: dict) -> list[str]:

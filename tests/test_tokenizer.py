@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -394,6 +395,7 @@ def test_encoding_never_raises_and_both_paths_agree(module_tok, text):
     assert question[0] == 2 and question[-1] == SEP and ids[1:-1] == question[1:-1][: module_tok.max_length - 2]
 
 
+@functools.cache  # drawn from once per example: 2,000 commands tokenised once, not once per example
 def _vocab_words() -> list[str]:
     words = {w for r in realistic_commands(2000, seed=0) for t in (r["command"], r["answer"])
              for w in TrafficCommandTokenizer.tokenize(t)}

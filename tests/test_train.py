@@ -5,19 +5,19 @@ import pytest
 import torch
 
 import vlm.train
-from tiny_project import FRAME_SIZE, TINY_MODEL, build_project, paths_for, tiny_train_config
+from tiny_project import FRAME_SIZE, TINY_MODEL, paths_for, tiny_train_config
 from vlm import checkpoint
 from vlm.checkpoint import load_model
 from vlm.models import PaliGemma
 from vlm.params import ParamError, build_config
 from vlm.train import NonFiniteLossError, TrainConfig, lr_factor, train
 
-pytestmark = pytest.mark.xdist_group("train")
+pytestmark = pytest.mark.xdist_group("tiny_project")  # one worker builds the shared tiny project
 
 
-@pytest.fixture(scope="module")
-def processed(tmp_path_factory):
-    return build_project(tmp_path_factory.mktemp("project"))
+@pytest.fixture
+def processed(tiny_project):
+    return tiny_project.processed
 
 
 def _last(paths):

@@ -6,7 +6,8 @@ start (this folder is on their PYTHONPATH, nowhere else). Every output is moved 
   output whose path ends with that value into place: the output is fully written but not yet renamed, the
   last moment of a stage's final write.
 - ``VLM_TEST_PAUSE_BEFORE_REPLACE`` (``suffix:seconds``): the process sleeps that long before it moves such
-  an output into place (a stage that holds DVC's lock for a known time).
+  an output into place (a stage that holds DVC's lock for a known time); with ``VLM_TEST_RESUME_FILE`` set,
+  at most that long: it goes on as soon as that file exists (the test says when it has seen enough).
 - ``VLM_TEST_RECORD_WRITES``: each ``os.replace`` appends ``"{RANK} {destination}"`` to that file (the DDP
   rank from torchrun's environment, 0 without one).
 """
@@ -17,6 +18,7 @@ import time
 
 _kill_target = os.environ.get("VLM_TEST_KILL_BEFORE_REPLACE")
 _pause_target, _, _pause_seconds = os.environ.get("VLM_TEST_PAUSE_BEFORE_REPLACE", "").rpartition(":")
+_resume_file = os.environ.get("VLM_TEST_RESUME_FILE")
 _record = os.environ.get("VLM_TEST_RECORD_WRITES")
 if _kill_target or _pause_target or _record:
     _replace = os.replace
@@ -25,10 +27,15 @@ if _kill_target or _pause_target or _record:
         if _kill_target and os.fspath(dst).endswith(_kill_target):
             os.kill(os.getpid(), signal.SIGKILL)
         if _pause_target and os.fspath(dst).endswith(_pause_target):
-            time.sleep(float(_pause_seconds))
+            _pause(float(_pause_seconds))
         if _record:
             with open(_record, "a", encoding="utf-8") as log:
                 log.write(f"{os.environ.get('RANK', '0')} {os.path.abspath(os.fspath(dst))}\n")
         return _replace(src, dst, *args, **kwargs)
+
+    def _pause(seconds):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not (_resume_file and os.path.exists(_resume_file)):
+            time.sleep(0.05)
 
     os.replace = _hooked_replace

@@ -1,15 +1,18 @@
 """Shared fixtures: the tiny params, the tiny projects built once per test session, and a tiny DVC project
-reproduced once per test session; and the ``xdist_group`` marks made to work under pytest 9.2.
+reproduced once per test run; and the ``xdist_group`` marks made to work under pytest 9.2.
 
 `make test` runs ``pytest -n 2 --dist loadgroup``: each of the 2 worker processes has its own session, so a
-session fixture is built once per worker that uses it. The tests that use an expensive one share an
-``xdist_group`` (the whole group runs on one worker): ``tiny_project`` is built, and the DVC project
-(``reproduced``) reproduced, once per run.
+session fixture is built once per worker that uses it. The users of ``tiny_project`` share an ``xdist_group``
+(the whole group runs on one worker): it is built once per run. The DVC project (``reproduced``) is
+reproduced once per run by whichever worker needs it first, in the run's temporary folder, and copied by
+its users on either worker.
 """
 
 from __future__ import annotations
 
 import copy
+import fcntl
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,7 +95,7 @@ def colour_project(tmp_path_factory) -> TinyProject:
 
 @dataclass
 class Reproduced:
-    """A tiny DVC project right after its first `dvc repro` (uncommitted), and that run's output."""
+    """A tiny DVC project right after its first `dvc repro` (uncommitted), and that run's output; read only."""
 
     project: DvcProject
     repro: str  # the stdout of `dvc repro`
@@ -105,10 +108,18 @@ class Reproduced:
 
 @pytest.fixture(scope="session")
 def reproduced(tmp_path_factory) -> Reproduced:
-    """`dvc repro` of the whole pipeline on the tiny params, once per worker that uses it; its users copy it.
-    They share ``xdist_group("tiny_dvc")``: one worker reproduces it."""
-    project = DvcProject(tmp_path_factory.mktemp("reproduced"), TINY_PIPELINE_PARAMS)
-    out = project.run("dvc", "repro")
-    unchanged = _Unchanged(project.path, ignore=".dvc/tmp/")
-    yield Reproduced(project, out.stdout)
+    """`dvc repro` of the whole pipeline on the tiny params, once per test run: the first worker that needs it
+    reproduces it in the run's temporary folder (shared by the xdist workers) while the other waits on a
+    lock; its users copy it."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's folder, above each worker's own
+    path, out = shared / "reproduced", shared / "reproduced.out"
+    with open(shared / "reproduced.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():  # written once the run has finished
+            shutil.rmtree(path, ignore_errors=True)  # an earlier attempt that failed
+            out.write_text(DvcProject(path, TINY_PIPELINE_PARAMS).run("dvc", "repro").stdout)
+    unchanged = _Unchanged(path, ignore=".dvc/tmp/")
+    yield Reproduced(DvcProject.existing(path), out.read_text())
     unchanged.check()

@@ -36,21 +36,27 @@ class DvcProject:
                 shutil.copy(src, path / name)
         base = yaml.safe_load((ROOT / "params.yaml").read_text())
         (path / "params.yaml").write_text(yaml.safe_dump(_merge(base, params), sort_keys=False))
-        bin_dir = str(Path(sys.executable).parent)
-        self.env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-                    "PYTHONPATH": str(path), "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-                    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "DVC_NO_ANALYTICS": "1"}
+        self.env = self.environment(path)
         self.run("git", "init", "-q")
         self.run("dvc", "init", "-q")
         shutil.copytree(ROOT / ".dvc" / "plots", path / ".dvc" / "plots")  # the project's plot templates
         self.run("git", "add", "-A")
         self.run("git", "commit", "-qm", "init")
 
+    @staticmethod
+    def environment(path: Path) -> dict[str, str]:
+        """The environment of DVC and git commands in the project at ``path`` (its code first on the path)."""
+        bin_dir = str(Path(sys.executable).parent)
+        return {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+                "PYTHONPATH": str(path), "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "DVC_NO_ANALYTICS": "1"}
+
     @classmethod
-    def existing(cls, path: Path, env: dict) -> DvcProject:
-        """A handle on a checkout that already exists (a clone), with the same environment."""
+    def existing(cls, path: Path, env: dict | None = None) -> DvcProject:
+        """A handle on a checkout that already exists (a clone or a copy), with the same environment as
+        ``env`` (by default a new project's)."""
         project = cls.__new__(cls)
-        project.path, project.env = path, {**env, "PYTHONPATH": str(path)}
+        project.path, project.env = path, {**(env or cls.environment(path)), "PYTHONPATH": str(path)}
         return project
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -36,7 +36,6 @@ def test_combination_argument():
 
 
 @pytest.mark.pipeline
-@pytest.mark.xdist_group("tiny_dvc")  # the worker that has `reproduced`
 def test_held_out_experiment_against_the_workspace_run(reproduced, tmp_path):
     project = reproduced.copy(tmp_path / "project")  # `dvc repro` on the tiny params (tests/conftest.py)
     project.env["PYTHONPATH"] = f"{project.path}:{ROOT}"

@@ -21,7 +21,7 @@ import yaml
 
 from pipeline import DvcProject
 
-pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("tiny_dvc")]  # the worker that has `reproduced`
+pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("kills")]  # one worker copies the project
 
 HOOK = Path(__file__).resolve().parent / "killhook"
 # The stage's main output, written last or nearly: the hook kills the stage just before it is moved into place.

@@ -7,7 +7,7 @@ import pytest
 from pipeline import DvcProject
 from vlm.commands.templates import COMMAND_TYPES
 
-pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("tiny_dvc")]  # the worker that has `reproduced`
+pytestmark = pytest.mark.pipeline
 
 MAX_HEADLINE_METRICS = 40  # columns of `dvc exp show` besides slices and counterfactuals: what a person compares
 

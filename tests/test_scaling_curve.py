@@ -48,7 +48,6 @@ def test_targets_reached_or_extrapolated_from_the_trend():
 
 
 @pytest.mark.pipeline
-@pytest.mark.xdist_group("tiny_dvc")  # the worker that has `reproduced`
 def test_one_point_through_the_queue_then_collect_reports_the_missing(reproduced, tmp_path):
     # the tiny `dvc repro` (tests/conftest.py), committed as after `make repro`: the point (1x its epochs at its
     # image size) is queued and run as an experiment of that commit, whose stages are up to date

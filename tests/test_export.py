@@ -1,0 +1,200 @@
+"""vlm.export: a trained model as a folder transformers loads and that answers as the project does; the one-line
+refusal of a model transformers' PaliGemma does not compute; a failed export leaves no folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tiny_project import TINY_MODEL
+from vlm import checkpoint, export, predict
+from vlm.cli import run
+from vlm.processor import Processor
+from vlm.tokenizer import TrafficCommandTokenizer
+from vlm.traffic_vlm import VLMConfig, build_vlm
+
+transformers = pytest.importorskip("transformers", reason="transformers (test extra) loads the exported folder")
+
+IMAGE_SIZE = 32
+PLAIN_MODEL = {key: value for key, value in TINY_MODEL.items() if key != "perception"}  # PaliGemma's design
+# Three questions, one per image, whose answers the tiny model is taught: the second differs from the first by the
+# image alone.
+QUESTIONS = [("Is there a bus?", "yes"), ("Is there a bus?", "no"), ("What color is the traffic light?", "red")]
+RECORDS = [{"command": q, "answer": a} for q, a in
+           [*QUESTIONS, ("How many cars are there?", "2"), ("Can the car safely turn left?", "maybe")]]
+
+
+def write_checkpoint(path: Path, model_section: dict, train_on: list[tuple[Path, str, str]] = ()) -> Path:
+    """A model checkpoint of the ``model:`` section ``model_section``, as the train stage writes it, its weights
+    random or, given ``(image, question, answer)`` triples, taught those answers in a few steps."""
+    tokenizer = TrafficCommandTokenizer.build_vocab(RECORDS)
+    vocab = path.with_suffix(".vocab.json")
+    tokenizer.save_vocab(vocab)
+    config = VLMConfig.from_params(model_section, tokenizer.vocab_size, IMAGE_SIZE, [0.4, 0.45, 0.5], [0.2, 0.25, 0.3])
+    torch.manual_seed(0)
+    model = build_vlm(config, pretrained=False)
+    if train_on:
+        processor = Processor(tokenizer, IMAGE_SIZE, "bicubic")
+        images, questions, answers = zip(*train_on)
+        batch = processor([processor.image(image) for image in images], questions, answers=answers)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        for _ in range(40):
+            optimizer.zero_grad()
+            model(batch).losses["answer"].backward()
+            optimizer.step()
+    info = {"config": config.to_dict(), "vocab": json.loads(vocab.read_text(encoding="utf-8")),
+            "vocab_sha256": checkpoint.file_sha256(vocab), "answers": sorted({r["answer"] for r in RECORDS} | {"3"}),
+            "image_size": IMAGE_SIZE, "resample": "bicubic", "blind": config.vision == "none"}
+    checkpoint.save(path, checkpoint.model_payload(model.eval(), info, {"epoch": 3, "step": 40, "val_accuracy": 0.75}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A plain tiny model taught the three answers, its checkpoint, the images asked about, and its export."""
+    root = tmp_path_factory.mktemp("export")
+    rng = np.random.default_rng(0)
+    images = []
+    for i in range(len(QUESTIONS)):  # at the packed size: vlm.predict and the image processor read the same pixels
+        images.append(root / f"image{i}.png")
+        Image.fromarray(rng.integers(0, 256, (IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)).save(images[-1])
+    model = write_checkpoint(root / "vlm.pt", PLAIN_MODEL, [(image, q, a) for image, (q, a) in zip(images, QUESTIONS)])
+    return model, images, export.export(model, root / "hf")
+
+
+def hf_constrained_answers(model, processor, images: list[Image.Image], answers: list[str]) -> list[str]:
+    """The most likely of ``answers`` to each of QUESTIONS about ``images`` by transformers' PaliGemma: the summed
+    log-probabilities of an answer's tokens and [EOS] after the prompt, as ``vlm.predict`` scores them."""
+    best = []
+    for image, (question, _) in zip(images, QUESTIONS):
+        inputs = processor(images=[image] * len(answers), text=[f"<image>{question}"] * len(answers), suffix=answers,
+                           padding="longest", return_tensors="pt")
+        labels = inputs.pop("labels")  # the answer tokens and [EOS]; -100 on the prompt and the padding
+        with torch.no_grad():
+            log_probs = model(**inputs).logits[:, :-1].log_softmax(-1)  # position t predicts token t + 1
+        targets = torch.as_tensor(labels)[:, 1:]
+        picked = log_probs.gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+        best.append(answers[int(torch.where(targets >= 0, picked, 0).sum(1).argmax())])
+    return best
+
+
+# transformers' processor builds the labels of a suffix with np.array on torch tensors
+@pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning")
+def test_transformers_answers_as_vlm_predict(exported):
+    """PaliGemmaForConditionalGeneration and AutoProcessor load the export; over the answer set they give the
+    answers of vlm.predict, and greedy generate (batched, left-padded) the tokens of the project's generate."""
+    source, image_paths, folder = exported
+    loaded = checkpoint.load_model(source)
+    expected = [predict.answer_images(loaded, [str(path)], question)[0][0][0]
+                for path, (question, _) in zip(image_paths, QUESTIONS)]
+    assert expected == [answer for _, answer in QUESTIONS]  # taught: the comparison is not between constant answers
+
+    model, info = transformers.PaliGemmaForConditionalGeneration.from_pretrained(folder, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    processor = transformers.AutoProcessor.from_pretrained(folder)
+    images = [Image.open(path) for path in image_paths]
+    for image, path, (question, _) in zip(images, image_paths, QUESTIONS):  # the same logits at the question
+        with torch.no_grad():
+            theirs = model.eval()(**processor(images=image, text=f"<image>{question}", return_tensors="pt")).logits
+            ours = loaded.model(loaded.processor([loaded.processor.image(path)], [question])).logits[0]
+        torch.testing.assert_close(theirs[0, loaded.model.num_image_tokens:], ours, atol=1e-4, rtol=0)
+    assert hf_constrained_answers(model, processor, images, loaded.answers) == expected
+
+    inputs = processor(images=images, text=[f"<image>{q}" for q, _ in QUESTIONS], padding="longest",
+                       return_tensors="pt")
+    generated = model.generate(**inputs)[:, inputs["input_ids"].shape[1]:]
+    batch = loaded.processor([loaded.processor.image(path) for path in image_paths], [q for q, _ in QUESTIONS])
+    ours = loaded.model.generate(batch, eos_token_id=loaded.tokenizer.eos_token_id, max_new_tokens=generated.shape[1])
+    assert generated.tolist() == ours.tolist()
+    assert processor.batch_decode(generated, skip_special_tokens=True) == expected
+
+
+def test_tokenizer_is_the_project_tokenizer(exported):
+    """AutoTokenizer alone encodes a question as encode_question does ([SOS] words [SEP]) and decodes answers as
+    decode_answer; the normalisation is the same (NFKC, lower case, ``? . , !`` apart, any whitespace)."""
+    source, _, folder = exported
+    ours = checkpoint.load_model(source).tokenizer
+    theirs = transformers.AutoTokenizer.from_pretrained(folder)
+    spaces = [chr(c) for c in range(0x3001) if chr(c).isspace() and chr(c) != "\n"]  # "\n" is [SEP] there
+    texts = ["Is there a bus?", "IS THERE A BUS ?", "ｉｓ ｔｈｅｒｅ a ｂｕｓ？", "Yes, no! maybe.",
+             "is there a zebra?", "What color is the traffic-light?!", "", *(f"how{s}many cars{s}?" for s in spaces)]
+    for text in texts:
+        assert theirs(text)["input_ids"] == ours.encode_question(text), repr(text)
+    for answer in ("yes", "no", "maybe", "red", "2"):
+        ids = ours.encode_answer(answer)
+        assert theirs.decode(ids, skip_special_tokens=True) == ours.decode_answer(ids) == answer
+    assert (theirs.bos_token_id, theirs.eos_token_id, theirs.pad_token_id, theirs.sep_token_id) == (2, 3, 0, 7)
+
+
+def test_model_card(exported):
+    source, _, folder = exported
+    assert sorted(p.name for p in folder.iterdir()) == sorted(export.FILES)
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    parameters = sum(p.numel() for p in checkpoint.load_model(source).model.parameters())
+    for text in (f"{parameters:,} parameters", "| val_accuracy | 0.7500 |", "| epoch | 3 |", "5 training questions",
+                 "Answers: 6, one word each: 2, 3, maybe, no, red, yes", f"from_pretrained(\"{folder}\")"):
+        assert text in card, text
+
+
+@pytest.mark.parametrize("section, reason, overrides", [
+    (TINY_MODEL, "the traffic perception is on (model.perception: conv stem and heads)",
+     "dvc exp run -S model.perception.heads.grounding=0 -S model.perception.heads.centres=0 "
+     "-S model.perception.to_decoder=false -S 'model.perception.stem_channels=[]'"),
+    ({**PLAIN_MODEL, "pixel_shuffle": 2}, "model.pixel_shuffle is 2 (PaliGemma's projector reads one patch per "
+                                          "image token)", "dvc exp run -S model.pixel_shuffle=1"),
+    ({**PLAIN_MODEL, "connector": "qformer"}, "its connector is 'qformer' (PaliGemma's is linear)",
+     "dvc exp run -S model.connector=linear"),
+    ({"vision": "none", "gemma": PLAIN_MODEL["gemma"]}, "it is the text-only baseline (model.vision: none), which "
+                                                        "reads no image; export the VLM (models/vlm.pt) instead", None),
+], ids=["perception", "pixel_shuffle", "qformer", "blind"])
+def test_refuses_a_model_that_is_not_paligemma(tmp_path, capsys, section, reason, overrides):
+    """One line on stderr: why it cannot be exported and how to train one that can; no folder is written."""
+    model = write_checkpoint(tmp_path / "model.pt", section)
+    out = tmp_path / "hf"
+    with pytest.raises(SystemExit) as exit_info:
+        run(lambda: export.main(["--checkpoint", str(model), "--out", str(out)]))
+    assert exit_info.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    expected = f"error: {model}: cannot be exported as transformers' PaliGemma: {reason}"
+    assert lines == [expected + (f". Train one that can with: {overrides}" if overrides else "")]
+    assert not out.exists()
+
+
+def test_reasons_add_up():
+    """Every departure of a model is named, each with its overrides."""
+    config = VLMConfig.from_params({**TINY_MODEL, "connector": "qformer", "pixel_shuffle": 2}, 40, IMAGE_SIZE)
+    found = export.departures(config)
+    assert [d.overrides[-1] for d in found] == ["model.perception.stem_channels=[]", "model.connector=linear",
+                                                "model.pixel_shuffle=1"]
+    assert export.departures(VLMConfig.from_params(PLAIN_MODEL, 40, IMAGE_SIZE)) == []
+
+
+def test_failed_export_leaves_no_folder(exported, tmp_path, monkeypatch):
+    """A failure after some files are written leaves neither the folder nor a temporary; a folder holding other
+    files is refused untouched; an earlier export is replaced."""
+    source, _, _ = exported
+
+    def fail(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export, "model_card", fail)  # the last file written
+    with pytest.raises(OSError, match="disk full"):
+        export.export(source, tmp_path / "hf")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep")
+    with pytest.raises(FileExistsError, match=r"mine: exists and is not an earlier export"):
+        export.export(source, other)
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+
+    first = export.export(source, tmp_path / "hf")
+    (first / "config.json").write_text("{}")
+    assert json.loads((export.export(source, first) / "config.json").read_text())["model_type"] == "paligemma"

@@ -1,0 +1,317 @@
+"""Export a trained model for transformers: a folder that ``PaliGemmaForConditionalGeneration`` and
+``AutoProcessor`` (or ``AutoTokenizer`` alone) load, with no code of this project.
+
+    python -m vlm.export --checkpoint models/vlm.pt --out models/hf
+
+The folder holds::
+
+    model.safetensors       the weights under transformers' names (the core's own: docs/architecture.md), the LM
+                            head left out as transformers saves it (tied to the token embeddings)
+    config.json             PaliGemmaConfig: the SigLIP vision_config, the Gemma text_config, image_token_index
+    generation_config.json  greedy, [EOS] ends the answer, at most the longest answer's tokens
+    tokenizer.json          the word tokenizer of vlm/tokenizer.py as a ``tokenizers`` WordLevel model
+    tokenizer_config.json   its special tokens, for ``PreTrainedTokenizerFast``
+    processor_config.json   PaliGemmaProcessor: SigLIP's image processor at the packed size, mean/std and filter
+    README.md               the model card: data, model, metrics
+
+Only the plain design is transformers' PaliGemma (perception off, the linear connector without pixel shuffle, an
+image encoder): :func:`departures` lists everything else, and the export stops with one line naming what to
+change. The folder is written whole or not at all (a temporary folder renamed into place).
+
+Token layout. Ours is ``[image tokens | [SOS] question [SEP] | answer [EOS]]``; transformers' PaliGemma reads
+``<image> x T`` placeholders (the reserved id 8, ``image_token_index``), which it replaces by the image tokens,
+then the text. ``PaliGemmaProcessor`` writes the prompt ``<image> x T [SOS] question \\n``, the line break ending
+the prefix, so the exported tokenizer maps a line break to [SEP] (the one place where it departs from
+vlm/tokenizer.py, which treats it as any whitespace); alone, it wraps a question in ``[SOS] ... [SEP]``. The
+processor's ``token_type_ids`` (0 on the prefix) give the prefix full attention and the answer causal
+attention, as ours; its positions start at 1 where ours start at 0, the same attention under RoPE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
+
+from vlm.checkpoint import LoadedModel, load_model
+from vlm.cli import run
+from vlm.data.image import RESAMPLE
+from vlm.io import atomic_path
+from vlm.tokenizer import (
+    ANSWER_TOKEN_WORDS,
+    EOS,
+    FIRST_WORD_ID,
+    PAD,
+    PUNCTUATION,
+    RESERVED_TOKENS,
+    SEP,
+    SOS,
+    SPECIAL_TOKENS,
+    UNK,
+)
+from vlm.traffic_vlm import VLMConfig
+
+IMAGE_TOKEN, IMAGE_TOKEN_ID = "<image>", RESERVED_TOKENS["[RESERVED_8]"]  # a reserved id is free in every vocabulary
+# Special tokens by id: vlm/tokenizer.py's but [YES], [NO], [MAYBE] (words, named by their word), the image
+# placeholder on its reserved id.
+SPECIAL = {i: IMAGE_TOKEN if i == IMAGE_TOKEN_ID else name for name, i in (SPECIAL_TOKENS | RESERVED_TOKENS).items()
+           if i not in ANSWER_TOKEN_WORDS.values()}
+# vlm/tokenizer.py's token pattern for the Oniguruma regexes of ``tokenizers``, whose \s lacks Python's \x1c-\x1f.
+_PUNCTUATION = "".join("\\" + mark for mark in PUNCTUATION)
+TOKEN_PATTERN = f"[{_PUNCTUATION}]|[^\\s\\x1c-\\x1f{_PUNCTUATION}]+"
+FILES = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+         "processor_config.json", "README.md")
+
+
+# ------------------------------------------------------------------------------------------- what exports
+
+
+@dataclass(frozen=True)
+class Departure:
+    reason: str  # what the model computes that transformers' PaliGemma does not
+    overrides: tuple[str, ...]  # the `dvc exp run -S` overrides that train a model without it
+
+
+def departures(config: VLMConfig) -> list[Departure]:
+    """Everything in ``config`` that transformers' PaliGemma does not compute, each with the params that train a
+    model without it; none: the model exports. A model option that changes the computation adds its line here."""
+    perception = config.perception
+    perception_off = (*(f"model.perception.heads.{name}=0" for name in perception.active_heads),
+                      *(["model.perception.to_decoder=false"] if perception.to_decoder else []),
+                      *(["model.perception.stem_channels=[]"] if perception.stem_channels else []))
+    found = [
+        (config.vision != "siglip", "it is the text-only baseline (model.vision: none), which reads no image; "
+                                    "export the VLM (models/vlm.pt) instead", ()),
+        (perception.enabled, "the traffic perception is on (model.perception: conv stem and heads)", perception_off),
+        (config.connector != "linear", f"its connector is {config.connector!r} (PaliGemma's is linear)",
+         ("model.connector=linear",)),
+        (config.pixel_shuffle != 1, f"model.pixel_shuffle is {config.pixel_shuffle} (PaliGemma's projector reads "
+                                    f"one patch per image token)", ("model.pixel_shuffle=1",)),
+    ]
+    return [Departure(reason, overrides) for departs, reason, overrides in found if departs]
+
+
+def check_exportable(config: VLMConfig, source: str | Path) -> None:
+    """Raise a one-line ``ValueError`` naming each departure of ``config`` (:func:`departures`) and the
+    ``dvc exp run`` that trains a model which exports."""
+    found = departures(config)
+    if not found:
+        return
+    message = f"{source}: cannot be exported as transformers' PaliGemma: " + "; ".join(d.reason for d in found)
+    overrides = [o for d in found for o in d.overrides]
+    if overrides:
+        message += ". Train one that can with: dvc exp run " + " ".join(f"-S {shlex.quote(o)}" for o in overrides)
+    raise ValueError(message)
+
+
+# ------------------------------------------------------------------------------------------- the files
+
+
+def hf_config(config: VLMConfig) -> dict[str, Any]:
+    """config.json: transformers' ``PaliGemmaConfig`` of the model."""
+    siglip, gemma = config.siglip, config.gemma
+    token_ids = {"bos_token_id": SOS, "eos_token_id": EOS, "pad_token_id": PAD}
+    return {
+        "architectures": ["PaliGemmaForConditionalGeneration"],
+        "model_type": "paligemma",
+        "image_token_index": IMAGE_TOKEN_ID,
+        "vocab_size": gemma.vocab_size,
+        "hidden_size": gemma.hidden_size,
+        "projection_dim": gemma.hidden_size,
+        "tie_word_embeddings": True,
+        "dtype": "float32",
+        **token_ids,
+        "vision_config": {
+            "model_type": "siglip_vision_model", "hidden_size": siglip.hidden_size,
+            "intermediate_size": siglip.intermediate_size, "num_hidden_layers": siglip.num_hidden_layers,
+            "num_attention_heads": siglip.num_attention_heads, "num_channels": siglip.num_channels,
+            "image_size": siglip.image_size, "patch_size": siglip.patch_size,
+            "layer_norm_eps": siglip.layer_norm_eps, "hidden_act": "gelu_pytorch_tanh", "vision_use_head": False,
+            "projection_dim": gemma.hidden_size,
+        },
+        "text_config": {
+            "model_type": "gemma", "vocab_size": gemma.vocab_size, "hidden_size": gemma.hidden_size,
+            "intermediate_size": gemma.intermediate_size, "num_hidden_layers": gemma.num_hidden_layers,
+            "num_attention_heads": gemma.num_attention_heads, "num_key_value_heads": gemma.num_key_value_heads,
+            "head_dim": gemma.head_dim, "rms_norm_eps": gemma.rms_norm_eps,
+            "rope_parameters": {"rope_type": "default", "rope_theta": gemma.rope_theta},
+            "hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True, **token_ids,
+        },
+    }
+
+
+def hf_tokenizer(vocab: Mapping[str, int]) -> Tokenizer:
+    """The ``tokenizers.Tokenizer`` of ``vocab`` (token -> id, vlm/tokenizer.py's): NFKC, lower case, ``? . , !``
+    tokens of their own, whitespace between words; "yes", "no", "maybe" are the ids of [YES], [NO], [MAYBE]
+    (tokens named by their word, so they decode to it); a line break is [SEP]. The special tokens (and the image
+    placeholder on reserved id 8) match only as written and are skipped when decoding. Alone it encodes a
+    question as ``[SOS] words [SEP]``, as ``encode_question``."""
+    words = {token: i for token, i in vocab.items() if i >= FIRST_WORD_ID and token not in ANSWER_TOKEN_WORDS}
+    table = {name: i for i, name in SPECIAL.items()} | ANSWER_TOKEN_WORDS | words
+    tokenizer = Tokenizer(models.WordLevel(table, unk_token=SPECIAL[UNK]))
+    tokenizer.normalizer = normalizers.Sequence([
+        normalizers.NFKC(), normalizers.Lowercase(), normalizers.Replace("\n", f" {SPECIAL[SEP]} ")])
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(TOKEN_PATTERN), behavior="removed", invert=True)
+    tokenizer.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in SPECIAL.values()])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{SPECIAL[SOS]} $A {SPECIAL[SEP]}", special_tokens=[(SPECIAL[SOS], SOS), (SPECIAL[SEP], SEP)])
+    return tokenizer
+
+
+def tokenizer_config() -> dict[str, Any]:
+    """tokenizer_config.json: the special tokens by role; left padding, as batched ``generate`` needs."""
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "processor_class": "PaliGemmaProcessor",
+            "bos_token": SPECIAL[SOS], "eos_token": SPECIAL[EOS], "pad_token": SPECIAL[PAD],
+            "unk_token": SPECIAL[UNK], "sep_token": SPECIAL[SEP], "image_token": IMAGE_TOKEN,
+            "padding_side": "left", "clean_up_tokenization_spaces": True}
+
+
+def processor_config(loaded: LoadedModel) -> dict[str, Any]:
+    """processor_config.json: ``PaliGemmaProcessor`` with SigLIP's image processor, which squashes an image to
+    the packed size with the packing's filter and normalises it with the train split's mean and std."""
+    config, side = loaded.model.config, loaded.image_size
+    return {
+        "processor_class": "PaliGemmaProcessor",
+        "image_processor": {
+            "image_processor_type": "SiglipImageProcessor", "image_seq_length": loaded.model.num_image_tokens,
+            "do_convert_rgb": True, "do_resize": True, "size": {"height": side, "width": side},
+            "resample": int(RESAMPLE[loaded.resample]), "do_rescale": True, "rescale_factor": 1 / 255,
+            "do_normalize": True, "image_mean": config.image_mean, "image_std": config.image_std,
+        },
+    }
+
+
+def generation_config(loaded: LoadedModel) -> dict[str, Any]:
+    """generation_config.json: greedy decoding that stops at [EOS], at most the longest answer's tokens."""
+    return {"bos_token_id": SOS, "eos_token_id": EOS, "pad_token_id": PAD, "do_sample": False,
+            "max_new_tokens": max(len(ids) for ids in loaded.candidates())}
+
+
+def model_card(loaded: LoadedModel, source: str, folder: str) -> str:
+    """README.md: what the model was trained on, its sizes and params, its metrics, and how to ask it."""
+    config, payload = loaded.model.config, loaded.checkpoint
+    siglip, gemma = config.siglip, config.gemma
+    statistics = payload["vocab"].get("statistics", {})
+    parameters = sum(p.numel() for p in loaded.model.parameters())  # the tied LM head once
+    metrics = "\n".join(f"| {key} | {_number(value)} |" for key, value in payload.get("metrics", {}).items())
+    started = [f"the {part} from `{path}`" for part, path in (("encoder", config.vision_checkpoint),
+                                                               ("decoder", config.decoder_checkpoint)) if path]
+    start = "starting " + " and ".join(started) if started else "from scratch"
+    return f"""---
+library_name: transformers
+pipeline_tag: image-text-to-text
+tags: [paligemma, vqa, traffic]
+---
+
+# traffic-vlm PaliGemma
+
+A small PaliGemma (SigLIP encoder, linear projector, Gemma decoder) trained {start} by the traffic-vlm DVC
+pipeline to answer questions about traffic scenes, exported from `{source}` by `python -m vlm.export`.
+
+```python
+from PIL import Image
+from transformers import AutoProcessor, PaliGemmaForConditionalGeneration
+
+model = PaliGemmaForConditionalGeneration.from_pretrained("{folder}")
+processor = AutoProcessor.from_pretrained("{folder}")
+inputs = processor(images=Image.open("street.jpg"), text="<image>Is there a bus?", return_tensors="pt")
+print(processor.decode(model.generate(**inputs)[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+```
+
+## Data
+
+- Questions: {statistics.get("num_commands", "?")} training questions, a word vocabulary of {gemma.vocab_size} ids
+  ({statistics.get("coverage_pct", "?")}% of the training tokens covered); words outside it are [UNK].
+- Answers: {len(loaded.answers)}, one word each: {", ".join(loaded.answers)}.
+- Images: squashed (not cropped) to {loaded.image_size} x {loaded.image_size} px ({loaded.resample}), normalised
+  with the training split's per-channel mean {_numbers(config.image_mean)} and std {_numbers(config.image_std)}.
+
+## Model
+
+{parameters:,} parameters.
+
+| part | layers | width | heads | |
+|---|---:|---:|---:|---|
+| SigLIP encoder | {siglip.num_hidden_layers} | {siglip.hidden_size} | {siglip.num_attention_heads} | \
+patch {siglip.patch_size}: {config.num_image_tokens} image tokens |
+| linear projector | | {siglip.hidden_size} -> {gemma.hidden_size} | | |
+| Gemma decoder | {gemma.num_hidden_layers} | {gemma.hidden_size} | {gemma.num_attention_heads} | \
+{gemma.num_key_value_heads} key-value heads of {gemma.head_dim}, vocabulary {gemma.vocab_size} |
+
+Its config (params.yaml's `model:` and what the data fixes: vocabulary, image size, mean and std):
+
+```json
+{json.dumps(config.to_dict(), indent=2)}
+```
+
+## Metrics
+
+Of the saved epoch (the best on the validation split):
+
+| metric | value |
+|---|---|
+{metrics}
+
+## Differences from the project's own `vlm.predict`
+
+- `vlm.predict` answers by constrained decoding (the most likely of the {len(loaded.answers)} answers);
+  `generate` decodes greedily over the whole vocabulary.
+- `vlm.predict` decodes a JPEG at a reduced size first (PIL's draft mode) before resizing; the image processor
+  resizes the full image. On images of exactly {loaded.image_size} x {loaded.image_size} px the inputs are the same.
+- Pass the processor's `token_type_ids` (it returns them) to the model: they make the image and the question one
+  block of full attention and the answer causal, as in training.
+"""
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _numbers(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.3f}" for v in values) + "]"
+
+
+# ------------------------------------------------------------------------------------------- writing
+
+
+def export(checkpoint: str | Path, out: str | Path) -> Path:
+    """Write the transformers folder of the model ``checkpoint`` at ``out`` (whole or not at all) and return it.
+
+    ``out`` may be a new folder or an earlier export (replaced); a folder holding anything else is refused."""
+    out = Path(out)
+    if out.exists() and not (out.is_dir() and {p.name for p in out.iterdir()} <= set(FILES)):
+        raise FileExistsError(f"--out {out}: exists and is not an earlier export (which holds only "
+                              f"{', '.join(FILES)}); give a new folder")
+    loaded = load_model(checkpoint)
+    check_exportable(loaded.model.config, checkpoint)
+    state = {key: tensor.contiguous() for key, tensor in loaded.model.state_dict().items()
+             if key != "language_model.lm_head.weight"}  # tied to language_model.model.embed_tokens
+    texts = {"config.json": hf_config(loaded.model.config), "generation_config.json": generation_config(loaded),
+             "tokenizer_config.json": tokenizer_config(), "processor_config.json": processor_config(loaded)}
+    with atomic_path(out) as tmp:
+        tmp.mkdir()
+        save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        for name, content in texts.items():
+            (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        hf_tokenizer(loaded.tokenizer.vocab).save(str(tmp / "tokenizer.json"))
+        (tmp / "README.md").write_text(model_card(loaded, str(checkpoint), str(out)), encoding="utf-8")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m vlm.export", description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", default="models/vlm.pt", help="the trained model (vlm/checkpoint.py)")
+    parser.add_argument("--out", type=Path, required=True, help="the folder to write (new, or an earlier export)")
+    args = parser.parse_args(argv)
+    print(f"wrote {export(args.checkpoint, args.out)}")
+
+
+if __name__ == "__main__":
+    run(main)

@@ -54,8 +54,17 @@ def write_checkpoint(path: Path, model_section: dict, train_on: list[tuple[Path,
     return path
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The model is tiny: intra-op threads only add synchronisation (and the cores are shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(tmp_path_factory, one_thread):
     """A plain tiny model taught the three answers, its checkpoint, the images asked about, and its export."""
     root = tmp_path_factory.mktemp("export")
     rng = np.random.default_rng(0)

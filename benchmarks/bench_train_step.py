@@ -113,6 +113,8 @@ TWEAKS = {
     "compile_layers": lambda run: [layer.compile() for layer in (*run.model.language_model.model.layers,
                                                                   *run.model.vision_tower.encoder.layers)],
     "all_text_positions": lambda run: setattr(run, "ddp_model", AllTextPositions(run.model)),
+    # one decoder row per image (vlm.models.packing); it changes the model (image tokens ignore the question)
+    "pack_questions": lambda run: setattr(run.model.config, "pack_questions", True),
     # both adopted changes undone: the training step as it was before them
     "before_answer_only_and_fused": lambda run: (TWEAKS["all_text_positions"](run), TWEAKS["default_adamw"](run)),
 }

@@ -93,12 +93,14 @@ def test_bench_train_step(tmp_path, tiny_run):
 def test_bench_train_step_compare(tmp_path, tiny_run):
     tweaks = ("before_answer_only_and_fused", "channels_last")  # the first undoes two changes, through all of them
     report = run_benchmark("bench_train_step.py", tmp_path / "tweaks.json", *tiny_run, "--compare", *tweaks,
-                           "--rounds", "2", "--round-steps", "1", "--check-steps", "3")
+                           "--rounds", "2", "--round-steps", "1", "--check-steps", "3", "--profile-steps", "1")
     results = report["results"]
     assert set(results) == {"baseline", *tweaks}
     assert results["baseline"]["speedup"] == 1 and results["baseline"]["loss_max_abs_diff"] == 0
+    assert results["baseline"]["decoder_speedup"] == 1
     for name in tweaks:
         assert results[name]["speedup"] > 0 and results[name]["loss_max_abs_diff"] < 1e-2
+        assert results[name]["decoder_ms_per_question"] > 0
 
 
 def test_bench_memory(tmp_path):

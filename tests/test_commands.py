@@ -145,6 +145,23 @@ def test_several_questions_per_image_and_phrasings(splits):
     assert sum(len(v) > 1 for v in phrasings.values()) >= 8
 
 
+def test_the_train_split_has_its_own_mix_and_val_and_test_stay(tmp_path, splits):
+    """commands.train_questions_per_image and train_type_weights change the train split only: val and test are
+    the very questions of the default mix."""
+    config = CommandsConfig(train_questions_per_image=12, train_type_weights={"counting": 3, "safety": 2})
+    mixed = generate_commands(random_scenes(600), config, tmp_path)
+    assert mixed["val"] == splits["val"] and mixed["test"] == splits["test"]
+    per_image = Counter(r["image_id"] for r in mixed["train"])
+    default = Counter(r["image_id"] for r in splits["train"])
+    assert np.mean(list(per_image.values())) > 1.3 * np.mean(list(default.values()))
+    share = {name: Counter(r["command_type"] for r in records) for name, records in
+             (("mixed", mixed["train"]), ("default", splits["train"]))}
+    for t, weight in (("counting", 3), ("safety", 2), ("scene", 1)):
+        ratio = (share["mixed"][t] / sum(share["mixed"].values())) / (share["default"][t] /
+                                                                      sum(share["default"].values()))
+        assert ratio > 1.3 if weight > 1 else ratio < 0.9, (t, ratio)
+
+
 def test_deterministic(tmp_path):
     scenes = random_scenes(120, seed=4)
     first = generate_commands(scenes, CommandsConfig(), tmp_path / "a")
@@ -206,6 +223,9 @@ def test_scenes_that_change_between_reads_are_an_error(tmp_path):
     ({"counting_categories": ["unicorn"]}, "commands.counting_categories: unknown category 'unicorn'"),
     ({"max_count": 12}, "commands.max_count: must be in 0..9"),
     ({"questions_per_image": "many"}, "commands.questions_per_image: must be an integer"),
+    ({"train_questions_per_image": 0}, "commands.train_questions_per_image: must be at least 1 or null, got 0"),
+    ({"train_type_weights": {"poetry": 2}}, "commands.train_type_weights: unknown type 'poetry'"),
+    ({"train_type_weights": {"counting": 0}}, "commands.train_type_weights.counting: must be a positive number"),
     ({"colour": 1}, "commands.colour: unknown key"),
     ({"holdout": {"season": "winter"}}, "commands.holdout: unknown frame attribute 'season'"),
     ({"holdout": {"weather": 3}}, "commands.holdout.weather: must be a value such as 'rainy', got 3"),

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from vlm.batch import Batch
 from vlm.models import PaliGemma, PaliGemmaConfig, SiglipVisionConfig, SiglipVisionModel, load_pretrained
@@ -200,9 +201,49 @@ def test_the_prefix_sees_the_whole_prefix(config, make_batch):
     assert not torch.allclose(model(replace(batch, images=images)).logits[b, 0], base[b, 0], atol=1e-4)
 
 
-@pytest.mark.parametrize("connector", ["linear", "qformer"])
-def test_padded_batch_matches_each_question_alone(config, make_batch, row, connector):
-    model = build(config, connector=connector)
+@pytest.mark.parametrize("vision", ["siglip", "none"])
+def test_packed_rows_give_each_question_its_loss_and_gradients_alone(config, make_batch, row, vision):
+    """One decoder row per image (pack_questions): each question's answer loss and its gradients are those it
+    has alone, in a row [image | question answer] of its own, as answer_only's are tested above."""
+    model = build(config, vision=vision, pack_questions=True).train()
+    batch = make_batch(model.config, batch=7, num_images=3)  # rows of 3, 2 and 2 questions, interleaved
+    assert model(batch, answer_only=True).logits.shape[:2] == (7, 3)  # answers of up to 3 tokens
+    for b in range(len(batch)):
+        single = row(batch, b)
+        alone = model(single, answer_only=True)
+        alone.losses["answer"].backward()
+        expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+        model.zero_grad()
+        start = int(batch.prefix_lengths[b])
+        labels = batch.labels[b, start:start + alone.logits.shape[1]]
+        packed = F.cross_entropy(model(batch, answer_only=True).logits[b, :len(labels)], labels)
+        packed.backward()
+        torch.testing.assert_close(packed, alone.losses["answer"], atol=1e-6, rtol=0)
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, expected[name], atol=1e-6, rtol=1e-5, msg=f"question {b}: {name}")
+        model.zero_grad()
+
+
+def test_packed_image_tokens_ignore_the_questions(config, make_batch):
+    """With pack_questions the image tokens attend to each other only: what a question reads of its image does
+    not depend on its words (PaliGemma's prefix lets them see the question)."""
+    batch = make_batch(config(), batch=1, num_images=1)
+    changed = batch.input_ids.clone()
+    changed[0, 1] += 1  # the first question word
+    for pack_questions, same in ((True, True), (False, False)):
+        model = build(config, pack_questions=pack_questions)
+        hidden = []
+        model.language_model.model.layers[1].register_forward_pre_hook(lambda m, a, seen=hidden: seen.append(a[0]))
+        for ids in (batch.input_ids, changed):
+            model(replace(batch, input_ids=ids))
+        image_states = [h[0, :model.num_image_tokens] for h in hidden]  # the image slots after layer 0
+        assert torch.allclose(*image_states, atol=1e-6) is same, pack_questions
+
+
+@pytest.mark.parametrize("connector, pack_questions", [("linear", False), ("qformer", False), ("linear", True),
+                                                       ("qformer", True)])
+def test_padded_batch_matches_each_question_alone(config, make_batch, row, connector, pack_questions):
+    model = build(config, connector=connector, pack_questions=pack_questions)
     batch = make_batch(model.config)
     logits = model(batch).logits
     probs = model.answer(inputs(batch), candidates=CANDIDATES)
@@ -221,8 +262,9 @@ def test_padded_batch_matches_each_question_alone(config, make_batch, row, conne
 # ---------------------------------------------------------------- answering
 
 
-def test_answer_equals_scoring_each_candidate_with_a_full_forward(config, make_batch):
-    model = build(config)
+@pytest.mark.parametrize("pack_questions", [False, True])  # True: answer()'s mask against the packed forward
+def test_answer_equals_scoring_each_candidate_with_a_full_forward(config, make_batch, pack_questions):
+    model = build(config, pack_questions=pack_questions)
     batch = make_batch(model.config)
     probs = model.answer(inputs(batch), candidates=CANDIDATES)
     assert probs.shape == (5, len(CANDIDATES))
@@ -238,8 +280,9 @@ def test_answer_equals_scoring_each_candidate_with_a_full_forward(config, make_b
         torch.testing.assert_close(probs[b], torch.stack(scores).softmax(-1), atol=1e-5, rtol=0)
 
 
-def test_generate_with_cache_equals_without(config, make_batch):
-    model = build(config)
+@pytest.mark.parametrize("pack_questions", [False, True])
+def test_generate_with_cache_equals_without(config, make_batch, pack_questions):
+    model = build(config, pack_questions=pack_questions)
     batch = make_batch(model.config)
     cached = model.generate(inputs(batch), eos_token_id=-1, max_new_tokens=5)
     uncached = model.generate(inputs(batch), eos_token_id=-1, max_new_tokens=5, use_cache=False)

@@ -36,6 +36,10 @@ from vlm.scenes.schema import CATEGORIES, Scene
 class CommandsConfig:
     seed: int = 0
     questions_per_image: int = 8
+    # The train split's own mix (val and test keep the above, so their numbers stay comparable): questions per
+    # image (None = questions_per_image) and the share of its slots each type gets (weights; unnamed types 1).
+    train_questions_per_image: int | None = None
+    train_type_weights: dict = field(default_factory=dict)
     splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     balance_tolerance: float = 1.1
     command_types: list[str] = field(default_factory=lambda: list(COMMAND_TYPES))
@@ -52,6 +56,14 @@ class CommandsConfig:
     def validate(self, prefix: str = "commands") -> None:
         check(self.questions_per_image >= 1, f"{prefix}.questions_per_image",
               f"must be at least 1, got {self.questions_per_image}")
+        per_image = self.train_questions_per_image
+        check(per_image is None or per_image >= 1, f"{prefix}.train_questions_per_image",
+              f"must be at least 1 or null, got {per_image}")
+        for t, weight in self.train_type_weights.items():
+            check(t in COMMAND_TYPES, f"{prefix}.train_type_weights",
+                  f"unknown type {t!r} (known: {', '.join(COMMAND_TYPES)})")
+            check(not isinstance(weight, bool) and isinstance(weight, (int, float)) and weight > 0,
+                  f"{prefix}.train_type_weights.{t}", f"must be a positive number, got {weight!r}")
         check(set(self.splits) == set(SPLITS), f"{prefix}.splits",
               f"must name exactly {', '.join(SPLITS)}, got {', '.join(self.splits)}")
         for name, frac in self.splits.items():
@@ -116,17 +128,18 @@ def _deficit(counts: Counter, answer: str) -> int:
 
 
 def _pick(scene_candidates: list[Candidate], n: int, key_counts, type_counts, types: tuple[str, ...],
-          rng: np.random.Generator) -> list[Candidate]:
-    """Greedy, balance-seeking choice of ``n`` distinct questions for one image."""
+          rng: np.random.Generator, weights: dict[str, float]) -> list[Candidate]:
+    """Greedy, balance-seeking choice of ``n`` distinct questions for one image, the types' shares of the
+    slots in proportion to their ``weights`` (absent: 1)."""
     by_type: dict[str, list[Candidate]] = defaultdict(list)
     for c in scene_candidates:
         by_type[c.command_type].append(c)
     chosen: list[Candidate] = []
     order = [str(t) for t in rng.permutation(types) if by_type[str(t)]]  # tie-break between types
     while len(chosen) < n and order:
-        # The slot goes to the type asked least so far: types that only some images can answer (traffic
-        # lights) get more of those images' slots, so every type ends up with about as many questions.
-        t = min(order, key=lambda name: sum(type_counts[name].values()))
+        # The slot goes to the type asked least so far for its weight: types that only some images can answer
+        # (traffic lights) get more of those images' slots, so every type ends up near its share.
+        t = min(order, key=lambda name: sum(type_counts[name].values()) / weights.get(name, 1))
         pool, type_count = by_type[t], type_counts[t]
         scores = [(_deficit(key_counts[c.key], c.answer), _deficit(type_count, c.answer)) for c in pool]
         best = max(scores)
@@ -224,8 +237,11 @@ class BalancedCommands:
             split = self._split_of[scene.image_id]
             picker = pickers[split]
             pool = candidates(scene, self._width, self._height, self._config.template_options, self._types)
-            chosen = _pick(pool, self._config.questions_per_image, picker.key_counts, picker.type_counts,
-                           self._types, picker.rng)
+            config = self._config
+            per_image, weights = ((config.train_questions_per_image, config.train_type_weights) if split == "train"
+                                  else (None, {}))
+            chosen = _pick(pool, per_image or config.questions_per_image, picker.key_counts, picker.type_counts,
+                           self._types, picker.rng, weights)
             for slot, c in enumerate(chosen):
                 yield split, position, scene, slot, c, int(picker.rng.integers(len(TEMPLATES[c.template].phrasings)))
 

@@ -72,15 +72,18 @@ class CausalLMOutput:
 
 
 def prefix_lm_mask(key_valid: torch.Tensor, query_slots: torch.Tensor,
-                   prefix_lengths: torch.Tensor | None = None) -> torch.Tensor:
+                   prefix_lengths: torch.Tensor | None = None, isolated: int = 0) -> torch.Tensor:
     """Boolean attention mask ``[B, 1, Q, K]``: a query sees every valid key at or before its own slot,
     and additionally every valid key of the first ``prefix_lengths[b]`` slots (full attention inside the
-    prefix, causal after it). ``key_valid`` ``[B, K]`` is False on padding and on empty cache slots;
-    ``query_slots`` ``[B, Q]`` is each query's slot; ``prefix_lengths`` ``[B]`` (None: purely causal)."""
+    prefix, causal after it), except that a query in the first ``isolated`` slots sees those slots only.
+    ``key_valid`` ``[B, K]`` is False on padding and on empty cache slots; ``query_slots`` ``[B, Q]`` is
+    each query's slot; ``prefix_lengths`` ``[B]`` (None: purely causal)."""
     key_slots = torch.arange(key_valid.shape[1], device=key_valid.device)  # [K]
     visible = key_slots <= query_slots[:, :, None]  # [B, Q, K]
     if prefix_lengths is not None:
         visible = visible | (key_slots < prefix_lengths[:, None, None])
+    if isolated:
+        visible = visible & ((query_slots[:, :, None] >= isolated) | (key_slots < isolated))
     return (visible & key_valid[:, None, :])[:, None]
 
 
@@ -287,13 +290,14 @@ class GemmaForCausalLM(nn.Module):
     @torch.no_grad()
     def generate(self, inputs_embeds: torch.Tensor, key_valid: torch.Tensor, lengths: torch.Tensor,
                  max_new_tokens: int, eos_token_id: int, pad_token_id: int = 0, prefix_lm: bool = False,
-                 use_cache: bool = True) -> torch.Tensor:
+                 use_cache: bool = True, isolated: int = 0) -> torch.Tensor:
         """Greedy decoding after right-padded prompts.
 
         ``inputs_embeds`` ``[B, S, D]`` are the prompts, ``key_valid`` ``[B, S]`` marks real tokens and
         ``lengths`` ``[B]`` is each prompt's length (its tokens are the first ``lengths[b]`` slots).
         New token t of row b goes to slot ``lengths[b] + t``, overwriting padding. With ``prefix_lm``
-        the prompt attends to itself in full. Returns ``[B, T]`` ids (T <= max_new_tokens), each row
+        the prompt attends to itself in full, but for its first ``isolated`` slots, which see each other
+        only (:func:`prefix_lm_mask`). Returns ``[B, T]`` ids (T <= max_new_tokens), each row
         ending at its first ``eos_token_id`` and padded with ``pad_token_id`` after it.
         """
         batch, prompt_length, _ = inputs_embeds.shape
@@ -317,11 +321,11 @@ class GemmaForCausalLM(nn.Module):
         generated, finished = [], torch.zeros(batch, dtype=torch.bool, device=device)
         for step in range(max_new_tokens):
             if cache is not None:
-                mask = prefix_lm_mask(valid, step_slots, prefix_lengths)
+                mask = prefix_lm_mask(valid, step_slots, prefix_lengths, isolated)
                 hidden, _ = self.model(step_embeds, step_slots, mask, cache, step_slots)
                 hidden = hidden[rows, read_slots - step_slots[:, 0]]  # [B, D]
             else:
-                hidden, _ = self.model(sequence, all_slots, prefix_lm_mask(valid, all_slots, prefix_lengths))
+                hidden, _ = self.model(sequence, all_slots, prefix_lm_mask(valid, all_slots, prefix_lengths, isolated))
                 hidden = hidden[rows, read_slots]
             next_token = self.lm_head(hidden).argmax(-1)  # [B]
             generated.append(torch.where(finished, pad_token_id, next_token))

@@ -39,6 +39,7 @@ from vlm.models.gemma import (
     load_pretrained_gemma,
     prefix_lm_mask,
 )
+from vlm.models.packing import PackedRows
 from vlm.models.pretrained import read_config
 from vlm.models.qformer import QFormerConfig, QFormerConnector
 from vlm.models.siglip import (
@@ -63,6 +64,9 @@ class PaliGemmaConfig:
     vision: Literal["siglip", "none"] = "siglip"
     connector: Literal["linear", "qformer"] = "linear"
     pixel_shuffle: int = 1  # linear connector: r x r neighbouring patches -> one image token (1 = PaliGemma)
+    # One decoder row per image (vlm.models.packing): the image tokens attend to each other only, not to the
+    # question as in PaliGemma's prefix, so that all of an image's questions share them. False = PaliGemma.
+    pack_questions: bool = False
     vision_checkpoint: str | None = None  # a saved HF SigLIP (or PaliGemma) folder: the encoder starts from it
     decoder_checkpoint: str | None = None  # a saved HF GemmaForCausalLM (or PaliGemma) folder: the decoder too
     siglip: SiglipVisionConfig = field(default_factory=SiglipVisionConfig)
@@ -228,6 +232,12 @@ class PaliGemma(nn.Module):
         tokens = self.multi_modal_projector(torch.cat([features, extra.patch_features], dim=-1))  # [N, T', D]
         return torch.cat([tokens, extra.tokens], dim=1), extra.losses
 
+    @property
+    def isolated_image_tokens(self) -> int:
+        """The leading image slots that attend to each other only: all of them with ``pack_questions``, else
+        none (PaliGemma's full prefix)."""
+        return self.num_image_tokens if self.config.pack_questions else 0
+
     def _embed(self, batch: Batch, prefix_only: bool):
         """Image tokens (each distinct image encoded once, gathered per question) followed by the text.
 
@@ -254,29 +264,57 @@ class PaliGemma(nn.Module):
 
         ``answer_only`` (training): the last decoder layer and the LM head compute only the A positions that
         predict the answer tokens (column a of row b: the token at text position ``prefix_lengths[b] + a``),
-        so the logits are ``[B, A, V]``; the loss is the same (labels sit on the answer tokens only)."""
-        inputs_embeds, key_valid, prefix_total, losses = self._embed(batch, prefix_only=False)
-        num, length, _ = inputs_embeds.shape
-        slots = torch.arange(length, device=inputs_embeds.device).expand(num, length)  # [B, S]
-        mask = prefix_lm_mask(key_valid, slots, prefix_total)
+        so the logits are ``[B, A, V]``; the loss is the same (labels sit on the answer tokens only).
+        With ``pack_questions`` the decoder reads one row per image (:class:`PackedRows`)."""
+        length = batch.input_ids.shape[1]
         if answer_only:
             if batch.labels is None:
                 raise ValueError("forward(answer_only=True) needs batch.labels: the answer is where they are")
-            offsets = torch.arange(answer_length(batch), device=inputs_embeds.device)  # [A]
-            output_slots = (prefix_total[:, None] - 1 + offsets).clamp(max=length - 1)  # [B, A]
+            offsets = torch.arange(answer_length(batch), device=batch.input_ids.device)  # [A]
             text_positions = batch.prefix_lengths[:, None] + offsets  # [B, A] the tokens they predict
-            labels = batch.labels.gather(1, text_positions.clamp(max=batch.labels.shape[1] - 1))
-            labels = labels.masked_fill(text_positions >= batch.labels.shape[1], IGNORE_INDEX)  # [B, A]
+            labels = batch.labels.gather(1, text_positions.clamp(max=length - 1))
+            labels = labels.masked_fill(text_positions >= length, IGNORE_INDEX)  # [B, A]
+            outputs = (text_positions - 1).clamp(max=length - 1)  # [B, A] the positions predicting them
         else:
-            output_slots = slots[:, self.num_image_tokens:]  # [B, L]: the text positions
+            outputs = torch.arange(length, device=batch.input_ids.device).expand(len(batch), length)  # [B, L]
             # position t predicts token t + 1; the last position predicts nothing
             labels = None if batch.labels is None else F.pad(batch.labels[:, 1:], (0, 1), value=IGNORE_INDEX)
-        hidden, _ = self.language_model.model(inputs_embeds, slots, mask, output_slots=output_slots)  # [B, Q, D]
+        decode = self._decode_packed if self.config.pack_questions else self._decode
+        hidden, losses = decode(batch, outputs)  # [B, Q, D]
         logits = self.language_model.lm_head(hidden)  # [B, Q, V]
         if labels is not None:
             losses = {"answer": F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
                                                 ignore_index=IGNORE_INDEX), **losses}
         return VLMOutput(logits=logits, losses=losses)
+
+    def _decode(self, batch: Batch, outputs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One decoder row per question ``[image tokens | text]``: the hidden states ``[B, Q, D]`` at text
+        positions ``outputs`` ``[B, Q]``, and the extension's losses."""
+        inputs_embeds, key_valid, prefix_total, losses = self._embed(batch, prefix_only=False)
+        num, length, _ = inputs_embeds.shape
+        slots = torch.arange(length, device=inputs_embeds.device).expand(num, length)  # [B, S]
+        mask = prefix_lm_mask(key_valid, slots, prefix_total, self.isolated_image_tokens)
+        output_slots = outputs + (length - batch.input_ids.shape[1])  # [B, Q] after the T image tokens
+        hidden, _ = self.language_model.model(inputs_embeds, slots, mask, output_slots=output_slots)
+        return hidden, losses
+
+    def _decode_packed(self, batch: Batch, outputs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`_decode` with one decoder row per image, ``[image tokens | q1 a1 | q2 a2 | ...]``."""
+        text_embeds = self.language_model.model.embed_tokens(batch.input_ids)  # [B, L, D]
+        if self.config.vision == "none":  # no image tokens: a row per image all the same, or per question
+            image_index = batch.image_index if batch.image_index is not None else torch.arange(
+                len(batch), device=text_embeds.device)
+            image_tokens, losses = text_embeds.new_zeros(int(image_index.max()) + 1, 0, text_embeds.shape[2]), {}
+        else:
+            image_index = batch.image_index
+            image_tokens, losses = self.encode_images(batch.images, batch.targets)  # [N, T, D]
+        rows = PackedRows.build(image_index, image_tokens.shape[0], image_tokens.shape[1], batch.attention_mask,
+                                batch.prefix_lengths)
+        inputs_embeds = rows.pack(image_tokens, text_embeds, batch.attention_mask)  # [N, S, D]
+        output_slots = rows.row_slots(rows.slots.gather(1, outputs))  # [N, K*Q]
+        hidden, _ = self.language_model.model(inputs_embeds, rows.position_ids, rows.mask,
+                                              output_slots=output_slots)  # [N, K*Q, D]
+        return rows.unpack(hidden, outputs.shape[1]), losses
 
     @torch.no_grad()
     def generate(self, batch: Batch, *, eos_token_id: int, max_new_tokens: int = 8, pad_token_id: int = 0,
@@ -285,7 +323,8 @@ class PaliGemma(nn.Module):
         KV cache; each row ends at its first [EOS] and is padded after it."""
         inputs_embeds, key_valid, prefix_total, _ = self._embed(batch.without_labels(), prefix_only=True)
         return self.language_model.generate(inputs_embeds, key_valid, prefix_total, max_new_tokens, eos_token_id,
-                                            pad_token_id, prefix_lm=True, use_cache=use_cache)
+                                            pad_token_id, prefix_lm=True, use_cache=use_cache,
+                                            isolated=self.isolated_image_tokens)
 
     @torch.no_grad()
     def answer(self, batch: Batch, candidates: list[list[int]]) -> torch.Tensor:
@@ -311,7 +350,8 @@ class PaliGemma(nn.Module):
         prefix_slots = torch.arange(prefix_length, device=device).expand(num, -1)  # [B, S]
         position_ids = torch.cat([prefix_slots, prefix_total[:, None] + offsets], dim=1)  # [B, S + C*T]
 
-        mask = packed_candidates_mask(key_valid, prefix_total, cand_valid)  # [B, 1, S + C*T, S + C*T]
+        mask = packed_candidates_mask(key_valid, prefix_total, cand_valid,
+                                      self.isolated_image_tokens)  # [B, 1, S + C*T, S + C*T]
         hidden, _ = self.language_model.model(inputs_embeds, position_ids, mask)  # [B, S + C*T, D]
         lm_head = self.language_model.lm_head
         rows = torch.arange(num, device=device)
@@ -337,7 +377,8 @@ class PaliGemma(nn.Module):
         num, length, _ = inputs_embeds.shape
         slots = torch.arange(length, device=inputs_embeds.device).expand(num, length)
         _, attentions = self.language_model.model(inputs_embeds, slots,
-                                                  prefix_lm_mask(key_valid, slots, prefix_total),
+                                                  prefix_lm_mask(key_valid, slots, prefix_total,
+                                                                 self.isolated_image_tokens),
                                                   output_attentions=True)
         rows = torch.arange(num, device=inputs_embeds.device)
         return torch.stack([layer[rows, :, prefix_total - 1, :self.num_image_tokens] for layer in attentions], dim=1)
@@ -356,18 +397,18 @@ def answer_length(batch: Batch) -> int:
     return max(length, 1)
 
 
-def packed_candidates_mask(key_valid: torch.Tensor, prefix_total: torch.Tensor,
-                           cand_valid: torch.Tensor) -> torch.Tensor:
+def packed_candidates_mask(key_valid: torch.Tensor, prefix_total: torch.Tensor, cand_valid: torch.Tensor,
+                           isolated: int = 0) -> torch.Tensor:
     """Attention mask ``[B, 1, S + C*T, S + C*T]`` for a prefix (``key_valid`` ``[B, S]``, prefix-LM over
     its first ``prefix_total`` slots) followed by C candidates of T tokens (``cand_valid`` ``[C, T]``): the
     prefix never sees the candidates; a candidate token sees the prefix and its own candidate's earlier
-    tokens, as if it were alone after the prefix."""
+    tokens, as if it were alone after the prefix; the first ``isolated`` slots see each other only."""
     batch, prefix_length = key_valid.shape
     num_candidates, cand_length = cand_valid.shape
     packed = num_candidates * cand_length
     device = key_valid.device
     prefix_slots = torch.arange(prefix_length, device=device).expand(batch, -1)
-    prefix_rows = prefix_lm_mask(key_valid, prefix_slots, prefix_total)  # [B, 1, S, S]
+    prefix_rows = prefix_lm_mask(key_valid, prefix_slots, prefix_total, isolated)  # [B, 1, S, S]
     prefix_rows = torch.cat([prefix_rows, prefix_rows.new_zeros(batch, 1, prefix_length, packed)], dim=3)
     candidate = torch.arange(num_candidates, device=device).repeat_interleave(cand_length)  # [C*T]
     offset = torch.arange(cand_length, device=device).repeat(num_candidates)  # [C*T]

@@ -158,9 +158,12 @@ def test_model_card(exported):
                                           "image token)", "dvc exp run -S model.pixel_shuffle=1"),
     ({**PLAIN_MODEL, "connector": "qformer"}, "its connector is 'qformer' (PaliGemma's is linear)",
      "dvc exp run -S model.connector=linear"),
+    ({**PLAIN_MODEL, "pack_questions": True}, "model.pack_questions is on (its image tokens ignore the question; "
+                                              "PaliGemma's attend to the whole prefix)",
+     "dvc exp run -S model.pack_questions=false"),
     ({"vision": "none", "gemma": PLAIN_MODEL["gemma"]}, "it is the text-only baseline (model.vision: none), which "
                                                         "reads no image; export the VLM (models/vlm.pt) instead", None),
-], ids=["perception", "pixel_shuffle", "qformer", "blind"])
+], ids=["perception", "pixel_shuffle", "qformer", "pack_questions", "blind"])
 def test_refuses_a_model_that_is_not_paligemma(tmp_path, capsys, section, reason, overrides):
     """One line on stderr: why it cannot be exported and how to train one that can; no folder is written."""
     model = write_checkpoint(tmp_path / "model.pt", section)

@@ -94,6 +94,8 @@ def departures(config: VLMConfig) -> list[Departure]:
          ("model.connector=linear",)),
         (config.pixel_shuffle != 1, f"model.pixel_shuffle is {config.pixel_shuffle} (PaliGemma's projector reads "
                                     f"one patch per image token)", ("model.pixel_shuffle=1",)),
+        (config.pack_questions, "model.pack_questions is on (its image tokens ignore the question; PaliGemma's "
+                                "attend to the whole prefix)", ("model.pack_questions=false",)),
     ]
     return [Departure(reason, overrides) for departs, reason, overrides in found if departs]
 

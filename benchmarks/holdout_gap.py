@@ -3,8 +3,9 @@ combination of attributes it never saw in training.
 
     make holdout      # = PATH=.venv/bin:$PATH python benchmarks/holdout_gap.py
 
-Queues (if it has not run yet) one experiment, ``dvc exp run -n holdout-<values> -S 'commands.holdout=...'``
-(default: rainy nights), whose test split is every frame with that combination and whose train and val splits
+Queues (if it has not run yet) one experiment, ``dvc exp run -n holdout-<values> -S 'commands.holdout=...'
+evaluate`` (default: rainy nights; the pipeline up to the evaluate stage, the only outputs compared: its
+counterfactuals and dataloader profile stay its parent's), whose test split is every frame with that combination and whose train and val splits
 hold none; runs the queue (:func:`scaling_curve.run_queue`) and compares, on the frames of that combination in
 the workspace's own (random) test split:
 
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
             if name in entries:
                 scaling_curve.dvc("queue", "remove", name)
             scaling_curve.dvc("exp", "run", "--queue", "-n", name, "-S",
-                              "++commands.holdout=" + yaml.safe_dump(combination, default_flow_style=True).strip())
+                              "++commands.holdout=" + yaml.safe_dump(combination, default_flow_style=True).strip(),
+                              "evaluate")
         scaling_curve.run_queue(args.poll)
     commit = scaling_curve.finished_experiments()[name]
     result = compare(pd.read_csv("metrics/eval/predictions.csv", dtype={"image_id": str}), predictions_at(commit),

@@ -19,18 +19,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", required=True)
     parser.add_argument("--raw", required=True)
     parser.add_argument("--metrics", required=True)
+    parser.add_argument("--details", required=True)
     parser.add_argument("--table", required=True)
     parser.add_argument("--plot", required=True)
     parser.add_argument("--sheet", required=True)
     args = parser.parse_args(argv)
-    check_writable(args.metrics, args.table, args.plot, args.sheet)
+    check_writable(args.metrics, args.details, args.table, args.plot, args.sheet)
     params = load_params(args.params)
     config = build_config(CounterfactualsConfig, section(params, "counterfactuals"), "counterfactuals")
     scenes = build_config(ScenesConfig, section(params, "scenes"), "scenes")
     commands = build_config(CommandsConfig, section(params, "commands"), "commands")
     paths = CounterfactualsPaths(model=Path(args.model), data=Path(args.data), raw=Path(args.raw),
-                                 metrics=Path(args.metrics), table=Path(args.table), plot=Path(args.plot),
-                                 sheet=Path(args.sheet))
+                                 metrics=Path(args.metrics), details=Path(args.details), table=Path(args.table),
+                                 plot=Path(args.plot), sheet=Path(args.sheet))
     summary = run_counterfactuals(config, scenes, commands, paths)
     for edit, m in summary.items():
         print(f"{edit:>18}: {m['pairs']} pairs, consistency {m['consistency']:.1%}, "

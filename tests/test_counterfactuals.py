@@ -177,8 +177,12 @@ def test_images_reach_the_model_as_the_scenes_stage_saved_them(tmp_path, monkeyp
 
     monkeypatch.setattr(counterfactuals, "answer_questions", answer_questions)
     paths = CounterfactualsPaths(model=tmp_path / "vlm.pt", data=processed, raw=raw, metrics=tmp_path / "cf.json",
-                                 table=tmp_path / "cf.csv", plot=tmp_path / "cf.png", sheet=tmp_path / "sheet.png")
-    counterfactuals.run(CounterfactualsConfig(), scenes, commands, paths, progress=False)
+                                 details=tmp_path / "summary.json", table=tmp_path / "cf.csv", plot=tmp_path / "cf.png",
+                                 sheet=tmp_path / "sheet.png")
+    summary = counterfactuals.run(CounterfactualsConfig(), scenes, commands, paths, progress=False)
+    # the headline (a DVC metric): the consistency per edit; the whole summary beside it
+    assert summary and read_json(paths.details) == {"counterfactuals": summary}
+    assert read_json(paths.metrics) == {"consistency": {edit: rates["consistency"] for edit, rates in summary.items()}}
     originals = [key for key in handed if "/" not in key]  # edited images are keyed "{image id}/{pair}"
     assert originals and len(handed) > len(originals)
     for image_id in originals:

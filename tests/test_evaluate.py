@@ -88,7 +88,7 @@ def test_evaluate_writes_metrics_tables_and_pictures(trained, tmp_path):
     types = {r["command_type"] for r in test_records}
     # The headline file (a DVC metric: a column each in `dvc exp show`): accuracy overall and per type first.
     headline = json.loads(paths.metrics.read_text())
-    assert list(headline) == ["vlm", "blind", "gain_from_vision", "slices"]
+    assert list(headline) == ["vlm", "blind", "gain_from_vision"]  # the slices are beside it (slices.json)
     for model in ("vlm", "blind"):
         assert list(headline[model]) == ["accuracy", "per_type", "macro_f1", "ece"]
         assert {k: metrics[model][k] for k in headline[model]} == headline[model]
@@ -116,8 +116,15 @@ def test_evaluate_writes_metrics_tables_and_pictures(trained, tmp_path):
                 "spatial_sides": sum(r["command_type"] == "spatial" for r in test_records)}
     counts = details["questions_per_slice"]
     assert {d: sum(values.values()) for d, values in counts.items()} == {d: n for d, n in expected.items() if n}
+    slices = json.loads(paths.slices.read_text())
+    assert paths.slices == paths.tables / "slices.json" and list(slices) == ["vlm", "blind"]
     for model in ("vlm", "blind"):
-        assert {d: set(v) for d, v in headline["slices"][model].items()} == {d: set(v) for d, v in counts.items()}
+        assert {d: set(v) for d, v in slices[model].items()} == {d: set(v) for d, v in counts.items()}
+    per_slice = pd.read_csv(paths.tables / "slices.csv")  # the same numbers, a bar each in `dvc plots`
+    assert len(per_slice) == 2 * sum(map(len, counts.values()))
+    for row in per_slice.itertuples():
+        dimension, value = row.slice.split("=", 1)
+        assert slices[row.model][dimension][value] == pytest.approx(row.accuracy)
     predictions = pd.read_csv(paths.tables / "predictions.csv")
     assert len(predictions) == len(test_records)
     assert {"question_id", "answer", "prediction", "probability", "blind_prediction", "correct"} <= set(predictions)

@@ -5,18 +5,10 @@ import json
 import pytest
 
 from pipeline import DvcProject
+from test_metrics_columns import MAX_METRIC_COLUMNS, leaves
 from vlm.commands.templates import COMMAND_TYPES
 
 pytestmark = pytest.mark.pipeline
-
-MAX_HEADLINE_METRICS = 40  # columns of `dvc exp show` besides slices and counterfactuals: what a person compares
-
-
-def _leaves(data, prefix: str = "") -> list[str]:
-    """The dotted names of a metrics file's values, as `dvc exp show` makes its columns."""
-    if not isinstance(data, dict):
-        return [prefix]
-    return [name for key, value in data.items() for name in _leaves(value, f"{prefix}.{key}" if prefix else key)]
 
 
 def _check_headline_metrics(project: DvcProject) -> None:
@@ -25,11 +17,10 @@ def _check_headline_metrics(project: DvcProject) -> None:
     assert show.stderr.strip() == "", show.stderr
     files = json.loads(show.stdout)[""]["data"]
     assert all("error" not in entry for entry in files.values()), files
-    columns = [name for entry in files.values() for name in _leaves(entry["data"])]
-    # besides the slices (accuracy per condition) and the counterfactual consistency per edit
-    headline = [c for c in columns if not c.startswith(("slices.", "counterfactuals."))]
-    assert len(headline) <= MAX_HEADLINE_METRICS, (len(headline), headline)
-    assert {c.split(".")[1] for c in columns if c.startswith("slices.")} == {"vlm", "blind"}
+    columns = [name for entry in files.values() for name in leaves(entry["data"])]
+    assert len(columns) <= MAX_METRIC_COLUMNS, (len(columns), columns)
+    assert not any(c.startswith("slices.") for c in columns)  # beside them: metrics/eval/slices.json
+    assert {c.split(".")[0] for c in columns if "." in c} >= {"vlm", "blind", "gain_from_vision", "consistency"}
     types = [c for c in columns if c.startswith("vlm.per_type.")]
     assert {c.removeprefix("vlm.per_type.") for c in types} <= set(COMMAND_TYPES)
     lead = ["vlm.accuracy", *types, "vlm.macro_f1", "vlm.ece", "blind.accuracy"]

@@ -8,6 +8,10 @@ is answered by the rules on each: a question whose answer differs *must change*,
 pair is asked all its must-change questions among those seen in training, and up to ``unchanged_per_pair``
 must-not ones (seeded). Per edit this gives the accuracy on the originals and on the edits, the consistency
 (right on both) and how often the model's answer changed when it had to and stayed when it had to.
+
+The consistency per edit is the headline (``metrics/counterfactuals.json``, a DVC metric: a column each in
+``dvc exp show``); the whole summary per edit is ``metrics/counterfactuals/summary.json``, an output compared on
+request (``dvc metrics show/diff --targets``).
 """
 
 from __future__ import annotations
@@ -138,6 +142,11 @@ def summarize(table: pd.DataFrame, edits: list[str]) -> dict[str, dict[str, Any]
     return out
 
 
+def headline(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What ``dvc exp show`` compares of a summary: the consistency (right on both images) per edit."""
+    return {"consistency": {edit: rates["consistency"] for edit, rates in summary.items()}}
+
+
 def sample_test_images(test_records: list[dict], samples: int, seed: int) -> list[str]:
     image_ids = sorted({r["image_id"] for r in test_records})
     if samples >= len(image_ids):
@@ -150,7 +159,8 @@ class CounterfactualsPaths:
     model: Path = Path("models/vlm.pt")
     data: Path = Path("data/processed")  # commands/{train,test}.json, vocab.json
     raw: Path = Path("data/raw")  # labels.json, source.json
-    metrics: Path = Path("metrics/counterfactuals.json")
+    metrics: Path = Path("metrics/counterfactuals.json")  # the headline: consistency per edit
+    details: Path = Path("metrics/counterfactuals/summary.json")  # every rate per edit
     table: Path = Path("metrics/counterfactuals/questions.csv")  # every question of every pair
     plot: Path = Path("metrics/plots/counterfactuals.png")
     sheet: Path = Path("metrics/plots/counterfactual_failures.png")
@@ -189,7 +199,8 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
 
 def write_outputs(metrics: dict, table: pd.DataFrame, shown: list[tuple[Pair, Any]], paths: CounterfactualsPaths,
                   empty_note: str) -> None:
-    write_json(paths.metrics, metrics)
+    write_json(paths.details, metrics)
+    write_json(paths.metrics, headline(metrics["counterfactuals"]))
     with atomic_path(paths.table) as tmp:
         table.to_csv(tmp, index=False)
     summary = metrics["counterfactuals"]

@@ -2,13 +2,14 @@
 
 Headline metrics (``metrics/eval.json``, what ``dvc exp show`` and ``dvc metrics diff`` compare): exact-match
 accuracy overall and per command type, macro-F1 over the answer set and the expected calibration error of
-the answer probabilities, for the VLM and for the blind (text-only) baseline, and the gain from vision; then
-``slices``: each model's accuracy per condition (time of day, weather, scene, objects in the frame, the
-governing light, the category asked about: :mod:`vlm.slices`). The detail (``metrics/eval/details.json``, not
-a DVC metric): the split's question counts (per type and per slice), accuracy per answer, the yes/no/maybe
-confusion matrices, the reliability bins and the gain per type. Tables for ``dvc plots`` and pictures for
-people: per-type bars and the confusion matrix, the slices, the reliability diagram, attention maps over the
-image, a contact sheet of failures.
+the answer probabilities, for the VLM and for the blind (text-only) baseline, and the gain from vision. Not
+DVC metrics (no column each in ``dvc exp show``), compared on request with ``dvc metrics show/diff --targets``:
+the slices (``metrics/eval/slices.json``: each model's accuracy per condition, time of day, weather, scene,
+objects in the frame, the governing light, the category asked about: :mod:`vlm.slices`) and the detail
+(``metrics/eval/details.json``: the split's question counts, per type and per slice, accuracy per answer, the
+yes/no/maybe confusion matrices, the reliability bins and the gain per type). Tables for ``dvc plots`` and
+pictures for people: per-type and per-slice bars and the confusion matrix, the slices, the reliability
+diagram, attention maps over the image, a contact sheet of failures.
 """
 
 from __future__ import annotations
@@ -60,12 +61,16 @@ class EvaluatePaths:
     data: Path = Path("data/processed")  # commands/, vocab.json, {split}_images.h5
     raw: Path = Path("data/raw")  # source.json: where the original images are, for pictures
     metrics: Path = Path("metrics/eval.json")  # headline metrics
-    tables: Path = Path("metrics/eval")  # details.json, predictions.csv, per_type.csv, confusion.csv
+    tables: Path = Path("metrics/eval")  # details.json, slices.json, predictions.csv, per_type.csv, slices.csv, ...
     plots: Path = Path("metrics/plots")  # eval.png, attention.png, failures.png
 
     @property
     def details(self) -> Path:
         return self.tables / "details.json"
+
+    @property
+    def slices(self) -> Path:
+        return self.tables / "slices.json"
 
 
 def predictions_table(loaded: LoadedModel, dataset: TrafficVQADataset, batch_size: int,
@@ -133,17 +138,16 @@ def calibration(confidence: np.ndarray, correct: np.ndarray, bins: int = CALIBRA
 HEADLINE = ("accuracy", "per_type", "macro_f1", "ece")  # per model, in this order: dvc exp show's first columns
 
 
-def split_metrics(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The headline (declared as DVC metrics: a column each in ``dvc exp show``) and the rest."""
+def split_metrics(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The headline (declared as DVC metrics: a column each in ``dvc exp show``), the slices and the rest."""
     models = ("vlm", "blind")
     headline = {m: {k: metrics[m][k] for k in HEADLINE} for m in models}
     headline["gain_from_vision"] = {"accuracy": metrics["gain_from_vision"]["accuracy"]}
-    headline["slices"] = metrics["slices"]
     details = {"split": metrics["split"], "questions": metrics["questions"],
                "questions_per_type": metrics["questions_per_type"], "questions_per_slice": metrics["slice_questions"],
                **{m: {k: v for k, v in metrics[m].items() if k not in HEADLINE} for m in models},
                "gain_from_vision": {"per_type": metrics["gain_from_vision"]["per_type"]}}
-    return headline, details
+    return headline, metrics["slices"], details
 
 
 def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
@@ -176,8 +180,9 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
     metrics["slice_questions"] = _keyed(counts)
 
     write_tables(table, metrics, paths.tables)
-    headline, details = split_metrics(metrics)
+    headline, per_slice, details = split_metrics(metrics)
     write_json(paths.details, details)
+    write_json(paths.slices, per_slice)
     write_json(paths.metrics, headline)
     plots.save_figure(plots.summary_figure(metrics), paths.plots / "eval.png")
     plots.save_figure(plots.slices_figure(slices, counts), paths.plots / "slices.png")
@@ -194,12 +199,16 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
 
 
 def write_tables(table: pd.DataFrame, metrics: dict, folder: Path) -> None:
-    """CSV tables for ``dvc plots``: every prediction, per-type accuracy (a row per type and model, for
-    bars side by side), the VLM's yes/no/maybe (actual, predicted) pairs with ``other`` predictions."""
+    """CSV tables for ``dvc plots``: every prediction, per-type and per-slice accuracy (a row per type or
+    ``dimension=value`` and model, for bars side by side), the VLM's yes/no/maybe (actual, predicted) pairs with
+    ``other`` predictions."""
     per_type = [{"command_type": t, "model": model, "accuracy": metrics[model]["per_type"].get(t, 0.0)}
                 for t in metrics["vlm"]["per_type"] for model in ("vlm", "blind")]
+    slices = metrics["slices"]
+    per_slice = [{"slice": f"{dimension}={value}", "model": model, "accuracy": slices[model][dimension][value]}
+                 for dimension, values in slices["vlm"].items() for value in values for model in ("vlm", "blind")]
     frames = (("predictions.csv", table), ("per_type.csv", pd.DataFrame(per_type)),
-              ("confusion.csv", yes_no_maybe_pairs(table)))
+              ("slices.csv", pd.DataFrame(per_slice)), ("confusion.csv", yes_no_maybe_pairs(table)))
     for name, frame in frames:
         with atomic_path(folder / name) as tmp:
             frame.to_csv(tmp, index=False)

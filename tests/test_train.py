@@ -153,6 +153,34 @@ def test_runtime_settings_change_neither_the_files_nor_the_checkpoint(processed,
     assert json.loads(straight.timing.read_text())["planned_steps"] == metrics["planned_steps"]
 
 
+def test_a_resumed_run_reads_none_of_the_batches_it_trained(processed, tmp_path, monkeypatch):
+    """Resume starts the epoch's sampler at the checkpoint's batch: the batches trained before the kill are not
+    loaded again (only skipped), and every other batch is loaded once."""
+    from vlm.data.dataset import TrafficVQADataset
+
+    fetched = []
+    original = TrafficVQADataset.__getitems__
+
+    def recording(self, indices):
+        if self.augment is not None:  # the train split's (the val split is not augmented)
+            fetched.append((self.epoch, tuple(indices)))
+        return original(self, indices)
+
+    monkeypatch.setattr(TrafficVQADataset, "__getitems__", recording)
+    paths = paths_for(processed, tmp_path)
+    with monkeypatch.context() as patch:
+        _kill_at_step(patch, 8)  # the checkpoint of step 6 (every 3 steps), in the first epoch (14 batches)
+        with pytest.raises(KeyboardInterrupt):
+            _train(tiny_train_config(), paths)
+    killed = list(fetched)  # epoch 0's batches 0 to 7, the 8th loaded and trained but not stepped
+    assert [epoch for epoch, _ in killed] == [0] * 8 and _last(paths)["state"]["batch"] == 6
+    fetched.clear()
+    metrics = _train(tiny_train_config(), paths)
+    assert fetched[:2] == killed[6:8]  # from the checkpoint's batch on
+    assert len(fetched) == metrics["steps"] - 6  # every batch of both epochs but the 6 trained before, once
+    assert not set(killed[:6]) & set(fetched)
+
+
 def test_checkpoint_of_other_params_is_not_resumed(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
     _train(tiny_train_config(epochs=1), paths)

@@ -395,19 +395,19 @@ def resume(run: Run) -> TrainState:
 
 
 def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
-    """The optimizer steps of epoch ``state.epoch``, from batch ``state.batch`` on (a resumed run skips the
-    batches it trained before); a resume checkpoint every ``checkpoint_every`` steps."""
+    """The optimizer steps of epoch ``state.epoch``, from batch ``state.batch`` on (a resumed run starts the
+    sampler there: the batches it trained before are not read); a resume checkpoint every ``checkpoint_every``
+    steps."""
     config, loader = run.config, run.loader
-    set_epoch(loader, state.epoch)
-    bar = tqdm(total=len(loader), initial=state.batch, desc=f"{run.name} epoch {state.epoch + 1}/{config.epochs}",
+    set_epoch(loader, state.epoch, start=state.batch)
+    batches = state.batch + len(loader)  # in the whole epoch
+    bar = tqdm(total=batches, initial=state.batch, desc=f"{run.name} epoch {state.epoch + 1}/{config.epochs}",
                unit="batch", disable=not (progress and run.dist.is_main), leave=False)
     started = time.perf_counter()
     window = StepWindow()
-    for index, batch in enumerate(loader):
-        if index < state.batch:  # already trained before the interruption
-            continue
+    for index, batch in enumerate(loader, start=state.batch):
         batch = batch.to(run.device)
-        last_batch = index + 1 == len(loader)
+        last_batch = index + 1 == batches
         boundary = (index + 1) % config.grad_accum == 0 or last_batch
         output, loss = forward_backward(run, batch, sync_grads=boundary,
                                         where=f"epoch {state.epoch + 1}, batch {index + 1} (step {state.step})")

@@ -42,7 +42,7 @@ bench: $(STAMP)
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_train_step.py --data data/processed --out metrics/bench_train_step.json
 
 # Peak RSS per stage (and per DDP rank) at two dataset sizes, each in a throw-away project: what grows with the data.
-# Training from HDF5, what train.in_memory: auto picks when a split does not fit its budget (the in-RAM variants,
+# Training from HDF5, what runtime.train.in_memory: auto picks when a split does not fit its budget (the in-RAM variants,
 # bounded by that budget, are --variants "train" "train (2 ranks)").
 memory: $(STAMP)
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_memory.py --sizes 1000 10000 \

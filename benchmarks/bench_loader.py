@@ -26,7 +26,7 @@ import numpy as np
 from PIL import Image
 
 from vlm.data.image import RESAMPLE, decode_image
-from vlm.data.pack import PackConfig, SplitImages, pack_split, start_decode_pool
+from vlm.data.pack import PackConfig, PackRuntime, SplitImages, pack_split, start_decode_pool
 from vlm.io import write_json
 
 
@@ -69,11 +69,11 @@ def bench_pack(paths: list[Path], size: int, workers: int) -> dict:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for count in (1, workers):
-            config = PackConfig(image_size=size, workers=count)
+            config, runtime = PackConfig(image_size=size), PackRuntime(workers=count)
             pool = start_decode_pool(count) if count > 1 else None
             try:
                 cpu, start = time.process_time(), time.perf_counter()
-                pack_split(images, Path(tmp) / "train_images.h5", config, pool)
+                pack_split(images, Path(tmp) / "train_images.h5", config, pool, runtime=runtime)
                 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
             finally:
                 if pool is not None:

@@ -45,11 +45,11 @@ from vlm.io import read_json, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("generate_scenes", "generate_commands", "build_vocab", "pack_hdf5", "train_blind", "train", "evaluate")
-TRAIN_VARIANTS = {  # name: train params
-    "train": {"in_memory": True},
-    "train (HDF5)": {"in_memory": False},
-    "train (2 ranks)": {"in_memory": True, "nproc": 2},
-    "train (2 ranks, HDF5)": {"in_memory": False, "nproc": 2},
+TRAIN_VARIANTS = {  # name: (train params, runtime.train settings)
+    "train": ({}, {"in_memory": True}),
+    "train (HDF5)": ({}, {"in_memory": False}),
+    "train (2 ranks)": ({"nproc": 2}, {"in_memory": True}),
+    "train (2 ranks, HDF5)": ({"nproc": 2}, {"in_memory": False}),
 }
 
 
@@ -72,12 +72,14 @@ def run_stage(cmd: str, cwd: Path) -> dict:
     return {"peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "seconds": round(seconds, 1)}
 
 
-def write_params(folder: Path, images: int, train: dict, epochs: int, image_size: int | None) -> None:
+def write_params(folder: Path, images: int, variant: tuple[dict, dict], epochs: int, image_size: int | None) -> None:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["scenes"]["num_images"] = images
     if image_size is not None:
         params["pack"]["image_size"] = image_size
+    train, runtime = variant
     params["train"].update({"epochs": epochs, "blind_epochs": 1, **train})
+    params["runtime"]["train"].update(runtime)
     (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
@@ -114,7 +116,7 @@ def measure(images: int, epochs: int, workdir: Path, variants: list[str], image_
 
 
 def training_input(folder: Path) -> dict:
-    """One epoch of the train stage's loader alone, reading HDF5 (``train.in_memory: false``) in one process,
+    """One epoch of the train stage's loader alone, reading HDF5 (``runtime.train.in_memory: false``) in one process,
     and the model's FLOPs per question, on the project in ``folder``: run in a child process (``--training-input``),
     since Linux carries a parent's peak RSS into the children it forks, and torch would inflate every
     stage measured after it."""

@@ -41,13 +41,15 @@ from torch.utils.flop_counter import FlopCounterMode
 from vlm.data.loader import set_epoch
 from vlm.device import autocast
 from vlm.io import write_json
-from vlm.params import build_config, load_params, section
+from vlm.params import build_config, load_params, runtime_section, section
 from vlm.scenes.generate import ScenesConfig
 from vlm.train import (
+    VLM_TRAIN_KEYS,
     Run,
     StepWindow,
     TrainConfig,
     TrainPaths,
+    TrainRuntime,
     forward_backward,
     optimizer_step,
     setup,
@@ -67,14 +69,15 @@ REGIONS = [
 ]
 
 
-def build_run(params_path: str, data: Path, workdir: Path, overrides: dict[str, object]) -> Run:
+def build_run(params_path: str, data: Path, workdir: Path, runtime_overrides: dict[str, object]) -> Run:
+    """The train stage's run of params.yaml (its ``runtime.train`` updated with ``runtime_overrides``)."""
     params = load_params(params_path)
-    config = build_config(TrainConfig, {**section(params, "train"), **overrides}, "train")
-    scenes = section(params, "scenes")
-    frame = build_config(ScenesConfig, {key: scenes[key] for key in ("width", "height") if key in scenes}, "scenes")
+    config = build_config(TrainConfig, section(params, "train"), "train", keys=VLM_TRAIN_KEYS)
+    runtime = build_config(TrainRuntime, {**runtime_section(params, "train"), **runtime_overrides}, "runtime.train")
+    frame = build_config(ScenesConfig, section(params, "scenes"), "scenes", keys=("width", "height"))
     paths = TrainPaths(data=data, model=workdir / "vlm.pt", checkpoints=workdir / "checkpoints",
                        metrics=workdir / "train.json", timing=workdir / "timing.json", live=workdir / "live")
-    return setup(section(params, "model"), config, paths, frame_size=(frame.width, frame.height))
+    return setup(section(params, "model"), config, paths, frame_size=(frame.width, frame.height), runtime=runtime)
 
 
 def replace_optimizer(run: Run, **options) -> None:

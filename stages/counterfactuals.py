@@ -5,7 +5,7 @@ from pathlib import Path
 
 from vlm.cli import run
 from vlm.commands.generate import CommandsConfig
-from vlm.counterfactuals import CounterfactualsConfig, CounterfactualsPaths
+from vlm.counterfactuals import COMMANDS_KEYS, SCENES_KEYS, CounterfactualsConfig, CounterfactualsPaths
 from vlm.counterfactuals import run as run_counterfactuals
 from vlm.io import check_writable
 from vlm.params import build_config, load_params, section
@@ -27,8 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     check_writable(args.metrics, args.details, args.table, args.plot, args.sheet)
     params = load_params(args.params)
     config = build_config(CounterfactualsConfig, section(params, "counterfactuals"), "counterfactuals")
-    scenes = build_config(ScenesConfig, section(params, "scenes"), "scenes")
-    commands = build_config(CommandsConfig, section(params, "commands"), "commands")
+    scenes = build_config(ScenesConfig, section(params, "scenes"), "scenes", keys=SCENES_KEYS)
+    commands = build_config(CommandsConfig, section(params, "commands"), "commands", keys=COMMANDS_KEYS)
     paths = CounterfactualsPaths(model=Path(args.model), data=Path(args.data), raw=Path(args.raw),
                                  metrics=Path(args.metrics), details=Path(args.details), table=Path(args.table),
                                  plot=Path(args.plot), sheet=Path(args.sheet))

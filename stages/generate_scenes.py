@@ -4,8 +4,8 @@ import argparse
 
 from vlm.cli import run
 from vlm.io import check_writable, write_json
-from vlm.params import build_config, load_params, section
-from vlm.scenes.generate import ScenesConfig, generate_scenes
+from vlm.params import build_config, load_params, runtime_section, section
+from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_scenes
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -15,8 +15,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metrics", required=True)
     args = parser.parse_args(argv)
     check_writable(args.out, args.metrics)
-    config = build_config(ScenesConfig, section(load_params(args.params), "scenes"), "scenes")
-    stats = generate_scenes(config, args.out)
+    params = load_params(args.params)
+    config = build_config(ScenesConfig, section(params, "scenes"), "scenes")
+    runtime = build_config(ScenesRuntime, runtime_section(params, "scenes"), "runtime.scenes")
+    stats = generate_scenes(config, args.out, runtime=runtime)
     write_json(args.metrics, stats)
     print(", ".join(f"{k}: {v}" for k, v in stats.items()))
 

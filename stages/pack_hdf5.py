@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 
 from vlm.cli import run
-from vlm.data.pack import PackConfig, pack_dataset
+from vlm.data.pack import PackConfig, PackRuntime, pack_dataset
 from vlm.io import check_writable, write_json
 from vlm.models.paligemma import check_image_size
-from vlm.params import build_config, load_params, section
+from vlm.params import build_config, load_params, runtime_section, section
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     params = load_params(args.params)
     config = build_config(PackConfig, section(params, "pack"), "pack")
+    runtime = build_config(PackRuntime, runtime_section(params, "pack"), "runtime.pack")
     check_image_size(section(params, "model"), config.image_size, "pack.image_size")  # before packing anything
     check_writable(args.out + "/train_images.h5", args.metrics)
     metrics = pack_dataset(
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
         commands_dir=args.commands_dir,
         output_dir=args.out,
         config=config,
+        runtime=runtime,
     )
     write_json(args.metrics, metrics)
     print(f"packed {metrics['images']} images ({metrics['skipped']} skipped) at "

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from vlm.cli import relaunch_distributed, run
-from vlm.params import build_config, load_params, section
+from vlm.params import build_config, load_params, runtime_section, section
 from vlm.scenes.generate import ScenesConfig
-from vlm.train import TrainConfig, TrainPaths, train
+from vlm.train import BLIND_TRAIN_KEYS, VLM_TRAIN_KEYS, TrainConfig, TrainPaths, TrainRuntime, train
 
 
 def main() -> None:
@@ -26,17 +26,18 @@ def main() -> None:
     parser.add_argument("--live", type=Path, required=True, help="dvclive folder of the training curves")
     args = parser.parse_args()
     params = load_params(args.params)
-    config = build_config(TrainConfig, section(params, "train"), "train")
+    config = build_config(TrainConfig, section(params, "train"), "train",
+                          keys=BLIND_TRAIN_KEYS if args.blind else VLM_TRAIN_KEYS)
+    runtime = build_config(TrainRuntime, runtime_section(params, "train"), "runtime.train")  # speed only
     relaunch_distributed(config.nproc, "stages.train", sys.argv[1:])  # train.nproc > 1: under torchrun
     paths = TrainPaths(data=args.data, model=args.model, checkpoints=args.checkpoints, metrics=args.metrics,
                        timing=args.timing, live=args.live)
     if args.blind:  # the text-only decoder reads no image: no frame size, no vision params
-        metrics = train(section(params, "model"), config, paths, blind=True)
-    else:
-        scenes = section(params, "scenes")  # the frame size the label boxes are given in, and nothing else
-        frame = build_config(ScenesConfig, {key: scenes[key] for key in ("width", "height") if key in scenes},
-                             "scenes")
-        metrics = train(section(params, "model"), config, paths, frame_size=(frame.width, frame.height))
+        metrics = train(section(params, "model"), config, paths, blind=True, runtime=runtime)
+    else:  # of scenes, the frame size the label boxes are given in, and nothing else
+        frame = build_config(ScenesConfig, section(params, "scenes"), "scenes", keys=("width", "height"))
+        metrics = train(section(params, "model"), config, paths, frame_size=(frame.width, frame.height),
+                        runtime=runtime)
     if metrics:
         print(", ".join(f"{k}: {v}" for k, v in metrics.items()))
 

@@ -69,7 +69,7 @@ def test_bench_loader(tmp_path):
 @pytest.fixture
 def tiny_run(tiny_project, tiny_params, tmp_path):
     """The packed data of the shared tiny project and a params.yaml (the tiny params) training on it."""
-    tiny_params["train"]["in_memory"] = True
+    tiny_params["runtime"]["train"]["in_memory"] = True
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params))
     return ["--params", str(tmp_path / "params.yaml"), "--data", str(tiny_project.processed)]
 

@@ -17,23 +17,31 @@ import yaml
 
 from vlm.commands.generate import CommandsConfig
 from vlm.counterfactuals import CounterfactualsConfig
-from vlm.data.pack import PackConfig
+from vlm.data.pack import PackConfig, PackRuntime
 from vlm.data.profile import ProfileConfig
 from vlm.evaluate import EvaluateConfig
 from vlm.params import build_config
-from vlm.scenes.generate import ScenesConfig
+from vlm.scenes.generate import ScenesConfig, ScenesRuntime
 from vlm.tokenizer import VocabConfig
-from vlm.train import TrainConfig
+from vlm.train import TrainConfig, TrainRuntime
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
 CONFIGS = {"scenes": ScenesConfig, "commands": CommandsConfig, "vocab": VocabConfig, "pack": PackConfig,
            "train": TrainConfig, "evaluate": EvaluateConfig, "counterfactuals": CounterfactualsConfig,
            "profile": ProfileConfig}
+RUNTIME = {"scenes": ScenesRuntime, "pack": PackRuntime, "train": TrainRuntime}  # params.yaml's runtime.<section>
 
 
 def test_every_stage_section_but_the_model_has_a_config():
-    assert set(PARAMS) == set(CONFIGS) | {"model"}
+    assert set(PARAMS) == set(CONFIGS) | {"model", "runtime"}
+    assert set(PARAMS["runtime"]) == set(RUNTIME) <= set(CONFIGS)
+
+
+@pytest.mark.parametrize("name", sorted(RUNTIME))
+def test_runtime_defaults_are_the_params_yaml_values(name):
+    assert build_config(RUNTIME[name], PARAMS["runtime"][name], f"runtime.{name}") == RUNTIME[name]()
+    assert set(PARAMS["runtime"][name]) == {f.name for f in dataclasses.fields(RUNTIME[name])}
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

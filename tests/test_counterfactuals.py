@@ -23,7 +23,7 @@ from vlm.counterfactuals import (
 from vlm.io import read_json
 from vlm.processor import Processor
 from vlm.scenes.edits import EDITS, SWITCHED, Pair, Rendered, _things, make_pairs, render
-from vlm.scenes.generate import ScenesConfig, generate_synthetic, image_name, load_raw
+from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_synthetic, image_name, load_raw
 from vlm.scenes.render import RenderConfig
 from vlm.scenes.schema import Scene
 
@@ -159,9 +159,9 @@ def test_summary_counts_what_it_says():
 def test_images_reach_the_model_as_the_scenes_stage_saved_them(tmp_path, monkeypatch):
     """The re-rendered originals are JPEG-encoded with ``scenes.jpeg_quality``: the model is handed exactly the
     pixels the packed data holds for the stored images (decoded as the pack stage does)."""
-    scenes = ScenesConfig(num_images=40, workers=1, jpeg_quality=40)
+    scenes = ScenesConfig(num_images=40, jpeg_quality=40)
     raw, processed = tmp_path / "raw", tmp_path / "processed"
-    generate_synthetic(scenes, raw, progress=False)
+    generate_synthetic(scenes, raw, progress=False, runtime=ScenesRuntime(workers=1))
     data = load_raw(raw)
     commands = CommandsConfig(questions_per_image=6)
     BalancedCommands(data.iter_scenes, data.width, data.height, commands).write(processed / "commands")

@@ -125,6 +125,19 @@ def test_grouped_sampler_keeps_images_together_and_is_seeded():
     assert [image_rows[b[0]] for b in in_order] == sorted(image_rows[b[0]] for b in in_order)
 
 
+def test_grouped_sampler_starts_an_epoch_at_a_given_batch():
+    image_rows = np.random.default_rng(0).integers(0, 40, size=300)
+    sampler = GroupedBatchSampler(image_rows, batch_size=32, seed=3)
+    sampler.set_epoch(1)
+    whole = list(sampler)
+    sampler.set_epoch(1, start=4)  # a resumed run: the first 4 batches were trained before
+    assert list(sampler) == whole[4:] and len(sampler) == len(whole) - 4
+    sampler.set_epoch(2)  # the next epoch starts at its first batch again
+    fresh = GroupedBatchSampler(image_rows, batch_size=32, seed=3)
+    fresh.set_epoch(2)
+    assert list(sampler) == list(fresh) and len(sampler) == len(fresh)
+
+
 def test_grouped_sampler_splits_an_oversized_group():
     batches = list(GroupedBatchSampler([0] * 10 + [1] * 3, batch_size=4, shuffle=False))
     assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12]]

@@ -42,8 +42,9 @@ def processed(tmp_path_factory):
 
 def _params(folder: Path, nproc: int, batch_size: int, seed: int = 0) -> Path:
     """The tiny params (lr 3e-3, 2 warm-up steps, 1 thread), 2 epochs of ``nproc`` processes at ``batch_size``."""
-    params = _merge(TINY_PIPELINE_PARAMS, {"train": {"epochs": 2, "batch_size": batch_size, "checkpoint_every": 2,
-                                                     "eval_batch_size": 64, "nproc": nproc, "seed": seed}})
+    train = {"epochs": 2, "batch_size": batch_size, "nproc": nproc, "seed": seed}
+    params = _merge(TINY_PIPELINE_PARAMS, {"train": train,
+                                           "runtime": {"train": {"checkpoint_every": 2, "eval_batch_size": 64}}})
     path = folder / "params.yaml"
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(params))

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 from sklearn.metrics import f1_score
 
-from tiny_project import FRAME_SIZE, TINY_MODEL, paths_for, tiny_train_config
+from tiny_project import FRAME_SIZE, TINY_MODEL, TINY_RUNTIME, paths_for, tiny_train_config
 from vlm import predict
 from vlm.evaluate import EvaluateConfig, EvaluatePaths, calibration, evaluate, summarize, yes_no_maybe_pairs
 from vlm.params import ParamError, build_config
@@ -23,7 +23,7 @@ def trained(tiny_project, tmp_path_factory):
     for blind in (False, True):
         name = "blind" if blind else "vlm"
         train(TINY_MODEL, tiny_train_config(epochs=2), paths_for(processed, models, name), blind=blind, progress=False,
-              frame_size=FRAME_SIZE)
+              frame_size=FRAME_SIZE, runtime=TINY_RUNTIME)
     return root, processed, models
 
 

@@ -28,14 +28,14 @@ import stages.generate_scenes
 import stages.pack_hdf5
 import vlm.checkpoint
 import vlm.train
-from tiny_project import FRAME_SIZE, TINY_MODEL, paths_for, tiny_train_config
+from tiny_project import FRAME_SIZE, TINY_MODEL, TINY_RUNTIME, paths_for, tiny_train_config
 from vlm import checkpoint
 from vlm.cli import run
 from vlm.data.h5file import PackedImageReader, PackedImageWriter
 from vlm.data.image import MAX_IMAGE_PIXELS, CorruptImageError, decode_image
-from vlm.data.pack import PackConfig, pack_dataset
+from vlm.data.pack import PackConfig, PackRuntime, pack_dataset
 from vlm.io import atomic_path, check_writable, iter_json_list, remove_stale_temporaries, write_json, write_json_list
-from vlm.scenes.generate import ScenesConfig, generate_synthetic
+from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_synthetic
 from vlm.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +171,7 @@ def test_full_disk_during_training_stops_with_one_line_naming_the_checkpoint(pro
     paths.checkpoints = small_disk
     (small_disk / "filler").write_bytes(b"\0" * (1024 * 1024 - 16 * 1024))  # less room than a checkpoint needs
     err = _one_line_error(capsys, lambda: train(TINY_MODEL, tiny_train_config(), paths, progress=False,
-                                                frame_size=FRAME_SIZE))
+                                                frame_size=FRAME_SIZE, runtime=TINY_RUNTIME))
     assert f"cannot write {small_disk / 'vlm-last.pt'}: No space left on device" in err
     assert _files(small_disk) == ["filler"]  # no temporary left behind
     assert not paths.model.exists()
@@ -181,9 +181,10 @@ def test_full_disk_while_packing_keeps_the_previous_files(project, small_disk, c
     root, processed = project
     raw = root / "data" / "raw"
     args = (raw / "labels.json", raw / "source.json", processed / "commands", small_disk)
-    pack_dataset(*args, PackConfig(image_size=16, workers=1))  # about 50 kB: fits
+    one = PackRuntime(workers=1)
+    pack_dataset(*args, PackConfig(image_size=16), runtime=one)  # about 50 kB: fits
     before = {name: (small_disk / name).read_bytes() for name in _files(small_disk)}
-    err = _one_line_error(capsys, lambda: pack_dataset(*args, PackConfig(image_size=128, workers=1)))
+    err = _one_line_error(capsys, lambda: pack_dataset(*args, PackConfig(image_size=128), runtime=one))
     assert "No space left on device" in err and str(small_disk / "train_images.h5") in err
     assert {name: (small_disk / name).read_bytes() for name in _files(small_disk)} == before
     assert len(PackedImageReader(small_disk / "train_images.h5")) > 0
@@ -191,8 +192,8 @@ def test_full_disk_while_packing_keeps_the_previous_files(project, small_disk, c
 
 def test_full_disk_while_rendering_names_the_output_folder(small_disk, capsys):
     out = small_disk / "raw"
-    err = _one_line_error(capsys, lambda: generate_synthetic(ScenesConfig(num_images=40, workers=2), out,
-                                                              progress=False))
+    err = _one_line_error(capsys, lambda: generate_synthetic(ScenesConfig(num_images=40), out, progress=False,
+                                                              runtime=ScenesRuntime(workers=2)))
     assert f"cannot write {out}: No space left on device" in err
     assert _files(small_disk) == []
 
@@ -220,7 +221,7 @@ def test_injected_enospc_while_packing(project, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(PackedImageWriter, "append", append)
     err = _one_line_error(capsys, lambda: pack_dataset(raw / "labels.json", raw / "source.json",
                                                         processed / "commands", tmp_path,
-                                                        PackConfig(image_size=32, workers=1)))
+                                                        PackConfig(image_size=32), runtime=PackRuntime(workers=1)))
     assert err == f"error: [Errno {errno.ENOSPC}] cannot write {tmp_path / 'train_images.h5'}: No space left on device"
     assert _files(tmp_path) == []
 
@@ -258,7 +259,7 @@ def test_unwritable_outputs_fail_before_any_expensive_work(project, read_only, t
     paths = paths_for(processed, tmp_path)
     paths.model = read_only / "models" / "vlm.pt"
     err = _one_line_error(capsys, lambda: train(TINY_MODEL, tiny_train_config(), paths, progress=False,
-                                                frame_size=FRAME_SIZE))
+                                                frame_size=FRAME_SIZE, runtime=TINY_RUNTIME))
     assert f"cannot write {paths.model}: {read_only} is not writable" in err
 
 
@@ -362,7 +363,7 @@ def test_a_bomb_among_the_images_fails_packing_naming_it(project, tmp_path, caps
     write_png_bomb(victim, 20_000, 20_000)  # a PNG under a .jpg name: PIL reads the content
     err = _one_line_error(capsys, lambda: pack_dataset(raw / "labels.json", raw / "source.json",
                                                         processed / "commands", tmp_path / "out",
-                                                        PackConfig(image_size=32, workers=1)))
+                                                        PackConfig(image_size=32), runtime=PackRuntime(workers=1)))
     assert f"{victim}: image refused" in err and "set pack.skip_corrupt: true to skip it" in err
 
 

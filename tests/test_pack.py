@@ -17,7 +17,7 @@ from PIL import Image
 from tiny_project import PACK_SIZE, SPLIT_SIZES, build_project, image_colours, write_jpeg
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.image import CorruptImageError, decode_image
-from vlm.data.pack import PackConfig, _decode_in_order
+from vlm.data.pack import PackConfig, PackRuntime, _decode_in_order
 from vlm.params import ParamError, build_config
 
 
@@ -160,10 +160,10 @@ def test_decoding_keeps_a_bounded_number_of_chunks_in_flight():
 
     pool = CountingPool()
     paths = [f"p{i}" for i in range(100)]
-    config = PackConfig(workers=2, chunksize=3)
-    results = list(_decode_in_order(paths, config, pool))
+    runtime = PackRuntime(workers=2, chunksize=3)
+    results = list(_decode_in_order(paths, PackConfig(), pool, runtime))
     assert results == [f"{p}!" for p in paths]  # in order
-    assert pool.most_pending == 2 * config.num_workers
+    assert pool.most_pending == 2 * runtime.num_workers
 
 
 def test_pack_config_errors_name_the_key():
@@ -173,13 +173,18 @@ def test_pack_config_errors_name_the_key():
         build_config(PackConfig, {"resample": "nearest"}, "pack")
     with pytest.raises(ParamError, match="pack.colour"):
         build_config(PackConfig, {"colour": True}, "pack")
+    with pytest.raises(ParamError, match="runtime.pack.workers: must be >= 0"):
+        build_config(PackRuntime, {"workers": -1}, "runtime.pack")
+    with pytest.raises(ParamError, match="runtime.pack.chunksize: must be >= 1, got 0"):
+        build_config(PackRuntime, {"chunksize": 0}, "runtime.pack")
 
 
 def test_stage_script_writes_files_and_metrics(project, monkeypatch):
     from stages.pack_hdf5 import main
 
-    (project.root / "params.yaml").write_text(yaml.safe_dump({"pack": {"image_size": PACK_SIZE, "workers": 1},
-                                                                     "model": {"siglip": {"patch_size": 8}}}))
+    (project.root / "params.yaml").write_text(yaml.safe_dump({"pack": {"image_size": PACK_SIZE},
+                                                                     "model": {"siglip": {"patch_size": 8}},
+                                                                     "runtime": {"pack": {"workers": 1}}}))
     monkeypatch.chdir(project.root)
     main(["--raw", "data/raw", "--commands-dir", "data/processed/commands", "--out", "data/processed",
           "--metrics", "metrics/pack.json"])

@@ -8,7 +8,7 @@ pytestmark = pytest.mark.pipeline
 
 
 def test_data_stages_repro_then_up_to_date(tmp_path):
-    project = DvcProject(tmp_path, {"scenes": {"num_images": 40, "workers": 2}})
+    project = DvcProject(tmp_path, {"scenes": {"num_images": 40}, "runtime": {"scenes": {"workers": 2}}})
     out = project.run("dvc", "repro", "build_vocab")
     for stage in ("generate_scenes", "generate_commands", "build_vocab"):
         assert f"Running stage '{stage}'" in out.stdout
@@ -35,7 +35,7 @@ def test_bad_param_fails_with_one_clear_line(tmp_path):
 
 def test_outputs_travel_through_a_dvc_remote(tmp_path):
     """`dvc push` to a remote, a clean machine's `dvc pull` restores every output byte for byte."""
-    project = DvcProject(tmp_path / "a", {"scenes": {"num_images": 30, "workers": 1}})
+    project = DvcProject(tmp_path / "a", {"scenes": {"num_images": 30}, "runtime": {"scenes": {"workers": 1}}})
     project.run("dvc", "repro", "generate_commands")
     remote = tmp_path / "remote"
     project.run("dvc", "remote", "add", "-d", "store", str(remote))

@@ -21,7 +21,7 @@ def generate_scenes(*args, **kwargs):  # the queued code marks its metrics
 
 
 def test_queued_experiment_runs_its_own_code(tmp_path):
-    project = DvcProject(tmp_path, {"scenes": {"num_images": 4, "workers": 1}})
+    project = DvcProject(tmp_path, {"scenes": {"num_images": 4}, "runtime": {"scenes": {"workers": 1}}})
     del project.env["PYTHONPATH"]  # the installed package points at the developer's checkout, not this one
     source = project.path / "vlm" / "scenes" / "generate.py"
     original = source.read_text()

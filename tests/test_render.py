@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from vlm.scenes import render
-from vlm.scenes.generate import ScenesConfig, generate_synthetic, load_raw
+from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_synthetic, load_raw
 from vlm.scenes.render import render_scene, sample_layout, settle_occlusion
 from vlm.scenes.schema import CATEGORIES, scene_from_frame, scene_to_frame
 
@@ -34,8 +34,9 @@ def _tree_digest(folder: Path) -> dict[str, str]:
 
 
 def test_stage_output_is_byte_identical_whatever_the_worker_count(tmp_path):
-    one = generate_synthetic(ScenesConfig(num_images=12, seed=1, workers=1), tmp_path / "one", progress=False)
-    two = generate_synthetic(ScenesConfig(num_images=12, seed=1, workers=2), tmp_path / "two", progress=False)
+    config = ScenesConfig(num_images=12, seed=1)
+    one = generate_synthetic(config, tmp_path / "one", progress=False, runtime=ScenesRuntime(workers=1))
+    two = generate_synthetic(config, tmp_path / "two", progress=False, runtime=ScenesRuntime(workers=2))
     assert one["images"] == two["images"] == 12
     digest_one = _tree_digest(tmp_path / "one")
     digest_two = _tree_digest(tmp_path / "two")
@@ -55,7 +56,8 @@ def test_failed_render_leaves_no_output(tmp_path, monkeypatch):
     monkeypatch.setattr(render, "render_scene", boom)
     monkeypatch.setattr("vlm.scenes.generate.render_scene", boom)
     with pytest.raises(RuntimeError):
-        generate_synthetic(ScenesConfig(num_images=3, workers=1), tmp_path / "raw", progress=False)
+        generate_synthetic(ScenesConfig(num_images=3), tmp_path / "raw", progress=False,
+                           runtime=ScenesRuntime(workers=1))
     assert list(tmp_path.iterdir()) == []
 
 

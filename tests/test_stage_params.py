@@ -1,14 +1,16 @@
-"""Every stage reads exactly the params dvc.yaml declares for it.
+"""Every stage reads exactly the params dvc.yaml declares for it, and the runtime section, which no stage declares.
 
 Each stage's module runs in-process, in dvc.yaml's order, with the arguments of its `cmd`, on a tiny project
 in a temporary folder; ``vlm.params.recording_reads`` collects the keys it reads. A declared key covers its
 sub-keys (``model.gemma`` covers ``model.gemma.hidden_size``). A stage that reads an undeclared key does not
-re-run when that key changes; a declared key it never reads re-runs it for nothing.
+re-run when that key changes; a declared key it never reads re-runs it for nothing. ``runtime.*`` (speed only)
+is read undeclared, so that changing it re-runs nothing: checked with `dvc status` on the tiny reproduced project.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import shlex
 import sys
 import traceback
@@ -36,6 +38,9 @@ def declared_params(stage: dict) -> list[str]:
 
 def covered(key: str, by: str) -> bool:
     return key == by or key.startswith(by + ".")
+
+
+RUNTIME = "runtime"  # params.yaml's speed-only section: read by the stages, declared by none
 
 
 def _outputs(stage: dict) -> set[str]:
@@ -99,6 +104,8 @@ def test_stage_reads_exactly_its_declared_params(name, stage_reads):
     if isinstance(reads, str):
         pytest.fail(reads)
     declared = declared_params(STAGES[name])
+    assert not [d for d in declared if covered(d, RUNTIME)], f"{name} declares runtime settings: a change re-runs it"
+    reads = {k for k in reads if not covered(k, RUNTIME)}
     assert reads, f"{name} read no params"
     undeclared = sorted(k for k in reads if not any(covered(k, d) for d in declared))
     assert not undeclared, f"{name} reads {undeclared}, not in its dvc.yaml params: a change would not re-run it"
@@ -116,3 +123,35 @@ def _leaves(params, prefix: str = "") -> set[str]:
         return {prefix}
     return set().union(set(), *(_leaves(value, f"{prefix}.{key}" if prefix else key)
                                 for key, value in params.items()))
+
+
+def test_every_runtime_setting_is_read_by_a_stage(stage_reads):
+    failed = [reads for reads in stage_reads.values() if isinstance(reads, str)]
+    if failed:
+        pytest.skip("a stage failed (its own test reports it)")
+    read = set().union(*stage_reads.values())
+    settings = _leaves({RUNTIME: yaml.safe_load((ROOT / "params.yaml").read_text())[RUNTIME]})
+    assert settings and sorted(settings - read) == []
+
+
+@pytest.mark.pipeline
+def test_changing_runtime_settings_leaves_every_stage_up_to_date(reproduced, tmp_path):
+    """`dvc status` after the tiny `dvc repro` (tests/conftest.py): every runtime value changed, nothing is to do;
+    a changed stage param still shows its stage, and only the stages that declare the key."""
+    project = reproduced.copy(tmp_path / "project")
+    params_path = project.path / "params.yaml"
+    params = yaml.safe_load(params_path.read_text())
+    changed = {"scenes": {"workers": 1}, "pack": {"workers": 2, "chunksize": 3},
+               "train": {"threads": 2, "num_workers": 1, "eval_batch_size": 7, "checkpoint_every": 5,
+                         "in_memory": False, "in_memory_budget_mb": 10}}
+    assert _leaves(changed) == _leaves(params[RUNTIME])  # every setting
+    assert all(params[RUNTIME][s][k] != v for s, values in changed.items() for k, v in values.items())
+    params_path.write_text(yaml.safe_dump(_merge(params, {RUNTIME: changed}), sort_keys=False))
+    status = project.run("dvc", "status")
+    assert "Data and pipelines are up to date." in status.stdout, status.stdout
+
+    # train no longer declares train.blind_epochs, nor counterfactuals commands.seed
+    params_path.write_text(yaml.safe_dump(_merge(params, {RUNTIME: changed, "train": {"blind_epochs": 2},
+                                                          "commands": {"seed": 1}}), sort_keys=False))
+    status = json.loads(project.run("dvc", "status", "--json").stdout)
+    assert set(status) == {"train_blind", "generate_commands"}, status

@@ -1,16 +1,19 @@
 import json
 import logging
+import sys
+from dataclasses import replace
 
 import pytest
 import torch
+import yaml
 
 import vlm.train
-from tiny_project import FRAME_SIZE, TINY_MODEL, paths_for, tiny_train_config
+from tiny_project import FRAME_SIZE, TINY_MODEL, TINY_RUNTIME, paths_for, tiny_train_config
 from vlm import checkpoint
 from vlm.checkpoint import load_model
 from vlm.models import PaliGemma
 from vlm.params import ParamError, build_config
-from vlm.train import NonFiniteLossError, TrainConfig, lr_factor, train
+from vlm.train import NonFiniteLossError, TrainConfig, TrainRuntime, lr_factor, train
 
 pytestmark = pytest.mark.xdist_group("tiny_project")  # one worker builds the shared tiny project
 
@@ -20,13 +23,18 @@ def processed(tiny_project):
     return tiny_project.processed
 
 
+def _train(config, paths, model=TINY_MODEL, **kwargs):
+    """A tiny run in-process, quietly, at the tiny runtime (one thread, a resume checkpoint every 3 steps)."""
+    return train(model, config, paths, progress=False, frame_size=FRAME_SIZE, **{"runtime": TINY_RUNTIME, **kwargs})
+
+
 def _last(paths):
     return checkpoint.read(paths.checkpoints / f"{paths.model.stem}-last.pt")
 
 
 def test_trains_writes_model_metrics_and_curves(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
-    metrics = train(TINY_MODEL, tiny_train_config(), paths, progress=False, frame_size=FRAME_SIZE)
+    metrics = _train(tiny_train_config(), paths)
     assert metrics["epochs"] == 2 and metrics["steps"] == metrics["planned_steps"]
     assert 0 <= metrics["val_accuracy"] <= 1 and metrics["best_epoch"] in (1, 2)
     headline, timing = json.loads(paths.metrics.read_text()), json.loads(paths.timing.read_text())
@@ -43,7 +51,7 @@ def test_trains_writes_model_metrics_and_curves(processed, tmp_path):
 
 def test_training_reduces_the_loss(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
-    train(TINY_MODEL, tiny_train_config(epochs=4), paths, progress=False, frame_size=FRAME_SIZE)
+    _train(tiny_train_config(epochs=4), paths)
     history = _last(paths)["state"]["history"]
     first, last = history[0]["train/loss"], history[-1]["train/loss"]
     assert last < 0.6 * first
@@ -59,7 +67,7 @@ def test_training_reduces_the_loss(processed, tmp_path):
 
 def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkeypatch):
     straight = paths_for(processed, tmp_path / "straight")
-    train(TINY_MODEL, tiny_train_config(), straight, progress=False, frame_size=FRAME_SIZE)
+    _train(tiny_train_config(), straight)
 
     resumed = paths_for(processed, tmp_path / "resumed")
     original_step = torch.optim.AdamW.step
@@ -73,14 +81,14 @@ def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkey
 
     monkeypatch.setattr(torch.optim.AdamW, "step", dying_step)
     with pytest.raises(KeyboardInterrupt):
-        train(TINY_MODEL, tiny_train_config(), resumed, progress=False, frame_size=FRAME_SIZE)
+        _train(tiny_train_config(), resumed)
     killed = _last(resumed)["state"]
     assert killed["step"] == 6 and killed["seconds"] > 0
     assert not resumed.model.exists() and not resumed.metrics.exists()
     # the curves are live: dvclive's summary (what `dvc exp show` reads) is the last checkpoint's
     assert json.loads((resumed.live / "metrics.json").read_text())["step"] == 6
     monkeypatch.setattr(torch.optim.AdamW, "step", original_step)
-    metrics = train(TINY_MODEL, tiny_train_config(), resumed, progress=False, frame_size=FRAME_SIZE)
+    metrics = _train(tiny_train_config(), resumed)
 
     a, b = _last(straight), _last(resumed)
     assert a["state"]["step"] == b["state"]["step"] == metrics["steps"]
@@ -102,32 +110,103 @@ def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkey
     assert json.loads((resumed.live / "metrics.json").read_text())["step"] == metrics["steps"]
 
 
+def _kill_at_step(monkeypatch, step: int) -> None:
+    """The optimizer's step number ``step`` raises KeyboardInterrupt, as a kill there would stop the run (its last
+    resume checkpoint is the one before)."""
+    original = torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def dying_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == step:
+            raise KeyboardInterrupt("killed")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", dying_step)
+
+
+def _files(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_runtime_settings_change_neither_the_files_nor_the_checkpoint(processed, tmp_path, monkeypatch, caplog):
+    """runtime.train is speed only: a run killed under one runtime resumes under another (the fingerprint leaves
+    runtime out, so its checkpoint is kept) and ends with the files of an uninterrupted run under the first, byte
+    for byte: DataLoader workers, checkpoint spacing, images in RAM or read from HDF5 and the val batch size change
+    none of them (threads, which changes the rounding, is the exception: TrainRuntime)."""
+    first = replace(TINY_RUNTIME, in_memory=True)
+    other = TrainRuntime(threads=1, num_workers=1, eval_batch_size=5, checkpoint_every=4, in_memory=False)
+    straight = paths_for(processed, tmp_path / "straight")
+    _train(tiny_train_config(), straight, runtime=first)
+
+    switched = paths_for(processed, tmp_path / "switched")
+    with monkeypatch.context() as patch:
+        _kill_at_step(patch, 5)
+        with pytest.raises(KeyboardInterrupt):
+            _train(tiny_train_config(), switched, runtime=first)
+    with caplog.at_level(logging.INFO, logger="vlm.train"):
+        metrics = _train(tiny_train_config(), switched, runtime=other)
+    assert "resuming vlm" in caplog.text and "batch 3, step 3" in caplog.text  # the checkpoint of step 3 was kept
+    assert straight.model.read_bytes() == switched.model.read_bytes()
+    assert straight.metrics.read_bytes() == switched.metrics.read_bytes()
+    assert _files(straight.live) == _files(switched.live)
+    assert json.loads(straight.timing.read_text())["planned_steps"] == metrics["planned_steps"]
+
+
+def test_a_resumed_run_reads_none_of_the_batches_it_trained(processed, tmp_path, monkeypatch):
+    """Resume starts the epoch's sampler at the checkpoint's batch: the batches trained before the kill are not
+    loaded again (only skipped), and every other batch is loaded once."""
+    from vlm.data.dataset import TrafficVQADataset
+
+    fetched = []
+    original = TrafficVQADataset.__getitems__
+
+    def recording(self, indices):
+        if self.augment is not None:  # the train split's (the val split is not augmented)
+            fetched.append((self.epoch, tuple(indices)))
+        return original(self, indices)
+
+    monkeypatch.setattr(TrafficVQADataset, "__getitems__", recording)
+    paths = paths_for(processed, tmp_path)
+    with monkeypatch.context() as patch:
+        _kill_at_step(patch, 8)  # the checkpoint of step 6 (every 3 steps), in the first epoch (14 batches)
+        with pytest.raises(KeyboardInterrupt):
+            _train(tiny_train_config(), paths)
+    killed = list(fetched)  # epoch 0's batches 0 to 7, the 8th loaded and trained but not stepped
+    assert [epoch for epoch, _ in killed] == [0] * 8 and _last(paths)["state"]["batch"] == 6
+    fetched.clear()
+    metrics = _train(tiny_train_config(), paths)
+    assert fetched[:2] == killed[6:8]  # from the checkpoint's batch on
+    assert len(fetched) == metrics["steps"] - 6  # every batch of both epochs but the 6 trained before, once
+    assert not set(killed[:6]) & set(fetched)
+
+
 def test_checkpoint_of_other_params_is_not_resumed(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
-    train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE)
-    metrics = train(TINY_MODEL, tiny_train_config(epochs=1, lr=1e-3), paths, progress=False, frame_size=FRAME_SIZE)
+    _train(tiny_train_config(epochs=1), paths)
+    metrics = _train(tiny_train_config(epochs=1, lr=1e-3), paths)
     assert metrics["steps"] == metrics["planned_steps"]  # trained from scratch, not resumed at the end
 
 
 def test_checkpoint_of_other_code_is_not_resumed(processed, tmp_path, monkeypatch, caplog):
     paths = paths_for(processed, tmp_path)
     with caplog.at_level(logging.INFO, logger="vlm.train"):
-        train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE)
-        train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE)
+        _train(tiny_train_config(epochs=1), paths)
+        _train(tiny_train_config(epochs=1), paths)
         assert "resuming vlm" in caplog.text  # the same code resumes its finished run
         caplog.clear()
         monkeypatch.setattr(vlm.train, "code_sha256", lambda: "0" * 64)  # as if vlm/ had been edited
-        train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE)
+        _train(tiny_train_config(epochs=1), paths)
     assert "resuming" not in caplog.text
 
 
 def test_finished_run_rewrites_a_deleted_model(processed, tmp_path):
     """`dvc repro` deletes outputs before running: a finished run restores the best model from its checkpoint."""
     paths = paths_for(processed, tmp_path)
-    train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE)
+    _train(tiny_train_config(epochs=1), paths)
     before = torch.load(paths.model, weights_only=False)["state_dict"]
     paths.model.unlink()
-    train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE)
+    _train(tiny_train_config(epochs=1), paths)
     after = torch.load(paths.model, weights_only=False)["state_dict"]
     assert all(torch.equal(before[k], after[k]) for k in before)
 
@@ -146,21 +225,20 @@ def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(proce
 
     monkeypatch.setattr(PaliGemma, "forward", poisoned)
     with pytest.raises(NonFiniteLossError, match=r"loss is nan at epoch 1, batch 5 \(step 4\).*last good checkpoint"):
-        train(TINY_MODEL, tiny_train_config(), paths, progress=False, frame_size=FRAME_SIZE)
+        _train(tiny_train_config(), paths)
     assert _last(paths)["state"]["step"] == 3  # checkpoint_every=3: the last good one survives
 
 
 def test_early_stopping(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
     config = tiny_train_config(epochs=6, lr=1e-9, early_stopping_patience=1)
-    metrics = train(TINY_MODEL, config, paths, progress=False, frame_size=FRAME_SIZE)
+    metrics = _train(config, paths)
     assert metrics["stopped_early"] and metrics["epochs"] == 2
 
 
 def test_gradient_accumulation_and_blind(processed, tmp_path):
     paths = paths_for(processed, tmp_path, "blind")
-    metrics = train(TINY_MODEL, tiny_train_config(epochs=3, blind_epochs=1, grad_accum=2), paths, blind=True,
-                    progress=False, frame_size=FRAME_SIZE)
+    metrics = _train(tiny_train_config(epochs=3, blind_epochs=1, grad_accum=2), paths, blind=True)
     assert metrics["epochs"] == 1 and metrics["steps"] == metrics["planned_steps"]  # train.blind_epochs
     loaded = load_model(paths.model)
     assert loaded.model.config.vision == "none" and loaded.model.num_image_tokens == 0
@@ -169,9 +247,9 @@ def test_gradient_accumulation_and_blind(processed, tmp_path):
 def test_the_blind_model_never_holds_the_images_in_ram(processed, tmp_path):
     from vlm.train import blind_baseline, setup
 
-    config = tiny_train_config(in_memory=True)
-    blind = setup(*blind_baseline(TINY_MODEL, config), paths_for(processed, tmp_path, "blind"), FRAME_SIZE)
-    seeing = setup(TINY_MODEL, config, paths_for(processed, tmp_path), FRAME_SIZE)
+    config, runtime = tiny_train_config(), replace(TINY_RUNTIME, in_memory=True)
+    blind = setup(*blind_baseline(TINY_MODEL, config), paths_for(processed, tmp_path, "blind"), FRAME_SIZE, runtime)
+    seeing = setup(TINY_MODEL, config, paths_for(processed, tmp_path), FRAME_SIZE, runtime)
     assert not blind.loader.dataset.in_memory and not blind.val_set.in_memory
     assert seeing.loader.dataset.in_memory and seeing.val_set.in_memory
 
@@ -195,11 +273,36 @@ def test_impossible_train_params(values, message):
         build_config(TrainConfig, values, "train")
 
 
+@pytest.mark.parametrize("values, message", [
+    ({"threads": -1}, "runtime.train.threads: must be >= 0, got -1"),
+    ({"checkpoint_every": 0}, "runtime.train.checkpoint_every: must be >= 1, got 0"),
+    ({"in_memory": "sometimes"}, "runtime.train.in_memory: must be"),
+    ({"workers": 2}, "runtime.train.workers: unknown key"),
+])
+def test_impossible_runtime_values(values, message):
+    with pytest.raises(ParamError, match=message):
+        build_config(TrainRuntime, values, "runtime.train")
+
+
+def test_an_impossible_runtime_value_stops_the_stage_with_one_line(tmp_path, monkeypatch, capsys):
+    import stages.train
+    from vlm.cli import run
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"train": {}, "runtime": {"train": {"threads": -2}}}))
+    monkeypatch.setattr(sys, "argv", ["stages.train", "--params", str(tmp_path / "params.yaml"), "--data", "d",
+                                      "--model", "m.pt", "--checkpoints", "c", "--metrics", "m.json",
+                                      "--timing", "t.json", "--live", "l"])
+    with pytest.raises(SystemExit) as exit_info:
+        run(stages.train.main)
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err.strip() == "error: runtime.train.threads: must be >= 0, got -2"
+
+
 def test_bad_model_params_fail_before_training(processed, tmp_path):
     paths = paths_for(processed, tmp_path)
     bad = {**TINY_MODEL, "siglip": {**TINY_MODEL["siglip"], "patch_size": 5}}
     with pytest.raises(ParamError, match="model.siglip.patch_size: must divide the image size"):
-        train(bad, tiny_train_config(), paths, progress=False, frame_size=FRAME_SIZE)
+        _train(tiny_train_config(), paths, model=bad)
     assert not paths.model.exists() and not paths.checkpoints.exists()
 
 
@@ -210,13 +313,13 @@ def test_in_memory_auto_holds_the_images_when_they_fit_once_per_process(processe
     files = [processed / "train_images.h5", processed / "val_images.h5"]
     megabytes = sum(PackedImageReader.image_bytes(f) for f in files) / 2**20  # 40 images of 32 x 32 x 3
     assert megabytes == pytest.approx(40 * 32 * 32 * 3 / 2**20, rel=0.2)
-    fits = TrainConfig(in_memory="auto", in_memory_budget_mb=1)  # 1 MB: one copy fits, eight do not
+    fits = TrainRuntime(in_memory="auto", in_memory_budget_mb=1)  # 1 MB: one copy fits, eight do not
     with caplog.at_level(logging.INFO, logger="vlm.train"):
         assert hold_in_memory(fits, files, processes_here=1)
         assert not hold_in_memory(fits, files, processes_here=int(1 / megabytes) + 1)
     assert "read from the HDF5 files" in caplog.text
     targets = int(megabytes * 2**20)  # targets as large as the images: two copies do not fit a budget of one
-    just_fits = TrainConfig(in_memory="auto", in_memory_budget_mb=megabytes * 1.5)
+    just_fits = TrainRuntime(in_memory="auto", in_memory_budget_mb=megabytes * 1.5)
     assert hold_in_memory(just_fits, files, 1) and not hold_in_memory(just_fits, files, 1, targets_bytes=targets)
-    assert hold_in_memory(TrainConfig(in_memory=False), files, 1) is False
-    assert hold_in_memory(TrainConfig(in_memory=True, in_memory_budget_mb=0), files, 8) is True
+    assert hold_in_memory(TrainRuntime(in_memory=False), files, 1) is False
+    assert hold_in_memory(TrainRuntime(in_memory=True, in_memory_budget_mb=0), files, 8) is True

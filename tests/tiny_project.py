@@ -12,7 +12,8 @@ of frames:
 ``TINY_PIPELINE_PARAMS`` is the one tiny params dict (``TINY_MODEL`` its model section): the params.yaml
 overrides of a whole tiny `dvc repro`, of each stage run on its own (test_stage_params.py) and, with a few
 train overrides, of the train stage run by hand (test_ddp.py, test_benchmarks.py); the conftest's
-``tiny_params`` fixture hands out copies.
+``tiny_params`` fixture hands out copies. ``tiny_train_config`` and ``TINY_RUNTIME`` are the train settings of
+the runs in-process (test_train.py and others).
 
 tests/conftest.py builds each kind once per test session (``tiny_project``, ``colour_project``) for the tests
 that only read it; a test that writes into a project builds its own, or copies one (``TinyProject.copy_to``).
@@ -30,11 +31,11 @@ import numpy as np
 from PIL import Image
 
 from vlm.commands.generate import BalancedCommands, CommandsConfig
-from vlm.data.pack import PackConfig, pack_dataset
+from vlm.data.pack import PackConfig, PackRuntime, pack_dataset
 from vlm.io import read_json
-from vlm.scenes.generate import ScenesConfig, generate_synthetic, load_raw
+from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_synthetic, load_raw
 from vlm.tokenizer import TrafficCommandTokenizer
-from vlm.train import TrainConfig, TrainPaths
+from vlm.train import TrainConfig, TrainPaths, TrainRuntime
 
 TINY_MODEL = {
     "perception": {"stem_channels": [4, 8, 8], "heads": {"grounding": 1.0, "centres": 0.1}, "to_decoder": True},
@@ -49,15 +50,16 @@ TINY_MODEL = {
 
 # params.yaml overrides for a whole `dvc repro` in well under a minute (tests/pipeline.py's DvcProject)
 TINY_PIPELINE_PARAMS = {
-    "scenes": {"num_images": 48, "workers": 2},
+    "scenes": {"num_images": 48},
     "commands": {"questions_per_image": 6},
-    "pack": {"image_size": 32, "workers": 1},
+    "pack": {"image_size": 32},
     "model": TINY_MODEL,
-    "train": {"epochs": 1, "batch_size": 16, "lr": 0.003, "warmup_steps": 2, "threads": 1},
+    "train": {"epochs": 1, "batch_size": 16, "lr": 0.003, "warmup_steps": 2},
     "evaluate": {"attention_examples": 2, "failure_examples": 2},
     "counterfactuals": {"samples": 4, "sheet_examples": 2},
     "profile": {"workers": [0], "batch_sizes": [32], "extra_image_sizes": [48], "warmup_batches": 1, "batches": 2,
                 "rounds": 1, "max_images": 16},
+    "runtime": {"scenes": {"workers": 2}, "pack": {"workers": 1}, "train": {"threads": 1}},
 }
 
 
@@ -116,9 +118,10 @@ class TinyProject:
     def tokenizer(self) -> TrafficCommandTokenizer:
         return TrafficCommandTokenizer.build_vocab(self.records["train"])
 
-    def pack(self, **config) -> dict:
+    def pack(self, *, workers: int = 1, chunksize: int = 16, **config) -> dict:
         return pack_dataset(self.labels, self.source, self.commands_dir, self.processed,
-                            PackConfig(**{"image_size": PACK_SIZE, "workers": 1} | config), root=self.root)
+                            PackConfig(**{"image_size": PACK_SIZE} | config), root=self.root,
+                            runtime=PackRuntime(workers=workers, chunksize=chunksize))
 
     def copy_to(self, root: Path) -> TinyProject:
         """A copy to write into (``frames="colours"``: its source.json names its images relative to the root)."""
@@ -142,7 +145,8 @@ def build_project(root: Path, num_images: int = 40, *, frames: Literal["rendered
 
 def _rendered(root: Path, num_images: int) -> TinyProject:
     project = TinyProject(root, {})
-    generate_synthetic(ScenesConfig(num_images=num_images, workers=1), project.raw, progress=False)
+    generate_synthetic(ScenesConfig(num_images=num_images), project.raw, progress=False,
+                       runtime=ScenesRuntime(workers=1))
     data = load_raw(project.raw)
     BalancedCommands(data.iter_scenes, data.width, data.height, CommandsConfig(questions_per_image=6)).write(
         project.commands_dir)
@@ -201,9 +205,12 @@ def _colours(root: Path, split_sizes: dict[str, int]) -> TinyProject:
 
 
 def tiny_train_config(**overrides) -> TrainConfig:
-    values = {"epochs": 2, "batch_size": 16, "lr": 3e-3, "warmup_steps": 2, "checkpoint_every": 3,
-              "eval_batch_size": 64, "threads": 1} | overrides
+    values = {"epochs": 2, "batch_size": 16, "lr": 3e-3, "warmup_steps": 2} | overrides
     return TrainConfig(**values)
+
+
+# one thread (the tests share the machine's cores), a resume checkpoint every 3 steps
+TINY_RUNTIME = TrainRuntime(threads=1, checkpoint_every=3, eval_batch_size=64)
 
 
 def paths_for(processed: Path, out: Path, name: str = "vlm") -> TrainPaths:

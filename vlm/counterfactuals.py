@@ -39,6 +39,10 @@ from vlm.scenes.edits import EDITS, Pair, make_pairs
 from vlm.scenes.generate import ScenesConfig, load_raw
 
 FIELDS = ("image_id", "command", "template")  # what is read of a commands record
+# What :func:`run` reads of the scenes and commands params (dvc.yaml declares exactly these): how the scenes were
+# rendered, to render them again, and what the question templates may ask about.
+SCENES_KEYS = ("seed", "width", "height", "max_count", "jpeg_quality")
+COMMANDS_KEYS = ("detection_categories", "counting_categories", "spatial_categories", "more_than", "max_count")
 
 
 @dataclass
@@ -169,7 +173,8 @@ class CounterfactualsPaths:
 def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsConfig, paths: CounterfactualsPaths,
         progress: bool = True) -> dict[str, Any]:
     """Render the pairs, ask the model, write the metrics, the question table, the plot and the sheet; return the
-    summary per edit (empty for BDD100K frames, which cannot be re-rendered)."""
+    summary per edit (empty for BDD100K frames, which cannot be re-rendered). Of ``scenes`` and ``commands`` only
+    the fields of ``SCENES_KEYS`` and ``COMMANDS_KEYS`` are read."""
     raw = load_raw(paths.raw)
     if raw.source != "synthetic":
         write_outputs({"counterfactuals": {}}, pd.DataFrame(), [], paths,

@@ -3,6 +3,12 @@
 ``load_params`` returns a read-only :class:`Params` view that records every key the process reads; inside
 ``with recording_reads() as reads:`` the keys read from every params file loaded in the block are added to
 ``reads``. tests/test_stage_params.py checks them against the params each stage declares in dvc.yaml.
+
+Two kinds of settings live in params.yaml. A stage section (``scenes``, ``train``, ...) holds what a stage's
+outputs depend on: dvc.yaml declares each key a stage reads, so changing one re-runs it. ``runtime`` holds what
+changes only how fast a stage runs (worker processes, threads, checkpoint spacing): no stage declares it, so
+changing one (``dvc exp run -S runtime.train.threads=4``) re-runs nothing and keeps training's resume checkpoint
+(:func:`runtime_section`).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import dataclasses
 import os
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +42,9 @@ class Params(Mapping):
             return Params(value, f"{self._prefix}{key}.", self.reads)
         self.reads.add(f"{self._prefix}{key}")
         return value
+
+    def __contains__(self, key: object) -> bool:  # a key's presence is not a read of its value
+        return key in self._data
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._data)
@@ -82,24 +91,55 @@ def section(params: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return value
 
 
+RUNTIME = "runtime"  # the section of speed-only settings, one sub-section per stage section; no stage declares it
+
+
+def runtime_section(params: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """``runtime.<name>``: the settings that change how fast the stages of section ``name`` run, never what they
+    write; ``{}`` (the defaults) when params.yaml has none."""
+    runtime = section(params, RUNTIME) if RUNTIME in params else {}
+    value = runtime.get(name, {})
+    if not isinstance(value, Mapping):
+        raise ParamError(f"params.yaml: section '{RUNTIME}.{name}' must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def pick(values: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    """The entries of ``values`` named by ``keys`` (dotted for a nested one: ``augment.hflip_prob``) that it has,
+    nested as in ``values``: what a stage reads of a section it uses only part of (only those keys are recorded
+    as read, and dvc.yaml declares those)."""
+    picked: dict[str, Any] = {}
+    for key in keys:
+        head, _, rest = key.partition(".")
+        if head not in values:
+            continue
+        if rest and isinstance(values[head], Mapping):
+            inner = pick(values[head], [rest])
+            if inner:
+                picked.setdefault(head, {}).update(inner)
+        else:
+            picked[head] = values[head]
+    return picked
+
+
 def check(condition: bool, key: str, rule: str) -> None:
     """Raise ``ParamError('<key>: <rule>')`` unless ``condition`` holds."""
     if not condition:
         raise ParamError(f"{key}: {rule}")
 
 
-def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str):
+def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str, keys: Iterable[str] | None = None):
     """Build the dataclass ``cls`` from a params mapping, rejecting unknown keys and wrong types.
 
     ``prefix`` is the dotted params path (``"model.vision"``) used in error messages. Fields
     whose type is itself a dataclass are built recursively from nested mappings. After
-    construction, the dataclass's own ``validate()`` (if any) runs.
+    construction, the dataclass's own ``validate()`` (if any) runs. With ``keys`` (dotted for nested
+    fields: ``augment.hflip_prob``) only those values are read, the other fields keep their defaults: a stage
+    that uses part of a section (every key of ``values`` is still checked to be a field).
     """
-    values = dict(values or {})
-    fields = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise ParamError(f"{prefix}.{unknown[0]}: unknown key (known: {', '.join(sorted(fields))})")
+    values = values or {}
+    _check_known(cls, values, prefix)
+    values = dict(values if keys is None else pick(values, keys))
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for name, value in values.items():
@@ -114,6 +154,19 @@ def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str):
     if hasattr(config, "validate"):
         config.validate(prefix)
     return config
+
+
+def _check_known(cls: type, values: Mapping[str, Any], prefix: str) -> None:
+    """Every key of ``values`` (and of its mappings for dataclass fields) names a field of ``cls``; no value is
+    read."""
+    fields = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ParamError(f"{prefix}.{unknown[0]}: unknown key (known: {', '.join(sorted(fields))})")
+    hints = typing.get_type_hints(cls)
+    for name in values:
+        if dataclasses.is_dataclass(hints[name]) and isinstance(nested := values[name], Mapping):  # a view: no read
+            _check_known(hints[name], nested, f"{prefix}.{name}")
 
 
 # scalar type -> (the Python types it accepts, bool excluded unless it is bool; how the error names it)

@@ -28,7 +28,7 @@ import random
 import time
 from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TrainConfig:
+    """What a run learns: params.yaml's ``train`` (how fast it goes is :class:`TrainRuntime`)."""
+
     seed: int = 0
     epochs: int = 8
     blind_epochs: int | None = 1  # epochs of the blind baseline (train_blind); None = epochs
@@ -68,30 +70,56 @@ class TrainConfig:
     warmup_steps: int = 100  # optimizer steps of linear warmup
     weight_decay: float = 0.05
     grad_clip: float = 1.0  # max global gradient norm; 0 disables
-    checkpoint_every: int = 200  # optimizer steps between resume checkpoints (and at each epoch end)
     early_stopping_patience: int = 0  # epochs without a better val accuracy before stopping; 0 = never
-    eval_batch_size: int = 256
-    num_workers: int = 0  # DataLoader workers; 0 loads in the training process
-    # hold the packed train and val images and the heads' targets in RAM; auto: when they fit in_memory_budget_mb
-    # together with the copies of the other processes on this machine, else read the images from the HDF5 files
-    # (the OS page cache then holds one copy for all processes) and build the targets per batch
-    in_memory: bool | Literal["auto"] = "auto"
-    in_memory_budget_mb: int = 4096
-    threads: int = 0  # torch CPU threads per process; 0 = the cores shared among processes
     nproc: int = 1  # DDP processes on this machine: the stage relaunches itself under torchrun when > 1
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def validate(self, prefix: str = "train") -> None:
-        for name in ("epochs", "batch_size", "grad_accum", "checkpoint_every", "eval_batch_size", "nproc"):
+        for name in ("epochs", "batch_size", "grad_accum", "nproc"):
             check(getattr(self, name) >= 1, f"{prefix}.{name}", f"must be >= 1, got {getattr(self, name)}")
         check(self.blind_epochs is None or self.blind_epochs >= 1, f"{prefix}.blind_epochs",
               f"must be >= 1 or null (= epochs), got {self.blind_epochs}")
         check(self.lr > 0, f"{prefix}.lr", f"must be > 0, got {self.lr}")
         check(0 <= self.min_lr_ratio <= 1, f"{prefix}.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
-        for name in ("warmup_steps", "weight_decay", "grad_clip", "early_stopping_patience", "num_workers", "threads",
-                     "in_memory_budget_mb"):
+        for name in ("warmup_steps", "weight_decay", "grad_clip", "early_stopping_patience"):
             check(getattr(self, name) >= 0, f"{prefix}.{name}", f"must be >= 0, got {getattr(self, name)}")
         self.augment.validate(f"{prefix}.augment")
+
+
+# The keys of params.yaml's ``train`` that each stage reads (dvc.yaml declares them): the VLM never reads
+# blind_epochs; the blind baseline reads no pixel, so of the augmentation only the mirror (which swaps left and
+# right in its text) reaches it.
+VLM_TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig) if f.name != "blind_epochs")
+BLIND_TRAIN_KEYS = (*(name for name in VLM_TRAIN_KEYS if name != "augment"), "blind_epochs", "augment.hflip_prob")
+
+
+@dataclass
+class TrainRuntime:
+    """How fast a run goes, never what it learns: params.yaml's ``runtime.train``, which no stage declares and
+    the resume fingerprint leaves out, so changing one neither re-runs training nor discards its checkpoint.
+
+    ``num_workers``, ``checkpoint_every`` and ``in_memory`` leave a run's files byte for byte as they are
+    (tests/test_train.py). ``threads`` does not quite: the CPU kernels split their sums by thread, so another
+    count rounds differently, and the losses part in the 7th digit after a few steps, as two runs of the same
+    command already do under CPU contention (docs/experiments.md, "Runs of the same command differ").
+    ``eval_batch_size`` moves the val probabilities in the 7th digit (the padding of a batch changes the
+    rounding), so it changes the val accuracy only where two answers tie that closely."""
+
+    threads: int = 0  # torch CPU threads per process; 0 = the cores shared among the processes
+    num_workers: int = 0  # DataLoader workers; 0 loads in the training process
+    eval_batch_size: int = 256  # questions per batch of the val accuracy
+    checkpoint_every: int = 200  # optimizer steps between resume checkpoints (and at each epoch end)
+    # hold the packed train and val images and the heads' targets in RAM; auto: when they fit in_memory_budget_mb
+    # together with the copies of the other processes on this machine, else read the images from the HDF5 files
+    # (the OS page cache then holds one copy for all processes) and build the targets per batch
+    in_memory: bool | Literal["auto"] = "auto"
+    in_memory_budget_mb: int = 4096
+
+    def validate(self, prefix: str = "runtime.train") -> None:
+        for name in ("eval_batch_size", "checkpoint_every"):
+            check(getattr(self, name) >= 1, f"{prefix}.{name}", f"must be >= 1, got {getattr(self, name)}")
+        for name in ("threads", "num_workers", "in_memory_budget_mb"):
+            check(getattr(self, name) >= 0, f"{prefix}.{name}", f"must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass
@@ -204,6 +232,7 @@ class Run:
 
     name: str  # "vlm" or "blind": the model file's stem
     config: TrainConfig
+    runtime: TrainRuntime
     paths: TrainPaths
     dist: Distributed
     device: torch.device
@@ -230,14 +259,16 @@ class Run:
 
 
 def train(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPaths, *, blind: bool = False,
-          progress: bool = True, frame_size: tuple[float, float] | None = None) -> dict[str, Any]:
+          progress: bool = True, frame_size: tuple[float, float] | None = None,
+          runtime: TrainRuntime | None = None) -> dict[str, Any]:
     """Train a VLM (or, with ``blind``, its :func:`blind_baseline`) and return its metrics.
 
     ``frame_size``: width and height of the original frames, in which the label boxes behind the
-    perception heads' targets are given (needed when the model has heads)."""
+    perception heads' targets are given (needed when the model has heads). ``runtime``: how fast (the defaults
+    when None)."""
     if blind:
         model_params, config = blind_baseline(model_params, config)
-    run = setup(model_params, config, paths, frame_size)
+    run = setup(model_params, config, paths, frame_size, runtime)
     state = resume(run)
     run.model.train()
     while state.epoch < run.config.epochs and not state.stopped_early:
@@ -248,25 +279,31 @@ def train(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
 
 def blind_baseline(model_params: Mapping[str, Any], config: TrainConfig) -> tuple[dict[str, Any], TrainConfig]:
     """The text-only baseline of the VLM ``model_params`` describes: the same decoder (pretrained when the
-    VLM's is), no image, trained ``train.blind_epochs`` epochs."""
+    VLM's is), no image, trained ``train.blind_epochs`` epochs. It reads no pixel: of the augmentation only the
+    mirror, which swaps left and right in its questions and answers, is kept (the colour and rotation draws,
+    made all the same, would change nothing it reads)."""
     params = {"vision": "none", "gemma": model_params.get("gemma", {}),
               "decoder_checkpoint": model_params.get("decoder_checkpoint")}
-    return params, config if config.blind_epochs is None else replace(config, epochs=config.blind_epochs)
+    augment = AugmentConfig(hflip_prob=config.augment.hflip_prob, brightness=0.0, contrast=0.0, saturation=0.0,
+                            hue=0.0, rotation_degrees=0.0)
+    epochs = config.epochs if config.blind_epochs is None else config.blind_epochs
+    return params, replace(config, epochs=epochs, augment=augment)
 
 
 def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPaths,
-          frame_size: tuple[float, float] | None) -> Run:
+          frame_size: tuple[float, float] | None, runtime: TrainRuntime | None = None) -> Run:
     """Processes, inputs (checked before any weight is built), model, data and optimizer."""
-    dist_info = start_processes(config, paths)
+    runtime = runtime or TrainRuntime()
+    dist_info = start_processes(config, runtime, paths)
     device = pick_device(dist_info.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     tokenizer = TrafficCommandTokenizer.from_file(paths.vocab)
     model_config, resample = model_config_of(model_params, tokenizer, paths)
     model = build_vlm(model_config).to(device)
-    train_set, val_set = load_splits(model, config, paths, tokenizer, frame_size)
+    train_set, val_set = load_splits(model, config, runtime, paths, tokenizer, frame_size)
     answers = sorted({r["answer"] for r in train_set.records})
-    loader = build_loader(train_set, config.batch_size, shuffle=True, num_workers=config.num_workers,
+    loader = build_loader(train_set, config.batch_size, shuffle=True, num_workers=runtime.num_workers,
                           seed=config.seed, rank=dist_info.rank, world_size=dist_info.world_size)
     total_steps = planned_steps(loader, config)
     optimizer = make_optimizer(model, config)
@@ -278,14 +315,15 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
                   "vocab_sha256": checkpoint.file_sha256(paths.vocab), "answers": answers,
                   "image_size": model_config.siglip.image_size, "resample": resample,
                   "blind": model_config.vision == "none"}
-    return Run(name=paths.model.stem, config=config, paths=paths, dist=dist_info, device=device, model=model,
-               ddp_model=ddp_model, optimizer=optimizer, scheduler=scheduler, loader=loader, val_set=val_set,
-               answers=answers, candidates=[tokenizer.encode_answer(a) for a in answers], total_steps=total_steps,
+    return Run(name=paths.model.stem, config=config, runtime=runtime, paths=paths, dist=dist_info, device=device,
+               model=model, ddp_model=ddp_model, optimizer=optimizer, scheduler=scheduler, loader=loader,
+               val_set=val_set, answers=answers, candidates=[tokenizer.encode_answer(a) for a in answers],
+               total_steps=total_steps,
                fingerprint=fingerprint(model_config, config, paths, dist_info.world_size, frame_size),
                model_info=model_info, curves=Curves(paths.live) if dist_info.is_main else None)
 
 
-def start_processes(config: TrainConfig, paths: TrainPaths) -> Distributed:
+def start_processes(config: TrainConfig, runtime: TrainRuntime, paths: TrainPaths) -> Distributed:
     """This process's place in the run (the DDP group joined under torchrun), its CPU threads and seeds; on
     rank 0 an unwritable output folder fails now, not at the first checkpoint."""
     dist_info = Distributed.from_env()
@@ -293,7 +331,7 @@ def start_processes(config: TrainConfig, paths: TrainPaths) -> Distributed:
         check_writable(paths.model, paths.checkpoints / "last.pt", paths.metrics, paths.timing, paths.live)
     if dist_info.world_size > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // dist_info.world_size))
+    torch.set_num_threads(runtime.threads or max(1, (os.cpu_count() or 1) // dist_info.world_size))
     random.seed(config.seed)
     np.random.seed(config.seed)
     torch.manual_seed(config.seed)
@@ -310,10 +348,11 @@ def model_config_of(model_params: Mapping[str, Any], tokenizer: TrafficCommandTo
     return config, header.resample
 
 
-def load_splits(model: PaliGemma, config: TrainConfig, paths: TrainPaths, tokenizer: TrafficCommandTokenizer,
+def load_splits(model: PaliGemma, config: TrainConfig, runtime: TrainRuntime, paths: TrainPaths,
+                tokenizer: TrafficCommandTokenizer,
                 frame_size: tuple[float, float] | None) -> tuple[TrafficVQADataset, TrafficVQADataset]:
     """The train split (augmented, with the targets the model's extension declares) and the val split, in RAM
-    when ``train.in_memory`` says so."""
+    when ``runtime.train.in_memory`` says so."""
     (train_commands, train_h5), (val_commands, val_h5) = paths.split("train"), paths.split("val")
     targets = None
     if model.extension is not None:
@@ -323,7 +362,7 @@ def load_splits(model: PaliGemma, config: TrainConfig, paths: TrainPaths, tokeni
                              "given in")
     # the blind model reads no pixel: its images are never worth RAM
     in_memory = model.config.vision != "none" and hold_in_memory(
-        config, [train_h5, val_h5], int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+        runtime, [train_h5, val_h5], int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
         0 if targets is None else targets.bytes_per_image * len(PackedImageReader(train_h5)))
     train_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
                                   in_memory=in_memory, seed=config.seed, targets=targets)
@@ -356,19 +395,19 @@ def resume(run: Run) -> TrainState:
 
 
 def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
-    """The optimizer steps of epoch ``state.epoch``, from batch ``state.batch`` on (a resumed run skips the
-    batches it trained before); a resume checkpoint every ``checkpoint_every`` steps."""
+    """The optimizer steps of epoch ``state.epoch``, from batch ``state.batch`` on (a resumed run starts the
+    sampler there: the batches it trained before are not read); a resume checkpoint every ``checkpoint_every``
+    steps."""
     config, loader = run.config, run.loader
-    set_epoch(loader, state.epoch)
-    bar = tqdm(total=len(loader), initial=state.batch, desc=f"{run.name} epoch {state.epoch + 1}/{config.epochs}",
+    set_epoch(loader, state.epoch, start=state.batch)
+    batches = state.batch + len(loader)  # in the whole epoch
+    bar = tqdm(total=batches, initial=state.batch, desc=f"{run.name} epoch {state.epoch + 1}/{config.epochs}",
                unit="batch", disable=not (progress and run.dist.is_main), leave=False)
     started = time.perf_counter()
     window = StepWindow()
-    for index, batch in enumerate(loader):
-        if index < state.batch:  # already trained before the interruption
-            continue
+    for index, batch in enumerate(loader, start=state.batch):
         batch = batch.to(run.device)
-        last_batch = index + 1 == len(loader)
+        last_batch = index + 1 == batches
         boundary = (index + 1) % config.grad_accum == 0 or last_batch
         output, loss = forward_backward(run, batch, sync_grads=boundary,
                                         where=f"epoch {state.epoch + 1}, batch {index + 1} (step {state.step})")
@@ -385,7 +424,7 @@ def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
         state.history.append(record)
         if last_batch:  # end_epoch completes the record with the val accuracy
             break
-        if state.step % config.checkpoint_every == 0:
+        if state.step % run.runtime.checkpoint_every == 0:
             state.seconds += time.perf_counter() - started
             started = time.perf_counter()
             save_resume(run, state)
@@ -503,7 +542,7 @@ def val_accuracy(run: Run) -> float:
     if run.dist.is_main:
         run.model.eval()
         with autocast(run.device):
-            predicted, _ = predict_dataset(run.model, run.val_set, run.candidates, run.config.eval_batch_size,
+            predicted, _ = predict_dataset(run.model, run.val_set, run.candidates, run.runtime.eval_batch_size,
                                            run.device)
         run.model.train()
         truth = [r["answer"] for r in run.val_set.records]
@@ -513,16 +552,17 @@ def val_accuracy(run: Run) -> float:
     return float(accuracy.item())
 
 
-def hold_in_memory(config: TrainConfig, files: list[Path], processes_here: int, targets_bytes: int = 0) -> bool:
-    """``train.in_memory``, with ``auto`` resolved: the images of ``files`` and the heads' targets
+def hold_in_memory(runtime: TrainRuntime, files: list[Path], processes_here: int, targets_bytes: int = 0) -> bool:
+    """``runtime.train.in_memory``, with ``auto`` resolved: the images of ``files`` and the heads' targets
     (``targets_bytes``) fit the budget once per process on this machine."""
-    if config.in_memory != "auto":
-        return config.in_memory
+    if runtime.in_memory != "auto":
+        return runtime.in_memory
     needed_mb = processes_here * (sum(PackedImageReader.image_bytes(f) for f in files) + targets_bytes) / 2**20
-    fits = needed_mb <= config.in_memory_budget_mb
+    fits = needed_mb <= runtime.in_memory_budget_mb
     log.info("in_memory auto: %d process(es) x the train and val images and the heads' targets = %.0f MB %s "
-             "train.in_memory_budget_mb (%d): %s", processes_here, needed_mb, "<=" if fits else ">",
-             config.in_memory_budget_mb, "held in RAM" if fits else "read from the HDF5 files, targets built per batch")
+             "runtime.train.in_memory_budget_mb (%d): %s", processes_here, needed_mb, "<=" if fits else ">",
+             runtime.in_memory_budget_mb,
+             "held in RAM" if fits else "read from the HDF5 files, targets built per batch")
     return fits
 
 

@@ -37,13 +37,23 @@ from vlm.params import check
 @dataclass
 class PackConfig:
     image_size: int = 128  # S: images are stored S x S (squashed)
-    workers: int = 2  # decoding processes; 0: one per CPU core, 1: in the calling process
-    chunksize: int = 16  # images per task sent to a worker
     skip_corrupt: bool = False  # skip (and count) undecodable images instead of failing
     resample: Literal["bilinear", "bicubic", "lanczos"] = "bicubic"  # filter after the JPEG draft downscale
 
     def validate(self, prefix: str = "pack") -> None:
         check(16 <= self.image_size <= 1024, f"{prefix}.image_size", f"must be in [16, 1024], got {self.image_size}")
+
+
+@dataclass
+class PackRuntime:
+    """How fast ``pack_hdf5`` decodes, never what it writes (params.yaml's ``runtime.pack``, which no stage
+    declares): images come back in order and the statistics are exact integer sums, so any worker count and chunk
+    size write the same bytes."""
+
+    workers: int = 2  # decoding processes; 0: one per CPU core, 1: in the calling process
+    chunksize: int = 16  # images per task sent to a worker
+
+    def validate(self, prefix: str = "runtime.pack") -> None:
         check(self.workers >= 0, f"{prefix}.workers", f"must be >= 0 (0 = one per CPU core), got {self.workers}")
         check(self.chunksize >= 1, f"{prefix}.chunksize", f"must be >= 1, got {self.chunksize}")
 
@@ -74,15 +84,17 @@ def _decode_chunk(paths: list[str], image_size: int, resample: str) -> list[Deco
     return decoded
 
 
-def _decode_in_order(paths: list[str], config: PackConfig, pool: Any) -> Iterator[DecodedImage]:
+def _decode_in_order(paths: list[str], config: PackConfig, pool: Any,
+                     runtime: PackRuntime | None = None) -> Iterator[DecodedImage]:
     """Decoded images in the order of ``paths``; with a pool, at most ``2 * num_workers`` chunks in flight."""
-    chunks = (paths[i:i + config.chunksize] for i in range(0, len(paths), config.chunksize))
+    runtime = runtime or PackRuntime()
+    chunks = (paths[i:i + runtime.chunksize] for i in range(0, len(paths), runtime.chunksize))
     args = (config.image_size, config.resample)
     if pool is None:
         for chunk in chunks:
             yield from _decode_chunk(chunk, *args)
         return
-    in_flight = 2 * config.num_workers
+    in_flight = 2 * runtime.num_workers
     pending = deque(pool.apply_async(_decode_chunk, (chunk, *args)) for chunk in islice(chunks, in_flight))
     while pending:
         decoded = pending.popleft().get()
@@ -176,13 +188,14 @@ class PackedSplit:
 
 
 def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackConfig, pool: Any = None,
-               train_stats: tuple[np.ndarray, np.ndarray] | None = None) -> PackedSplit:
+               train_stats: tuple[np.ndarray, np.ndarray] | None = None,
+               runtime: PackRuntime | None = None) -> PackedSplit:
     """Write ``out_path`` atomically; mean/std are ``train_stats`` or, for the train split, its own."""
     histogram = np.zeros((3, 256), dtype=np.int64)  # [C, value]: the split's pixel counts
     skipped: list[str] = []
     with atomic_path(out_path) as tmp, PackedImageWriter(tmp, config.image_size, len(images.image_ids),
                                                          split=images.split, resample=config.resample) as writer:
-        progress = tqdm(_decode_in_order(images.paths, config, pool), total=len(images.paths),
+        progress = tqdm(_decode_in_order(images.paths, config, pool, runtime), total=len(images.paths),
                         desc=f"pack {images.split}", unit="img", mininterval=1.0)
         for image_id, annotation, decoded in zip(images.image_ids, images.annotations, progress):
             if decoded.error is not None:
@@ -218,18 +231,21 @@ def start_decode_pool(workers: int) -> Any:
 
 def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike, commands_dir: str | os.PathLike,
                  output_dir: str | os.PathLike, config: PackConfig, *, splits: tuple[str, ...] = SPLITS,
-                 root: str | os.PathLike = ".") -> dict[str, Any]:
-    """Pack ``{output_dir}/{split}_images.h5`` for each split (train first); return the pack metrics."""
+                 root: str | os.PathLike = ".", runtime: PackRuntime | None = None) -> dict[str, Any]:
+    """Pack ``{output_dir}/{split}_images.h5`` for each split (train first) with ``runtime``'s decoding processes;
+    return the pack metrics."""
+    runtime = runtime or PackRuntime()
     if splits[0] != "train":
         raise ValueError(f"splits must start with 'train' (its mean/std goes into every file), got {splits}")
     split_images = collect_split_images(labels_path, source_path, commands_dir, splits, root)
     start = time.perf_counter()
-    pool = start_decode_pool(config.num_workers) if config.num_workers > 1 else None
+    pool = start_decode_pool(runtime.num_workers) if runtime.num_workers > 1 else None
     try:
         packed: list[PackedSplit] = []
         train_stats = None
         for images in split_images:
-            result = pack_split(images, Path(output_dir) / f"{images.split}_images.h5", config, pool, train_stats)
+            result = pack_split(images, Path(output_dir) / f"{images.split}_images.h5", config, pool, train_stats,
+                                runtime)
             train_stats = (result.mean, result.std)
             packed.append(result)
     finally:
@@ -241,7 +257,7 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
     return {
         "image_size": config.image_size,
         "resample": config.resample,
-        "workers": config.num_workers,
+        "workers": runtime.num_workers,
         "images": sum(p.images for p in packed),
         "skipped": sum(len(p.skipped_image_ids) for p in packed),
         "bytes": sum(p.bytes for p in packed),

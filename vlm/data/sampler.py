@@ -22,7 +22,9 @@ class GroupedBatchSampler(Sampler[list[int]]):
 
     ``image_rows[q]`` is the image of question ``q`` (``TrafficVQADataset.image_rows``). An image
     with more than ``batch_size`` questions (rare) is split over consecutive batches.
-    Deterministic for ``(seed, epoch)``; call ``set_epoch`` before each epoch.
+    Deterministic for ``(seed, epoch)``; call ``set_epoch`` before each epoch. ``set_epoch(epoch, start)``
+    yields that epoch's batches from batch ``start`` on (a resumed run skips the batches it trained without
+    reading them); ``len`` counts the batches it yields.
     """
 
     def __init__(self, image_rows: Sequence[int] | np.ndarray, batch_size: int, *, shuffle: bool = True,
@@ -41,10 +43,13 @@ class GroupedBatchSampler(Sampler[list[int]]):
         self.rank = rank
         self.world_size = world_size
         self.epoch = 0
+        self.start = 0  # the first batch of the epoch to yield
         self._cached: tuple[int, list[list[int]]] | None = None
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start}")
+        self.epoch, self.start = epoch, start
 
     def _pack(self, group_order: np.ndarray, capacity: int) -> list[list[int]]:
         batches: list[list[int]] = []
@@ -77,7 +82,7 @@ class GroupedBatchSampler(Sampler[list[int]]):
         return batches
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self._epoch_batches())
+        return iter(self._epoch_batches()[self.start:])
 
     def __len__(self) -> int:
-        return len(self._epoch_batches())
+        return max(0, len(self._epoch_batches()) - self.start)

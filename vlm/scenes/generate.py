@@ -51,7 +51,6 @@ class ScenesConfig:
     width: int = 1280
     height: int = 720
     jpeg_quality: int = 90
-    workers: int = 0  # 0: one per CPU core
     max_count: int = 6
     bdd100k: BDD100KConfig = field(default_factory=BDD100KConfig)
 
@@ -60,7 +59,6 @@ class ScenesConfig:
         check(self.width >= 64 and self.height >= 64, f"{prefix}.width/height",
               f"must be at least 64 pixels, got {self.width}x{self.height}")
         check(1 <= self.jpeg_quality <= 100, f"{prefix}.jpeg_quality", f"must be in 1..100, got {self.jpeg_quality}")
-        check(self.workers >= 0, f"{prefix}.workers", f"must be >= 0 (0 = one per core), got {self.workers}")
         check(1 <= self.max_count <= 9, f"{prefix}.max_count", f"must be in 1..9, got {self.max_count}")
         check(self.bdd100k.max_images is None or self.bdd100k.max_images >= 1, f"{prefix}.bdd100k.max_images",
               f"must be at least 1 or null, got {self.bdd100k.max_images}")
@@ -71,12 +69,23 @@ class ScenesConfig:
                   f"got {value!r}; set {prefix}.bdd100k.root instead")
 
     @property
-    def num_workers(self) -> int:
-        return self.workers or os.cpu_count() or 1
-
-    @property
     def render_config(self) -> RenderConfig:
         return RenderConfig(width=self.width, height=self.height, max_count=self.max_count)
+
+
+@dataclass
+class ScenesRuntime:
+    """How fast ``generate_scenes`` renders, never what (params.yaml's ``runtime.scenes``, which no stage declares):
+    every scene is rendered from its own seed, so any worker count writes the same bytes."""
+
+    workers: int = 0  # render processes; 0: one per CPU core
+
+    def validate(self, prefix: str = "runtime.scenes") -> None:
+        check(self.workers >= 0, f"{prefix}.workers", f"must be >= 0 (0 = one per core), got {self.workers}")
+
+    @property
+    def num_workers(self) -> int:
+        return self.workers or os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -112,14 +121,16 @@ def _render_one(args: tuple[int, int, RenderConfig, int, str]) -> dict:
     return scene_to_frame(scene)
 
 
-def generate_synthetic(config: ScenesConfig, out_dir: str | os.PathLike, progress: bool = True) -> dict:
-    """Render ``config.num_images`` scenes into ``out_dir`` (replaced atomically); return speed stats."""
-    out_dir = Path(out_dir)
+def generate_synthetic(config: ScenesConfig, out_dir: str | os.PathLike, progress: bool = True,
+                       runtime: ScenesRuntime | None = None) -> dict:
+    """Render ``config.num_images`` scenes into ``out_dir`` (replaced atomically) with ``runtime.workers``
+    processes; return speed stats."""
+    out_dir, runtime = Path(out_dir), runtime or ScenesRuntime()
     with atomic_path(out_dir) as tmp:
         (tmp / "images").mkdir(parents=True)
         jobs = [(i, config.seed, config.render_config, config.jpeg_quality, str(tmp / "images"))
                 for i in range(config.num_images)]
-        workers = min(config.num_workers, config.num_images)
+        workers = min(runtime.num_workers, config.num_images)
         start = time.perf_counter()
         # Each label frame is written as its image is done: none is held.
         with multiprocessing.get_context("fork").Pool(workers) if workers > 1 else contextlib.nullcontext() as pool:
@@ -194,9 +205,10 @@ def _write_source(folder: Path, source: str, image_dir: Path, width: int, height
     (folder / "source.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
 
-def generate_scenes(config: ScenesConfig, out_dir: str | os.PathLike, progress: bool = True) -> dict:
+def generate_scenes(config: ScenesConfig, out_dir: str | os.PathLike, progress: bool = True,
+                    runtime: ScenesRuntime | None = None) -> dict:
     if config.source == "synthetic":
-        return generate_synthetic(config, out_dir, progress)
+        return generate_synthetic(config, out_dir, progress, runtime)
     return import_bdd100k(config, out_dir)
 
 

@@ -5,8 +5,9 @@ combination of attributes it never saw in training.
 
 Queues (if it has not run yet) one experiment, ``dvc exp run -n holdout-<values> -S 'commands.holdout=...'
 evaluate`` (default: rainy nights; the pipeline up to the evaluate stage, the only outputs compared: its
-counterfactuals and dataloader profile stay its parent's), whose test split is every frame with that combination and whose train and val splits
-hold none; runs the queue (:func:`scaling_curve.run_queue`) and compares, on the frames of that combination in
+counterfactuals and dataloader profile stay its parent's), whose test split is every frame with that
+combination and whose train and val splits hold none; runs the queue (:func:`scaling_curve.run_queue`) and
+compares, on the frames of that combination in
 the workspace's own (random) test split:
 
 - the workspace's model, which saw the combination in training (its ``metrics/eval/predictions.csv``);

@@ -101,11 +101,11 @@ class TrainRuntime:
     the resume fingerprint leaves out, so changing one neither re-runs training nor discards its checkpoint.
 
     ``num_workers``, ``checkpoint_every`` and ``in_memory`` leave a run's files byte for byte as they are
-    (tests/test_train.py). ``threads`` does not quite: the CPU kernels split their sums by thread, so another
-    count rounds differently, and the losses part in the 7th digit after a few steps, as two runs of the same
+    (tests/test_train.py). ``threads`` does not quite: the CPU kernels split their work by thread, so another
+    count can round differently, and the losses part in the 7th digit after a few steps, as two runs of the same
     command already do under CPU contention (docs/experiments.md, "Runs of the same command differ").
-    ``eval_batch_size`` moves the val probabilities in the 7th digit (the padding of a batch changes the
-    rounding), so it changes the val accuracy only where two answers tie that closely."""
+    ``eval_batch_size`` moves the val probabilities in the 7th digit (another padding and other matrix shapes),
+    so it changes the val accuracy, an argmax, only where two answers tie that closely."""
 
     threads: int = 0  # torch CPU threads per process; 0 = the cores shared among the processes
     num_workers: int = 0  # DataLoader workers; 0 loads in the training process

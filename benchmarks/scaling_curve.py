@@ -17,9 +17,10 @@ overall and per command type against the training seconds each run took.
    multiple that line would need.
 
 Interrupted (a killed worker, an ended session), it picks up where it stopped: finished experiments are kept,
-unfinished ones are queued again. ``--collect-only`` just rewrites the JSON and the plot from the experiments
-that exist. Points whose name exists from an older baseline are reused: remove them (``dvc exp remove``) after
-a change to the code that should change the curve.
+unfinished ones are queued again, and their training resumes from its last checkpoint (kept in the repository's
+models/checkpoints, not in the temporary copy DVC deleted; docs/architecture.md). ``--collect-only`` just
+rewrites the JSON and the plot from the experiments that exist. Points whose name exists from an older baseline
+are reused: remove them (``dvc exp remove``) after a change to the code that should change the curve.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vlm.cli import relaunch_distributed, run
+from vlm.cli import in_repository, relaunch_distributed, run
 from vlm.params import build_config, load_params, runtime_section, section
 from vlm.scenes.generate import ScenesConfig
 from vlm.train import BLIND_TRAIN_KEYS, VLM_TRAIN_KEYS, TrainConfig, TrainPaths, TrainRuntime, train
@@ -20,7 +20,8 @@ def main() -> None:
     parser.add_argument("--blind", action="store_true", help="train the text-only baseline (no image)")
     parser.add_argument("--data", type=Path, required=True, help="folder with commands/, vocab.json, *_images.h5")
     parser.add_argument("--model", type=Path, required=True, help="the best model's file")
-    parser.add_argument("--checkpoints", type=Path, required=True, help="folder of the resume checkpoints")
+    parser.add_argument("--checkpoints", type=Path, required=True,
+                        help="folder of the resume checkpoints (in the repository DVC runs the stage for, DVC_ROOT)")
     parser.add_argument("--metrics", type=Path, required=True, help="JSON file of the run's headline metrics")
     parser.add_argument("--timing", type=Path, required=True, help="JSON file of the run's seconds and questions/s")
     parser.add_argument("--live", type=Path, required=True, help="dvclive folder of the training curves")
@@ -30,8 +31,10 @@ def main() -> None:
                           keys=BLIND_TRAIN_KEYS if args.blind else VLM_TRAIN_KEYS)
     runtime = build_config(TrainRuntime, runtime_section(params, "train"), "runtime.train")  # speed only
     relaunch_distributed(config.nproc, "stages.train", sys.argv[1:])  # train.nproc > 1: under torchrun
-    paths = TrainPaths(data=args.data, model=args.model, checkpoints=args.checkpoints, metrics=args.metrics,
-                       timing=args.timing, live=args.live)
+    # the checkpoints in the repository itself when DVC runs a queued experiment in a temporary copy: a killed one
+    # resumes when it is queued again
+    paths = TrainPaths(data=args.data, model=args.model, checkpoints=in_repository(args.checkpoints),
+                       metrics=args.metrics, timing=args.timing, live=args.live)
     if args.blind:  # the text-only decoder reads no image: no frame size, no vision params
         metrics = train(section(params, "model"), config, paths, blind=True, runtime=runtime)
     else:  # of scenes, the frame size the label boxes are given in, and nothing else

@@ -46,7 +46,8 @@ def _under(path: str, folder: str) -> bool:
 
 # Paths a stage writes that are deliberately not DVC outputs (an output is deleted before its stage runs).
 UNTRACKED = {
-    "models/checkpoints": "train's resume checkpoints: they must survive a killed run to resume it",
+    "models/checkpoints": "train's resume checkpoints: they must survive a killed run (a queued experiment's too: "
+                          "they go to the repository, DVC_ROOT) to resume it",
 }
 
 

@@ -2,6 +2,7 @@ import json
 import logging
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +30,31 @@ def _train(config, paths, model=TINY_MODEL, **kwargs):
 
 
 def _last(paths):
-    return checkpoint.read(paths.checkpoints / f"{paths.model.stem}-last.pt")
+    """The resume checkpoint a killed run left (named by the run's fingerprint; a finished run removes it)."""
+    (path,) = paths.checkpoints.glob(f"{paths.model.stem}-*.pt")
+    return checkpoint.read(path)
+
+
+@pytest.fixture
+def saved(monkeypatch):
+    """Every resume checkpoint written, as (state, weights) by file, in order: a finished run removes its file,
+    and its last checkpoint holds its final state and weights."""
+    written = {}
+    original = checkpoint.save_resume
+
+    def recording(path, fingerprint, model, optimizer, scheduler, state):
+        weights = {key: value.detach().clone() for key, value in model.state_dict().items()}
+        written.setdefault(Path(path), []).append((state, weights))  # state: asdict's copy
+        return original(path, fingerprint, model, optimizer, scheduler, state)
+
+    monkeypatch.setattr(checkpoint, "save_resume", recording)
+    return written
+
+
+def _final(saved, paths):
+    """The state and weights of the last resume checkpoint the run of ``paths`` wrote."""
+    (path,) = [path for path in saved if path.parent == paths.checkpoints]
+    return saved[path][-1]
 
 
 def test_trains_writes_model_metrics_and_curves(processed, tmp_path):
@@ -49,10 +74,10 @@ def test_trains_writes_model_metrics_and_curves(processed, tmp_path):
     assert len((curves / "val" / "accuracy.tsv").read_text().splitlines()) == 1 + 2
 
 
-def test_training_reduces_the_loss(processed, tmp_path):
+def test_training_reduces_the_loss(processed, tmp_path, saved):
     paths = paths_for(processed, tmp_path)
     _train(tiny_train_config(epochs=4), paths)
-    history = _last(paths)["state"]["history"]
+    history = _final(saved, paths)[0]["history"]
     first, last = history[0]["train/loss"], history[-1]["train/loss"]
     assert last < 0.6 * first
     # each loss of the model's loss dict (the answer's, each perception head's) is logged on its own curve, and
@@ -65,7 +90,7 @@ def test_training_reduces_the_loss(processed, tmp_path):
         assert history[-1][f"train/{head}_loss"] < 0.8 * history[0][f"train/{head}_loss"]
 
 
-def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkeypatch):
+def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkeypatch, saved):
     straight = paths_for(processed, tmp_path / "straight")
     _train(tiny_train_config(), straight)
 
@@ -90,15 +115,16 @@ def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkey
     monkeypatch.setattr(torch.optim.AdamW, "step", original_step)
     metrics = _train(tiny_train_config(), resumed)
 
-    a, b = _last(straight), _last(resumed)
-    assert a["state"]["step"] == b["state"]["step"] == metrics["steps"]
-    for key, value in a["model"].items():
-        assert torch.equal(value, b["model"][key]), key
-    assert [r["train/loss"] for r in a["state"]["history"]] == [r["train/loss"] for r in b["state"]["history"]]
+    (a, a_weights), (b, b_weights) = _final(saved, straight), _final(saved, resumed)
+    assert a["step"] == b["step"] == metrics["steps"]
+    for key, value in a_weights.items():
+        assert torch.equal(value, b_weights[key]), key
+    assert [r["train/loss"] for r in a["history"]] == [r["train/loss"] for r in b["history"]]
+    assert not list(resumed.checkpoints.iterdir())  # the finished run removed its checkpoint
     assert straight.model.read_bytes() == resumed.model.read_bytes()  # the same model file, byte for byte
     assert straight.metrics.read_bytes() == resumed.metrics.read_bytes()
     # The timing counts the killed process's checkpointed seconds too, over the same questions.
-    assert metrics["seconds"] > killed["seconds"] and a["state"]["samples"] == b["state"]["samples"]
+    assert metrics["seconds"] > killed["seconds"] and a["samples"] == b["samples"]
     # The curves of the resumed run are the uninterrupted run's: complete, not restarted at the interruption,
     # each step once (the saved history written once, then appended), the summary's step the steps done.
     files = sorted(p.relative_to(straight.live) for p in straight.live.rglob("*") if p.is_file())
@@ -181,34 +207,25 @@ def test_a_resumed_run_reads_none_of_the_batches_it_trained(processed, tmp_path,
     assert not set(killed[:6]) & set(fetched)
 
 
-def test_checkpoint_of_other_params_is_not_resumed(processed, tmp_path):
+def test_a_killed_runs_checkpoint_waits_for_the_same_params_and_code(processed, tmp_path, monkeypatch, caplog):
+    """Each run's checkpoint is named by its fingerprint: a run of other params or other code neither resumes a
+    killed run's checkpoint nor removes it, and the killed run, run again, resumes from it."""
     paths = paths_for(processed, tmp_path)
-    _train(tiny_train_config(epochs=1), paths)
-    metrics = _train(tiny_train_config(epochs=1, lr=1e-3), paths)
-    assert metrics["steps"] == metrics["planned_steps"]  # trained from scratch, not resumed at the end
-
-
-def test_checkpoint_of_other_code_is_not_resumed(processed, tmp_path, monkeypatch, caplog):
-    paths = paths_for(processed, tmp_path)
+    with monkeypatch.context() as patch:
+        _kill_at_step(patch, 4)  # the checkpoint of step 3
+        with pytest.raises(KeyboardInterrupt):
+            _train(tiny_train_config(epochs=1), paths)
     with caplog.at_level(logging.INFO, logger="vlm.train"):
+        for other in ({"lr": 1e-3}, {}):
+            with monkeypatch.context() as patch:
+                if not other:  # the same params, other code
+                    patch.setattr(vlm.train, "code_sha256", lambda: "0" * 64)  # as if vlm/ had been edited
+                metrics = _train(tiny_train_config(epochs=1, **other), paths)
+            assert "resuming" not in caplog.text and metrics["steps"] == metrics["planned_steps"]
+            assert _last(paths)["state"]["step"] == 3  # the killed run's, still there
         _train(tiny_train_config(epochs=1), paths)
-        _train(tiny_train_config(epochs=1), paths)
-        assert "resuming vlm" in caplog.text  # the same code resumes its finished run
-        caplog.clear()
-        monkeypatch.setattr(vlm.train, "code_sha256", lambda: "0" * 64)  # as if vlm/ had been edited
-        _train(tiny_train_config(epochs=1), paths)
-    assert "resuming" not in caplog.text
-
-
-def test_finished_run_rewrites_a_deleted_model(processed, tmp_path):
-    """`dvc repro` deletes outputs before running: a finished run restores the best model from its checkpoint."""
-    paths = paths_for(processed, tmp_path)
-    _train(tiny_train_config(epochs=1), paths)
-    before = torch.load(paths.model, weights_only=False)["state_dict"]
-    paths.model.unlink()
-    _train(tiny_train_config(epochs=1), paths)
-    after = torch.load(paths.model, weights_only=False)["state_dict"]
-    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert "resuming vlm" in caplog.text and "batch 3, step 3" in caplog.text
+    assert not list(paths.checkpoints.iterdir())  # each finished run removed its own
 
 
 def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(processed, tmp_path, monkeypatch):
@@ -323,3 +340,24 @@ def test_in_memory_auto_holds_the_images_when_they_fit_once_per_process(processe
     assert hold_in_memory(just_fits, files, 1) and not hold_in_memory(just_fits, files, 1, targets_bytes=targets)
     assert hold_in_memory(TrainRuntime(in_memory=False), files, 1) is False
     assert hold_in_memory(TrainRuntime(in_memory=True, in_memory_budget_mb=0), files, 8) is True
+
+
+def test_checkpoints_of_a_queued_experiment_go_to_its_repository(tmp_path, monkeypatch):
+    """DVC runs a queued experiment in a temporary copy of the repository (deleted when it ends) with DVC_ROOT
+    naming the repository: the checkpoint folder, relative to the stage's folder, is placed there."""
+    from vlm.cli import in_repository
+
+    repository = tmp_path / "repo"
+    copy = repository / ".dvc" / "tmp" / "exps" / "tmp123"
+    (copy / ".dvc").mkdir(parents=True)
+    monkeypatch.chdir(copy)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    assert in_repository("models/checkpoints") == Path("models/checkpoints")  # by hand: where it is run
+    monkeypatch.setenv("DVC_ROOT", str(repository))
+    assert in_repository("models/checkpoints") == repository.resolve() / "models" / "checkpoints"
+    (copy / "sub").mkdir()
+    monkeypatch.chdir(copy / "sub")  # a stage in a sub-folder of the repository
+    assert in_repository("ckpt") == repository.resolve() / "sub" / "ckpt"
+    assert in_repository(tmp_path / "abs") == tmp_path / "abs"
+    monkeypatch.chdir(repository)  # `dvc repro` or `dvc exp run` in the workspace itself
+    assert in_repository("models/checkpoints") == Path("models/checkpoints")

@@ -13,7 +13,8 @@ A checkpoint is a ``torch.save`` dict::
     metrics         what training measured (epoch, step, val accuracy, ...)
 
 Training state for resuming (optimizer, scheduler, :class:`vlm.train.TrainState`) lives in separate
-files (``models/checkpoints/{name}-last.pt``): :func:`save_resume` and :func:`read_resume`.
+files (``models/checkpoints/{name}-{fingerprint}.pt``, one per run, removed when it finishes): :func:`save_resume`
+and :func:`read_resume`.
 Every checkpoint file is written and read here.
 """
 

@@ -1,4 +1,5 @@
-"""Running a stage script: bad input ends with one clear line on stderr, not a traceback."""
+"""Running a stage script: bad input ends with one clear line on stderr, not a traceback; DDP under torchrun; paths
+that must outlive DVC's temporary copy of the repository."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def run(main: Callable[[], object]) -> None:
@@ -33,3 +35,18 @@ def relaunch_distributed(nproc: int, module: str, argv: Sequence[str]) -> None:
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
                               f"--nproc_per_node={nproc}", "-m", module, *argv])
+
+
+def in_repository(path: str | os.PathLike) -> Path:
+    """``path``, relative to the stage's folder as its command names it, in the repository DVC runs the stage for.
+
+    A queued (or ``--temp``) experiment runs in a temporary copy of the repository under ``.dvc/tmp/exps``, which
+    DVC deletes when the run ends, killed or not; DVC sets ``DVC_ROOT`` to the repository the experiment belongs
+    to. So what must outlive the run (training's resume checkpoints) goes there, at the same place relative to
+    it. In the workspace, by hand, or for an absolute ``path``: ``path`` as it is."""
+    path, root = Path(path), os.environ.get("DVC_ROOT")
+    here = Path.cwd().resolve()
+    copy = next((folder for folder in (here, *here.parents) if (folder / ".dvc").is_dir()), None)
+    if path.is_absolute() or not root or copy is None or copy == Path(root).resolve():
+        return path
+    return Path(root).resolve() / here.relative_to(copy) / path

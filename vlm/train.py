@@ -5,10 +5,12 @@ Read it top to bottom in :func:`train`: :func:`setup` (inputs checked, data, mod
 for each epoch, :func:`finish`. One run writes:
 
 - ``{model}``: the best model on the val split (see :mod:`vlm.checkpoint`), written when the run finishes;
-- ``{checkpoints}/{name}-last.pt``: everything needed to resume (model, optimizer, scheduler, the
-  :class:`TrainState`), written every ``checkpoint_every`` optimizer steps and at the end of each epoch.
-  A rerun with the same params and data resumes from it and ends with the same weights as an
-  uninterrupted run (the data order and augmentation are functions of seed and epoch);
+- ``{checkpoints}/{name}-{fingerprint[:16]}.pt``: everything needed to resume (model, optimizer, scheduler, the
+  :class:`TrainState`), written every ``runtime.train.checkpoint_every`` optimizer steps and at the end of each
+  epoch, and removed when the run finishes. A rerun with the same params, data and code (the same
+  :func:`fingerprint`) resumes from it and ends with the same weights as an uninterrupted run (the data order and
+  augmentation are functions of seed and epoch); a run of other params has its own file, so a killed run's
+  checkpoint waits for it whatever runs in between;
 - per-step curves through dvclive (``{live}``), updated at every resume checkpoint and epoch end;
 - ``{metrics}`` (headline numbers) and ``{timing}`` (seconds, questions/s), written when the run finishes.
 
@@ -99,11 +101,11 @@ class TrainRuntime:
     the resume fingerprint leaves out, so changing one neither re-runs training nor discards its checkpoint.
 
     ``num_workers``, ``checkpoint_every`` and ``in_memory`` leave a run's files byte for byte as they are
-    (tests/test_train.py). ``threads`` does not quite: the CPU kernels split their sums by thread, so another
-    count rounds differently, and the losses part in the 7th digit after a few steps, as two runs of the same
+    (tests/test_train.py). ``threads`` does not quite: the CPU kernels split their work by thread, so another
+    count can round differently, and the losses part in the 7th digit after a few steps, as two runs of the same
     command already do under CPU contention (docs/experiments.md, "Runs of the same command differ").
-    ``eval_batch_size`` moves the val probabilities in the 7th digit (the padding of a batch changes the
-    rounding), so it changes the val accuracy only where two answers tie that closely."""
+    ``eval_batch_size`` moves the val probabilities in the 7th digit (another padding and other matrix shapes),
+    so it changes the val accuracy, an argmax, only where two answers tie that closely."""
 
     threads: int = 0  # torch CPU threads per process; 0 = the cores shared among the processes
     num_workers: int = 0  # DataLoader workers; 0 loads in the training process
@@ -126,7 +128,7 @@ class TrainRuntime:
 class TrainPaths:
     data: Path  # commands/{split}.json, vocab.json and {split}_images.h5
     model: Path  # the best model; its stem names the run
-    checkpoints: Path  # resume checkpoints
+    checkpoints: Path  # resume checkpoints, one file per run fingerprint
     metrics: Path  # headline metrics (dvc.yaml declares them as metrics)
     timing: Path  # seconds and questions/s: compared by the profile and the benchmarks, not as metrics
     live: Path  # dvclive folder
@@ -251,7 +253,9 @@ class Run:
 
     @property
     def last_path(self) -> Path:
-        return self.paths.checkpoints / f"{self.name}-last.pt"
+        """This run's resume checkpoint: named by its fingerprint, so runs of other params, data or code (queued
+        experiments sharing the folder) never take each other's."""
+        return self.paths.checkpoints / f"{self.name}-{self.fingerprint[:16]}.pt"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -453,7 +457,7 @@ def end_epoch(run: Run, state: TrainState) -> None:
 
 def finish(run: Run, state: TrainState) -> dict[str, Any]:
     """The best model and the metrics: written only by a finished run (a killed one leaves none of its outputs,
-    only its resume checkpoint)."""
+    only its resume checkpoint, which the finished run then removes)."""
     metrics = {}
     if run.dist.is_main:
         run.curves.update(state.history)  # a run resumed at its end has logged nothing yet
@@ -463,6 +467,7 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
         write_json(run.paths.metrics, metrics)
         write_json(run.paths.timing, timing)
         metrics = {**metrics, **timing}
+        run.last_path.unlink(missing_ok=True)  # every output is written: nothing left to resume
     if run.dist.world_size > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -60,15 +60,8 @@ def test_training_step_numbers_are_the_committed_benchmark():
             assert f"| {row['ms']:.1f} |" in line and f"| {row['share']:.1%} |" in line, row["part"]
 
 
-def _detail(path: str, legacy: str) -> dict:
-    """A detail file, or the headline file that held the same numbers before they left `dvc exp show`'s
-    columns (committed metrics of an earlier run: the next full run writes the detail file)."""
-    return _json(path if (ROOT / path).is_file() else legacy)
-
-
 def _weakest_slice() -> tuple[str, str, float]:
-    slices = _detail("metrics/eval/slices.json", "metrics/eval.json")
-    slices = slices.get("slices", slices)  # eval.json held them under "slices"
+    slices = _json("metrics/eval/slices.json")
     return min(((d, v, acc) for d, values in slices["vlm"].items() for v, acc in values.items()),
                key=lambda item: item[2])
 
@@ -79,7 +72,7 @@ def test_evaluation_paragraph_is_the_committed_evaluation():
     text = (ROOT / "README.md").read_text(encoding="utf-8").split("## What you get", 1)[1].split("\n## ", 1)[0]
     experiments = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
     headline = _json("metrics/eval.json")
-    counterfactuals = _detail("metrics/counterfactuals/summary.json", "metrics/counterfactuals.json")["counterfactuals"]
+    counterfactuals = _json("metrics/counterfactuals/summary.json")["counterfactuals"]
     dimension, value, acc = _weakest_slice()
     for number in (f"ECE {headline['vlm']['ece']:.3f}", f"{headline['blind']['ece']:.3f} for the blind baseline",
                    f"`{dimension}` = `{value}`, {acc:.3f}"):

@@ -27,6 +27,7 @@ class PackedRows:
     row: torch.Tensor  # [B] the decoder row of question b (its image's)
     rank: torch.Tensor  # [B] the place of question b among its row's questions
     slots: torch.Tensor  # [B, L] the row slot of text position t of question b (past its end: its last token's)
+    text_valid: torch.Tensor  # bool [B, L] True on question b's tokens
     position_ids: torch.Tensor  # [N, S] RoPE positions: 0..T-1 on the image, T + t on question text position t
     mask: torch.Tensor  # bool [N, 1, S, S] True: may attend
     questions_per_row: int  # K: the most questions of one row
@@ -71,15 +72,15 @@ class PackedRows:
         visible = visible & (segment[key] != PADDING)
         # a padding slot sees itself, so that no softmax row is empty
         visible = visible | torch.eye(size, dtype=torch.bool, device=device)
-        return cls(row=image_index, rank=rank, slots=slots, position_ids=position_ids, mask=visible[:, None],
-                   questions_per_row=most_questions)
+        return cls(row=image_index, rank=rank, slots=slots, text_valid=text_valid, position_ids=position_ids,
+                   mask=visible[:, None], questions_per_row=most_questions)
 
-    def pack(self, image_tokens: torch.Tensor, text_embeds: torch.Tensor, text_valid: torch.Tensor) -> torch.Tensor:
-        """``image_tokens`` ``[N, T, D]`` and each question's ``text_embeds`` ``[B, L, D]`` (``text_valid``
-        ``[B, L]``: its tokens) -> the decoder input ``[N, S, D]``, zeros on padding."""
+    def pack(self, image_tokens: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:
+        """``image_tokens`` ``[N, T, D]`` and each question's ``text_embeds`` ``[B, L, D]`` -> the decoder input
+        ``[N, S, D]``, zeros on padding."""
         num_rows, image_slots, dim = image_tokens.shape
         size = self.position_ids.shape[1]
-        text_valid = text_valid.bool()
+        text_valid = self.text_valid
         rows = self.row[:, None].expand_as(text_valid)[text_valid]
         text = text_embeds.new_zeros(num_rows, size - image_slots, dim)
         text = text.index_put((rows, self.slots[text_valid] - image_slots), text_embeds[text_valid])
@@ -89,11 +90,14 @@ class PackedRows:
         """Slots ``[B, Q]`` of each question -> ``[N, K * Q]``: question b's at columns ``rank[b] * Q + q`` of its
         row (slot 0 where a row has fewer questions), the layout :meth:`unpack` reads back."""
         num, per_question = slots.shape
-        columns = self.rank[:, None] * per_question + torch.arange(per_question, device=slots.device)  # [B, Q]
+        columns = self._columns(per_question)
         table = slots.new_zeros(self.mask.shape[0], self.questions_per_row * per_question)
         return table.index_put((self.row[:, None].expand(num, per_question), columns), slots)
 
     def unpack(self, hidden: torch.Tensor, per_question: int) -> torch.Tensor:
         """``hidden`` ``[N, K * Q, D]`` at :meth:`row_slots`' columns -> ``[B, Q, D]`` per question."""
-        columns = self.rank[:, None] * per_question + torch.arange(per_question, device=hidden.device)  # [B, Q]
-        return hidden[self.row[:, None], columns]
+        return hidden[self.row[:, None], self._columns(per_question)]
+
+    def _columns(self, per_question: int) -> torch.Tensor:
+        """``[B, Q]``: question b's ``Q`` columns in its row's output table, ``rank[b] * Q + q``."""
+        return self.rank[:, None] * per_question + torch.arange(per_question, device=self.rank.device)

@@ -310,7 +310,7 @@ class PaliGemma(nn.Module):
             image_tokens, losses = self.encode_images(batch.images, batch.targets)  # [N, T, D]
         rows = PackedRows.build(image_index, image_tokens.shape[0], image_tokens.shape[1], batch.attention_mask,
                                 batch.prefix_lengths)
-        inputs_embeds = rows.pack(image_tokens, text_embeds, batch.attention_mask)  # [N, S, D]
+        inputs_embeds = rows.pack(image_tokens, text_embeds)  # [N, S, D]
         output_slots = rows.row_slots(rows.slots.gather(1, outputs))  # [N, K*Q]
         hidden, _ = self.language_model.model(inputs_embeds, rows.position_ids, rows.mask,
                                               output_slots=output_slots)  # [N, K*Q, D]

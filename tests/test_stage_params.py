@@ -143,7 +143,7 @@ def test_changing_runtime_settings_leaves_every_stage_up_to_date(reproduced, tmp
     params = yaml.safe_load(params_path.read_text())
     changed = {"scenes": {"workers": 1}, "pack": {"workers": 2, "chunksize": 3},
                "train": {"threads": 2, "num_workers": 1, "eval_batch_size": 7, "checkpoint_every": 5,
-                         "in_memory": False, "in_memory_budget_mb": 10}}
+                         "in_memory": False, "in_memory_budget_mb": 10, "compile": True}}
     assert _leaves(changed) == _leaves(params[RUNTIME])  # every setting
     assert all(params[RUNTIME][s][k] != v for s, values in changed.items() for k, v in values.items())
     params_path.write_text(yaml.safe_dump(_merge(params, {RUNTIME: changed}), sort_keys=False))

@@ -8,6 +8,7 @@ import pytest
 import torch
 import yaml
 
+import vlm.traffic_vlm
 import vlm.train
 from tiny_project import FRAME_SIZE, TINY_MODEL, TINY_RUNTIME, paths_for, tiny_train_config
 from vlm import checkpoint
@@ -151,6 +152,33 @@ def _kill_at_step(monkeypatch, step: int) -> None:
     monkeypatch.setattr(torch.optim.AdamW, "step", dying_step)
 
 
+def test_muon_takes_the_layer_matrices_learns_and_resumes(processed, tmp_path, monkeypatch, saved):
+    """train.optimizer: muon: Muon updates exactly the 2-D matrices of the encoder's and decoder's layers, AdamW
+    the rest; the loss falls, and a killed run resumes to the uninterrupted run's model file (both optimizers'
+    states are in the checkpoint)."""
+    config = tiny_train_config(optimizer="muon")
+    model = vlm.train.build_vlm(vlm.traffic_vlm.VLMConfig.from_params(TINY_MODEL, 60, 32, [0.5] * 3, [0.2] * 3))
+    optimizer = vlm.train.make_optimizer(model, config)
+    muon, adamw = optimizer.optimizers
+    by_id = {id(p): name for name, p in model.named_parameters()}
+    muon_names = {by_id[id(p)] for group in muon.param_groups for p in group["params"]}
+    assert muon_names == {name for name, p in model.named_parameters() if p.dim() == 2 and ".layers." in name}
+    assert any("embed_tokens" in by_id[id(p)] for group in adamw.param_groups for p in group["params"])
+    assert optimizer.param_groups == [*muon.param_groups, *adamw.param_groups]  # one schedule over all
+
+    straight = paths_for(processed, tmp_path / "straight")
+    _train(config, straight)
+    history = _final(saved, straight)[0]["history"]
+    assert history[-1]["train/loss"] < 0.8 * history[0]["train/loss"]
+    resumed = paths_for(processed, tmp_path / "resumed")
+    with monkeypatch.context() as patch:
+        _kill_at_step(patch, 5)
+        with pytest.raises(KeyboardInterrupt):
+            _train(config, resumed)
+    _train(config, resumed)
+    assert straight.model.read_bytes() == resumed.model.read_bytes()
+
+
 def _files(folder):
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -283,7 +311,8 @@ def test_lr_schedule():
     ({"blind_epochs": 0}, "train.blind_epochs: must be >= 1 or null"),
     ({"lr": -1.0}, "train.lr: must be > 0"),
     ({"augment": {"hue": 0.3}}, "train.augment.hue: must be in"),
-    ({"optimizer": "sgd"}, "train.optimizer: unknown key"),
+    ({"optimizer": "sgd"}, "train.optimizer: must be one of 'adamw', 'muon', got 'sgd'"),
+    ({"optimiser": "adamw"}, "train.optimiser: unknown key"),
 ])
 def test_impossible_train_params(values, message):
     with pytest.raises(ParamError, match=message):
@@ -361,3 +390,24 @@ def test_checkpoints_of_a_queued_experiment_go_to_its_repository(tmp_path, monke
     assert in_repository(tmp_path / "abs") == tmp_path / "abs"
     monkeypatch.chdir(repository)  # `dvc repro` or `dvc exp run` in the workspace itself
     assert in_repository("models/checkpoints") == Path("models/checkpoints")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compiled_packed_training_on_cuda_resumes(processed, tmp_path, monkeypatch, saved):
+    """The GPU recipe's path: CUDA, bf16 autocast, fused AdamW, compiled layers, packed rows; a killed run resumes
+    (CUDA's atomic adds reorder sums, so the weights agree to rounding, not bit for bit)."""
+    model = {**TINY_MODEL, "pack_questions": True}
+    runtime = replace(TINY_RUNTIME, compile=True)
+    straight = paths_for(processed, tmp_path / "straight")
+    metrics = _train(tiny_train_config(), straight, model=model, runtime=runtime)
+    history = _final(saved, straight)[0]["history"]
+    assert metrics["steps"] == metrics["planned_steps"] and history[-1]["train/loss"] < history[0]["train/loss"]
+    resumed = paths_for(processed, tmp_path / "resumed")
+    with monkeypatch.context() as patch:
+        _kill_at_step(patch, 5)
+        with pytest.raises(KeyboardInterrupt):
+            _train(tiny_train_config(), resumed, model=model, runtime=runtime)
+    _train(tiny_train_config(), resumed, model=model, runtime=runtime)
+    a_weights, b_weights = _final(saved, straight)[1], _final(saved, resumed)[1]
+    for key, value in a_weights.items():
+        torch.testing.assert_close(value, b_weights[key], rtol=1e-2, atol=1e-3, msg=key)

@@ -1,4 +1,4 @@
-"""The training loop: AdamW, warmup + cosine, clipping, accumulation, checkpoints, resume, DDP.
+"""The training loop: AdamW (or Muon), warmup + cosine, clipping, accumulation, checkpoints, resume, DDP.
 
 Read it top to bottom in :func:`train`: :func:`setup` (inputs checked, data, model, optimizer),
 :func:`resume` (the last checkpoint of the same run, if any), :func:`train_epoch` and :func:`end_epoch`
@@ -51,6 +51,8 @@ from vlm.device import autocast, pick_device
 from vlm.inference import predict_dataset
 from vlm.io import check_writable, write_json
 from vlm.models import PaliGemma, VLMOutput
+from vlm.models.gemma import GemmaDecoderLayer
+from vlm.models.siglip import SiglipEncoderLayer
 from vlm.params import check
 from vlm.tokenizer import TrafficCommandTokenizer
 from vlm.traffic_vlm import VLMConfig, build_vlm
@@ -72,6 +74,7 @@ class TrainConfig:
     warmup_steps: int = 100  # optimizer steps of linear warmup
     weight_decay: float = 0.05
     grad_clip: float = 1.0  # max global gradient norm; 0 disables
+    optimizer: Literal["adamw", "muon"] = "adamw"  # muon: Muon on the layers' matrices, AdamW on the rest
     early_stopping_patience: int = 0  # epochs without a better val accuracy before stopping; 0 = never
     nproc: int = 1  # DDP processes on this machine: the stage relaunches itself under torchrun when > 1
     augment: AugmentConfig = field(default_factory=AugmentConfig)
@@ -116,6 +119,7 @@ class TrainRuntime:
     # (the OS page cache then holds one copy for all processes) and build the targets per batch
     in_memory: bool | Literal["auto"] = "auto"
     in_memory_budget_mb: int = 4096
+    compile: bool = False  # torch.compile each encoder and decoder layer (dynamic shapes: the rows' lengths vary)
 
     def validate(self, prefix: str = "runtime.train") -> None:
         for name in ("eval_batch_size", "checkpoint_every"):
@@ -189,15 +193,65 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """AdamW with weight decay on matrices only (not on norms and biases), as in nanoGPT; the fused kernel
-    (one pass over all parameters, on CPU and CUDA) is the same update as the default per-parameter loop."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95),
-                             fused=True)
+    (one pass over all parameters, on CPU and CUDA) is the same update as the default per-parameter loop.
+
+    ``optimizer: muon``: Muon (momentum orthogonalised by Newton-Schulz) on the 2-D matrices inside the encoder's
+    and decoder's layers, with its step scaled to AdamW's update size (``match_rms_adamw``, Liu et al. 2025,
+    "Muon is Scalable for LLM Training"), so the same ``lr`` and ``weight_decay`` apply; AdamW on the rest
+    (embeddings, patch embedding, connector, norms, biases, the perception heads), as Keller Jordan's recipe
+    has it."""
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    hidden = {name for name, p in named if config.optimizer == "muon" and p.dim() == 2 and ".layers." in name}
+    decay = [p for name, p in named if p.dim() >= 2 and name not in hidden]
+    no_decay = [p for _, p in named if p.dim() < 2]
+    adamw = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
+                               {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95),
+                              fused=True)
+    if not hidden:
+        return adamw
+    muon = torch.optim.Muon([p for name, p in named if name in hidden], lr=config.lr,
+                            weight_decay=config.weight_decay, adjust_lr_fn="match_rms_adamw")
+    return Optimizers(muon, adamw)
+
+
+class Optimizers(torch.optim.Optimizer):
+    """Several optimizers over disjoint parameters as one: one learning-rate schedule over all their groups, one
+    state dict in the resume checkpoint."""
+
+    def __init__(self, *optimizers: torch.optim.Optimizer):  # pylint: disable=super-init-not-called
+        self.optimizers = optimizers
+        self.defaults = {}
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Every optimizer's groups, looked up each time: ``load_state_dict`` replaces an optimizer's groups."""
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+
+    def step(self, closure=None):  # pylint: disable=unused-argument
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizers": [optimizer.state_dict() for optimizer in self.optimizers]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for optimizer, state in zip(self.optimizers, state_dict["optimizers"], strict=True):
+            optimizer.load_state_dict(state)
+
+
+def compile_layers(model: torch.nn.Module) -> None:
+    """``torch.compile`` each encoder and decoder layer in place (``nn.Module.compile``: the parameter names, so
+    the checkpoints, stay as they are), as torchtitan compiles each transformer block; the code between them
+    (packing, perception, the losses) stays eager. Dynamic shapes: a batch's question lengths vary."""
+    for module in model.modules():
+        if isinstance(module, (SiglipEncoderLayer, GemmaDecoderLayer)):
+            module.compile(dynamic=True)
 
 
 def first_answer_accuracy(logits: torch.Tensor, labels: torch.Tensor, prefix_lengths: torch.Tensor) -> float:
@@ -305,6 +359,8 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
     tokenizer = TrafficCommandTokenizer.from_file(paths.vocab)
     model_config, resample = model_config_of(model_params, tokenizer, paths)
     model = build_vlm(model_config).to(device)
+    if runtime.compile:
+        compile_layers(model)
     train_set, val_set = load_splits(model, config, runtime, paths, tokenizer, frame_size)
     answers = sorted({r["answer"] for r in train_set.records})
     loader = build_loader(train_set, config.batch_size, shuffle=True, num_workers=runtime.num_workers,

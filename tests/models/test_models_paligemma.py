@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from vlm.batch import Batch
 from vlm.models import PaliGemma, PaliGemmaConfig, SiglipVisionConfig, SiglipVisionModel, load_pretrained
 from vlm.params import ParamError
+from vlm.train import compile_layers
 
 VOCAB_SIZE, EOS, YES, NO = 40, 3, 4, 5  # as in conftest.tiny_config and the tokenizer contract
 CANDIDATES = [[YES, EOS], [NO, EOS], [12, EOS], [13, 14, EOS], [15]]
@@ -347,6 +348,30 @@ def test_bf16_autocast_on_cuda(config, make_batch):
         probs = model.answer(inputs(batch), candidates=CANDIDATES)
     assert cached.shape == (5, 4)
     torch.testing.assert_close(probs.sum(-1), torch.ones(5, device="cuda"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("pack", [False, True])
+def test_compiled_layers_train_as_eager_on_cuda(config, make_batch, pack):
+    """runtime.train.compile: the compiled layers give the eager model's losses and gradients under bf16
+    autocast, for the per-question rows and the packed ones."""
+    eager = build(replace(config, pack_questions=pack)).cuda().train()
+    compiled = build(replace(config, pack_questions=pack)).cuda().train()
+    compiled.load_state_dict(eager.state_dict())
+    compile_layers(compiled)
+    for seed in range(3):  # other lengths each time: dynamic shapes
+        batch = make_batch(eager.config, batch=5 + seed, seed=seed).to("cuda")
+        losses = []
+        for model in (eager, compiled):
+            model.zero_grad()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(batch, answer_only=True).losses["answer"]
+            loss.backward()
+            losses.append(loss.float())
+        torch.testing.assert_close(losses[0], losses[1], rtol=2e-2, atol=2e-2)
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        if a.grad is not None:
+            torch.testing.assert_close(a.grad, b.grad, rtol=5e-2, atol=5e-3, msg=name)
 
 
 # ---------------------------------------------------------------- HuggingFace PaliGemma

@@ -4,13 +4,14 @@
 #   make scaling the accuracy-vs-compute curve (queued experiments, hours)
 #   make holdout the gap on a held-out combination of frame attributes (a queued experiment)
 #   make compare the experiments side by side: the test accuracies (VLM, blind) first, then whatever differs
+#   make gpu     the GPU recipe (recipes/gpu.yaml) as a dvc exp run: one modern GPU, about 15 minutes
 #   make memory  peak memory of every stage at 1,000 and 10,000 synthetic images (tens of minutes)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup repro test compare bench memory scaling holdout clean
+.PHONY: setup repro test compare gpu bench memory scaling holdout clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +35,11 @@ test: $(STAMP)
 compare: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" dvc exp show --only-changed --drop '.*/' --keep '^(vlm|blind|gain_from_vision)\.' \
 		--sort-by vlm.accuracy --sort-order desc
+
+# The GPU recipe: params.yaml's values changed by recipes/gpu.yaml (python -m vlm.recipe turns it into -S flags;
+# add your own after it: make gpu EXTRA="-S train.epochs=16").
+gpu: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" dvc exp run $$(PYTHONPATH=. python -m vlm.recipe recipes/gpu.yaml) $(EXTRA)
 
 bench: $(STAMP)
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_tokenizer.py --out metrics/bench_tokenizer.json

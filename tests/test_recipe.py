@@ -1,0 +1,56 @@
+"""The GPU recipe (``recipes/gpu.yaml``, ``make gpu``): its ``-S`` flags, and its switches trained at tiny sizes on
+the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tiny_project import FRAME_SIZE, TINY_MODEL, paths_for
+from vlm.params import ParamError, build_config
+from vlm.recipe import flags
+from vlm.train import TrainConfig, TrainRuntime, train
+
+pytestmark = pytest.mark.xdist_group("tiny_project")  # one worker builds the shared tiny project
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "gpu.yaml"
+# What makes the recipe tiny: its sizes; its switches (packed questions, the optimizer, ...) stay. No compiling on
+# the CPU (tests/test_train.py has a CUDA-marked test of it), one DataLoader worker.
+TINY_SIZES = {"pack": {"image_size": 32}, "model": {"siglip": TINY_MODEL["siglip"], "gemma": TINY_MODEL["gemma"]},
+              "train": {"epochs": 1, "batch_size": 16, "warmup_steps": 2},
+              "runtime": {"train": {"threads": 1, "num_workers": 1, "compile": False}}}
+
+
+def _merge(base: dict, changes: dict) -> dict:
+    return {**base, **{key: _merge(base.get(key, {}), value) if isinstance(value, dict) else value
+                       for key, value in changes.items()}}
+
+
+def test_flags_are_params_keys_and_a_typo_stops(tmp_path):
+    made = flags(RECIPE, ROOT / "params.yaml")
+    assert "--set-param=model.pack_questions=true" in made and "--set-param=runtime.train.compile=true" in made
+    assert all(" " not in flag for flag in made)
+    value = tmp_path / "value.yaml"  # a mapping that params.yaml holds as one value is one flag
+    value.write_text("commands:\n  train_type_weights: {counting: 2}\n  holdout: {weather: rainy}\n")
+    assert flags(value, ROOT / "params.yaml") == ['--set-param=commands.train_type_weights={"counting":2}',
+                                                  '--set-param=commands.holdout={"weather":"rainy"}']
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("train:\n  epoch: 3\n")
+    with pytest.raises(ParamError, match=r"typo.yaml: train.epoch: not a key of params.yaml"):
+        flags(typo, ROOT / "params.yaml")
+
+
+def test_the_recipe_trains_at_tiny_sizes_on_the_cpu(tiny_project, tmp_path):
+    values = _merge(yaml.safe_load(RECIPE.read_text()), TINY_SIZES)
+    project = tiny_project.copy_to(tmp_path / "project")
+    project.pack(**values["pack"])
+    config = build_config(TrainConfig, values["train"], "train")
+    runtime = build_config(TrainRuntime, values["runtime"]["train"], "runtime.train")
+    model = _merge(TINY_MODEL, values["model"])
+    assert model["pack_questions"]
+    metrics = train(model, config, paths_for(project.processed, tmp_path / "out"), progress=False,
+                    frame_size=FRAME_SIZE, runtime=runtime)
+    assert metrics["steps"] == metrics["planned_steps"] > 0 and metrics["val_accuracy"] >= 0

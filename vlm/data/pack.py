@@ -47,8 +47,6 @@ class PackConfig:
 
     def validate(self, prefix: str = "pack") -> None:
         check(16 <= self.image_size <= 1024, f"{prefix}.image_size", f"must be in [16, 1024], got {self.image_size}")
-        check(self.aspect in ("square", "native"), f"{prefix}.aspect",
-              f"must be 'square' or 'native', got {self.aspect!r}")
 
     def image_width(self, source_path: str | os.PathLike, multiple: int) -> int:
         """The packed images' width: S, or with aspect native the frames' aspect at S high, rounded to
@@ -103,12 +101,13 @@ def _decode_chunk(paths: list[str], image_size: int, resample: str, image_width:
     return decoded
 
 
-def _decode_in_order(paths: list[str], config: PackConfig, image_width: int, pool: Any,
-                     runtime: PackRuntime | None = None) -> Iterator[DecodedImage]:
-    """Decoded images in the order of ``paths``; with a pool, at most ``2 * num_workers`` chunks in flight."""
+def _decode_in_order(paths: list[str], config: PackConfig, pool: Any, runtime: PackRuntime | None = None,
+                     image_width: int | None = None) -> Iterator[DecodedImage]:
+    """Decoded images ``image_width`` wide (None: square) in the order of ``paths``; with a pool, at most
+    ``2 * num_workers`` chunks in flight."""
     runtime = runtime or PackRuntime()
     chunks = (paths[i:i + runtime.chunksize] for i in range(0, len(paths), runtime.chunksize))
-    args = (config.image_size, config.resample, image_width)
+    args = (config.image_size, config.resample, image_width or config.image_size)
     if pool is None:
         for chunk in chunks:
             yield from _decode_chunk(chunk, *args)
@@ -217,7 +216,7 @@ def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackCon
     with atomic_path(out_path) as tmp, PackedImageWriter(tmp, config.image_size, len(images.image_ids),
                                                          split=images.split, resample=config.resample,
                                                          image_width=width) as writer:
-        progress = tqdm(_decode_in_order(images.paths, config, width, pool, runtime), total=len(images.paths),
+        progress = tqdm(_decode_in_order(images.paths, config, pool, runtime, width), total=len(images.paths),
                         desc=f"pack {images.split}", unit="img", mininterval=1.0)
         for image_id, annotation, decoded in zip(images.image_ids, images.annotations, progress):
             if decoded.error is not None:

@@ -11,7 +11,7 @@ import argparse
 from vlm.cli import run
 from vlm.data.pack import PackConfig, PackRuntime, pack_dataset
 from vlm.io import check_writable, write_json
-from vlm.models.paligemma import check_image_size
+from vlm.models.paligemma import check_image_size, image_side_multiple
 from vlm.params import build_config, load_params, runtime_section, section
 
 
@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     params = load_params(args.params)
     config = build_config(PackConfig, section(params, "pack"), "pack")
     runtime = build_config(PackRuntime, runtime_section(params, "pack"), "runtime.pack")
-    check_image_size(section(params, "model"), config.image_size, "pack.image_size")  # before packing anything
+    model = section(params, "model")
+    check_image_size(model, config.image_size, "pack.image_size")  # before packing anything
     check_writable(args.out + "/train_images.h5", args.metrics)
     metrics = pack_dataset(
         labels_path=f"{args.raw}/labels.json",
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
         output_dir=args.out,
         config=config,
         runtime=runtime,
+        side_multiple=image_side_multiple(model),
     )
     write_json(args.metrics, metrics)
     print(f"packed {metrics['images']} images ({metrics['skipped']} skipped) at "

@@ -297,3 +297,22 @@ def test_head_targets_follow_the_image_and_its_mirror(project, tokenizer):
     first_of_image = {image_id: i for i, image_id in reversed(list(enumerate(batch.image_id)))}
     for i in first_of_image.values():
         assert torch.equal(batch.targets[batch.image_index[i]], torch.from_numpy(plain[i]["targets"]))
+
+
+def test_a_rectangular_image_and_its_targets_mirror_as_a_whole(project, tokenizer, tmp_path):
+    native = project.copy_to(tmp_path / "native")
+    native.pack_native()  # 48 x 32: left colour on the left 24 columns
+    heads = TargetTransform((4, 6), FRAME)
+    plain = dataset(native, tokenizer, targets=heads)
+    mirrored = dataset(native, tokenizer, augment=MIRROR_ONLY, targets=heads)
+    for index in range(len(plain)):
+        image, flipped = plain[index]["image"], mirrored[index]["image"]
+        assert image.shape == (3, PACK_SIZE, 48)
+        assert torch.equal(flipped, image.flip(-1))
+        left, right = image_colours(int(plain[index]["image_id"].removeprefix("img")))
+        assert (flipped[:, :, :12].float().mean(dim=(1, 2)) - torch.tensor(right)).abs().max() <= 8
+        targets = plain[index]["targets"]
+        assert targets.shape == (24, len(CHANNELS))
+        np.testing.assert_array_equal(mirrored[index]["targets"].reshape(4, 6, -1), targets.reshape(4, 6, -1)[:, ::-1])
+    batch = collate_questions([plain[i] for i in range(6)])
+    assert batch.images.shape[1:] == (3, PACK_SIZE, 48) and batch.targets.shape[1:] == (24, len(CHANNELS))

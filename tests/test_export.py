@@ -186,6 +186,16 @@ def test_reasons_add_up():
     assert export.departures(VLMConfig.from_params(PLAIN_MODEL, 40, IMAGE_SIZE)) == []
 
 
+def test_refuses_a_model_of_native_aspect_in_one_line():
+    """transformers' SigLIP is square: a model trained on pack.aspect native cannot be its PaliGemma."""
+    config = VLMConfig.from_params(PLAIN_MODEL, 40, IMAGE_SIZE, image_width=64)
+    with pytest.raises(ValueError) as error:
+        export.check_exportable(config, "models/vlm.pt")
+    assert str(error.value) == ("models/vlm.pt: cannot be exported as transformers' PaliGemma: its images are 32 x 64 "
+                                "px (H x W; transformers' SigLIP is square). Train one that can with: dvc exp run "
+                                "-S pack.aspect=square")
+
+
 def test_failed_export_leaves_no_folder(exported, tmp_path, monkeypatch):
     """A failure after some files are written leaves neither the folder nor a temporary; a folder holding other
     files is refused untouched; an earlier export is replaced."""

@@ -16,7 +16,8 @@ from PIL import Image
 
 from tiny_project import PACK_SIZE, SPLIT_SIZES, build_project, image_colours, write_jpeg
 from vlm.data.dataset import TrafficVQADataset
-from vlm.data.image import CorruptImageError, decode_image
+from vlm.data.h5file import PackedImageReader
+from vlm.data.image import CorruptImageError, decode_image, letterbox, native_width
 from vlm.data.pack import PackConfig, PackRuntime, _decode_in_order
 from vlm.params import ParamError, build_config
 
@@ -56,6 +57,51 @@ def test_packed_layout_ids_annotations_and_pixels(project):
             assert np.abs(first[:, -PACK_SIZE // 4:] - right).max() <= 8
         assert metrics["splits"][split] == {"images": count, "skipped": 0, "bytes": project.h5(split).stat().st_size}
     assert metrics["images"] == sum(SPLIT_SIZES.values()) and metrics["images_per_s"] > 0
+
+
+def test_native_aspect_stores_the_frames_aspect_s_high(project):
+    metrics = project.pack_native()  # 96 x 64 frames at 32 px high: 48 wide, a multiple of 16
+    assert metrics["image_size"] == PACK_SIZE and metrics["image_width"] == 48
+    for split, count in SPLIT_SIZES.items():
+        with h5py.File(project.h5(split), "r") as f:
+            images = f["images"]
+            assert images.shape == (count, PACK_SIZE, 48, 3) and images.chunks == (1, PACK_SIZE, 48, 3)
+            assert f.attrs["image_size"] == PACK_SIZE
+            index = int(f["image_ids"].asstr()[0].removeprefix("img"))
+            left, right = image_colours(index)
+            first = images[0].astype(int)
+            assert np.abs(first[:, :12] - left).max() <= 8 and np.abs(first[:, -12:] - right).max() <= 8
+        reader = PackedImageReader(project.h5(split))
+        assert (reader.image_size, reader.image_width) == (PACK_SIZE, 48)
+        assert reader.read_into([0], np.empty((1, PACK_SIZE, 48, 3), np.uint8)).shape == (1, PACK_SIZE, 48, 3)
+    square = project.pack()  # the same frames square: the key is left out, the files as they always were
+    assert "image_width" not in square and PackedImageReader(project.h5("train")).image_width == PACK_SIZE
+
+
+def test_native_width_rounds_the_frames_aspect_to_the_models_multiple(tmp_path):
+    assert native_width((1280, 720), 128, 32) == 224  # the defaults: patch 16 x pixel shuffle 2, 8 x 14 patches
+    assert native_width((1280, 720), 32, 16) == 64
+    assert native_width((640, 480), 128, 32) == 160  # 4:3
+    assert native_width((720, 1280), 128, 32) == 64  # portrait
+    assert native_width((100, 1000), 32, 16) == 16  # never narrower than one multiple
+    (tmp_path / "source.json").write_text(json.dumps({"image_dir": "images"}))
+    with pytest.raises(ValueError, match=r"source\.json: pack.aspect native needs the frames' positive 'width'"):
+        PackConfig(aspect="native").image_width(tmp_path / "source.json", 32)
+    with pytest.raises(ParamError, match="pack.aspect: must be one of 'square', 'native', got 'wide'"):
+        build_config(PackConfig, {"aspect": "wide"}, "pack")
+
+
+def test_letterbox_pads_to_the_aspect_without_stretching():
+    photo = Image.new("RGB", (40, 30), (255, 0, 0))  # 4:3 onto 16:9: black bars left and right
+    wide = letterbox(photo, 16 / 9)
+    assert wide.size == (53, 30)
+    pixels = np.asarray(wide)
+    assert (pixels[:, :6] == 0).all() and (pixels[:, -7:] == 0).all() and (pixels[:, 6:46] == (255, 0, 0)).all()
+    tall = letterbox(Image.new("RGB", (30, 60)), 16 / 9)  # portrait: bars left and right too
+    assert tall.size == (107, 60)
+    flat = letterbox(Image.new("RGB", (200, 50)), 16 / 9)  # wider than 16:9: bars above and below
+    assert flat.size == (200, 112)
+    assert letterbox(photo, 4 / 3) is photo
 
 
 def test_mean_std_from_train_pixels_in_every_split(project):
@@ -191,3 +237,18 @@ def test_stage_script_writes_files_and_metrics(project, monkeypatch):
     metrics = json.loads((project.root / "metrics" / "pack.json").read_text())
     assert metrics["images"] == sum(SPLIT_SIZES.values())
     assert all(project.h5(split).is_file() for split in SPLIT_SIZES)
+
+
+def test_stage_script_packs_native_aspect_to_patch_times_pixel_shuffle(project, monkeypatch):
+    from stages.pack_hdf5 import main
+
+    project.source.write_text(json.dumps(json.loads(project.source.read_text()) | {"width": 1280, "height": 720}))
+    (project.root / "params.yaml").write_text(yaml.safe_dump({
+        "pack": {"image_size": 64, "aspect": "native"}, "model": {"siglip": {"patch_size": 8}, "pixel_shuffle": 2},
+        "runtime": {"pack": {"workers": 1}}}))
+    monkeypatch.chdir(project.root)
+    main(["--raw", "data/raw", "--commands-dir", "data/processed/commands", "--out", "data/processed",
+          "--metrics", "metrics/pack.json"])
+    metrics = json.loads((project.root / "metrics" / "pack.json").read_text())
+    assert (metrics["image_size"], metrics["image_width"]) == (64, 112)  # 64 * 16/9 = 113.8 -> 7 x 16
+    assert PackedImageReader(project.h5("train")).image_width == 112

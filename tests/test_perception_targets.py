@@ -91,3 +91,26 @@ def test_footpoints_of_pedestrians_and_occluded_road_users():
     for group in ("road_user", "vulnerable", "occluded"):  # a sign is not a road user
         heat = t[..., channel(f"foot/{group}")]
         assert heat[15, 7] == 1 and (heat == 1).sum() == 1, group
+
+
+def test_a_rectangular_grid_puts_each_centre_in_its_cell_and_mirrors_its_columns():
+    car = SceneObject(id="1", category="car", box=(900.0, 400.0, 1000.0, 500.0))  # centre (950, 450) of 1280x720
+    t = grounding_targets(scene(car), 1280, 720, grid=(4, 7)).reshape(4, 7, -1)  # 4 rows, 7 columns
+    centre = t[..., channel("centre/car")]
+    assert centre.sum() == 1 and centre[2, 5] == 1  # row 450/720*4 = 2.5 -> 2, column 950/1280*7 = 5.2 -> 5
+    heat = t[..., channel("heat/car")]
+    assert heat[2, 5] == 1 and heat.max() == 1
+    transform = TargetTransform((4, 7), (1280, 720))
+    assert transform.num_cells == 28 and transform.bytes_per_image == 28 * len(CHANNELS) * 4
+    mirrored = SceneObject(id="1", category="car", box=(280.0, 400.0, 380.0, 500.0))
+    np.testing.assert_allclose(transform.mirror(t.reshape(28, -1)),
+                               grounding_targets(scene(mirrored), 1280, 720, grid=(4, 7)), atol=1e-6)
+
+
+def test_grounding_pools_a_finer_rectangular_grid_to_its_patches():
+    head = GroundingHead(PerceptionConfig(heads={"grounding": 1.0}),
+                         SiglipVisionConfig(hidden_size=8, image_size=32, image_width=64, patch_size=8))
+    cars = [SceneObject(id=str(k), category="car", box=(700.0 + 10 * k, 10.0, 740.0 + 10 * k, 60.0)) for k in range(2)]
+    fine = grounding_targets(scene(*cars), 1280, 720, grid=(8, 16))  # stride 4 over 32 x 64 px
+    pooled = head.patch_targets(torch.from_numpy(fine[None]), head.grid)[0].numpy().reshape(4, 8, -1)
+    assert pooled[0, 4, channel("centre/car")] == 2 and pooled[..., channel("centre/car")].sum() == 2

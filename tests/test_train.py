@@ -411,3 +411,42 @@ def test_compiled_packed_training_on_cuda_resumes(processed, tmp_path, monkeypat
     a_weights, b_weights = _final(saved, straight)[1], _final(saved, resumed)[1]
     for key, value in a_weights.items():
         torch.testing.assert_close(value, b_weights[key], rtol=1e-2, atol=1e-3, msg=key)
+
+
+def test_native_aspect_trains_evaluates_saves_and_answers_any_photo(tiny_project, tmp_path):
+    """pack.aspect native end to end: 1280x720 frames packed 64 x 32 (a 4 x 8 patch grid, 2 x 4 image tokens), a
+    tiny run with both perception heads, its checkpoint round trip, and predict on photos of other aspects."""
+    import numpy as np
+    import pandas as pd
+    from PIL import Image
+
+    from vlm.evaluate import attention_grids
+    from vlm.predict import answer_images
+
+    project = tiny_project.copy_to(tmp_path / "project")
+    project.pack_native()
+    paths = paths_for(project.processed, tmp_path / "out")
+    metrics = _train(tiny_train_config(epochs=1), paths, model={**TINY_MODEL, "pixel_shuffle": 2})
+    assert metrics["steps"] > 0 and 0.0 <= metrics["val_accuracy"] <= 1.0  # the val accuracy: an evaluation
+    loaded = load_model(paths.model, project.processed / "vocab.json")
+    siglip = loaded.model.config.siglip
+    assert (siglip.height_width, siglip.grid, siglip.num_patches) == ((32, 64), (4, 8), 32)
+    assert loaded.model.config.num_image_tokens == 8
+    assert (loaded.image_size, loaded.image_width) == (32, 64)
+    assert tuple(loaded.checkpoint["frame_size"]) == FRAME_SIZE
+    processor = loaded.processor
+    assert processor.aspect == FRAME_SIZE[0] / FRAME_SIZE[1]
+    frame = next(project.image_dir.glob("*.jpg"))
+    assert processor.image(frame).shape == (3, 32, 64)  # the frames' aspect: resized as the pack stage did
+    photos = {"four_three.png": (400, 300), "portrait.png": (300, 500)}
+    for name, size in photos.items():
+        Image.new("RGB", size, (250, 250, 250)).save(tmp_path / name)
+        pixels = processor.image(tmp_path / name)  # letterboxed to 16:9 with black bars left and right
+        assert pixels.shape == (3, 32, 64)
+        assert (pixels[:, :, :2] == 0).all() and (pixels[:, :, -2:] == 0).all() and (pixels[:, :, 31] > 200).all()
+    ranked = answer_images(loaded, [str(tmp_path / name) for name in photos], "Is there a car?")
+    assert [len(r) for r in ranked] == [len(loaded.answers)] * 2
+    assert all(abs(sum(p for _, p in r) - 1) < 1e-4 for r in ranked)
+    rows = pd.DataFrame({"image_id": ["a"], "command": ["Is there a car?"]})
+    heat = attention_grids(loaded, rows, {"a": frame}, torch.device("cpu"))
+    assert heat.shape == (1, 2, 4) and np.isfinite(heat).all()  # the token grid: 4 x 8 patches shuffled by 2

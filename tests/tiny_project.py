@@ -118,10 +118,18 @@ class TinyProject:
     def tokenizer(self) -> TrafficCommandTokenizer:
         return TrafficCommandTokenizer.build_vocab(self.records["train"])
 
-    def pack(self, *, workers: int = 1, chunksize: int = 16, **config) -> dict:
+    def pack(self, *, workers: int = 1, chunksize: int = 16, side_multiple: int = 1, **config) -> dict:
         return pack_dataset(self.labels, self.source, self.commands_dir, self.processed,
                             PackConfig(**{"image_size": PACK_SIZE} | config), root=self.root,
-                            runtime=PackRuntime(workers=workers, chunksize=chunksize))
+                            runtime=PackRuntime(workers=workers, chunksize=chunksize), side_multiple=side_multiple)
+
+    def pack_native(self) -> dict:
+        """Repack at the frames' aspect (``pack.aspect: native``), the width a multiple of 16 (patch 8, pixel
+        shuffle 2: TINY_MODEL's): colour frames (96 x 64) become 48 x 32, rendered ones (1280 x 720) 64 x 32."""
+        source = read_json(self.source)
+        if "width" not in source:  # colour frames: source.json names no size
+            self.source.write_text(json.dumps(source | {"width": IMAGE_WIDTH, "height": IMAGE_HEIGHT}))
+        return self.pack(aspect="native", side_multiple=16)
 
     def copy_to(self, root: Path) -> TinyProject:
         """A copy to write into (``frames="colours"``: its source.json names its images relative to the root)."""

@@ -18,13 +18,13 @@ IGNORE_INDEX = -100  # label of positions that carry no loss (HF convention)
 
 @dataclass
 class Batch:
-    images: torch.Tensor | None  # uint8 [N_img, 3, S, S]; None for a model without vision
+    images: torch.Tensor | None  # uint8 [N_img, 3, H, W]; None for a model without vision
     image_index: torch.Tensor  # [B] row of each question's image in `images`
     input_ids: torch.Tensor  # [B, L]
     attention_mask: torch.Tensor  # [B, L] 1 on tokens, 0 on padding
     prefix_lengths: torch.Tensor  # [B]
     labels: torch.Tensor | None = None  # [B, L] answer tokens, IGNORE_INDEX elsewhere
-    targets: torch.Tensor | None = None  # [N_img, G*G, C] what the perception learns (vlm.models.perception.targets)
+    targets: torch.Tensor | None = None  # [N_img, Gh*Gw, C] what the perception learns (vlm.models.perception.targets)
     # Per question, for tables and metrics (never moved to a device).
     question_id: list[str] = field(default_factory=list)
     image_id: list[str] = field(default_factory=list)

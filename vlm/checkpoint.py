@@ -8,7 +8,9 @@ A checkpoint is a ``torch.save`` dict::
     vocab           the vocab.json content the model was trained with (self-contained)
     vocab_sha256    sha256 of that vocab.json file
     answers         the answer set for constrained decoding (normalised answer strings)
-    image_size      the packed image size inputs must be resized to
+    image_size      the packed image size inputs must be resized to (the height)
+    image_width     their width, None when square (absent from checkpoints written before pack.aspect)
+    frame_size      [width, height] of the frames trained on (absent before pack.aspect; None when unknown)
     resample        the resampling filter the images were packed with
     metrics         what training measured (epoch, step, val accuracy, ...)
 
@@ -111,9 +113,20 @@ class LoadedModel:
     checkpoint: dict[str, Any]
 
     @property
+    def image_width(self) -> int | None:
+        """The input images' width; None: square (``image_size``)."""
+        return self.checkpoint.get("image_width")
+
+    @property
     def processor(self) -> Processor:
-        """Images and questions -> the model's Batch, as the model was trained."""
-        return Processor(self.tokenizer, self.image_size, self.resample)
+        """Images and questions -> the model's Batch, as the model was trained: squashed to ``image_size``
+        square, or for a model of native aspect letterboxed to the aspect of the frames it was trained on
+        (``frame_size``; its input's ``W / H`` when unknown) and then resized to ``W x H``."""
+        aspect = None
+        if self.image_width is not None:
+            frame_width, frame_height = self.checkpoint.get("frame_size") or (self.image_width, self.image_size)
+            aspect = frame_width / frame_height
+        return Processor(self.tokenizer, self.image_size, self.resample, self.image_width, aspect)
 
     def candidates(self) -> list[list[int]]:
         """Token ids of every answer, for ``PaliGemma.answer``."""

@@ -236,14 +236,15 @@ def _pick(table: pd.DataFrame, n: int, seed: int) -> list[int]:
 def attention_grids(loaded: LoadedModel, rows: pd.DataFrame, image_paths: dict[str, Path],
                     device: torch.device) -> np.ndarray | None:
     """The attention from [SEP] to the image tokens of each row's question (mean over layers and heads) as
-    the patch grid ``[B, G, G]``; None with the Q-Former, whose tokens are queries, not cells of a grid."""
+    the token grid ``[B, Gh, Gw]``; None with the Q-Former, whose tokens are queries, not cells of a grid."""
     config = loaded.model.config
     if config.connector != "linear":
         return None
     processor = loaded.processor
-    images = [processor.image(image_paths[image_id]) for image_id in rows["image_id"]]  # [3, S, S] each
+    images = [processor.image(image_paths[image_id]) for image_id in rows["image_id"]]  # [3, H, W] each
     batch = processor(images, list(rows["command"])).to(device)
     attention = loaded.model.image_attention(batch)  # [B, layers, heads, T]
     weights = attention.float().mean(dim=(1, 2)).cpu().numpy()  # [B, T]
-    grid = (config.siglip.image_size // config.siglip.patch_size) // config.pixel_shuffle
-    return weights[:, : grid * grid].reshape(-1, grid, grid)  # tokens 0 .. G*G - 1: the grid's cells, row-major
+    grid_rows, grid_columns = (side // config.pixel_shuffle for side in config.siglip.grid)
+    # tokens 0 .. Gh*Gw - 1: the grid's cells, row-major
+    return weights[:, : grid_rows * grid_columns].reshape(-1, grid_rows, grid_columns)

@@ -96,6 +96,8 @@ def departures(config: VLMConfig) -> list[Departure]:
                                     f"one patch per image token)", ("model.pixel_shuffle=1",)),
         (config.pack_questions, "model.pack_questions is on (its image tokens ignore the question; PaliGemma's "
                                 "attend to the whole prefix)", ("model.pack_questions=false",)),
+        (len(set(config.siglip.height_width)) > 1, "its images are {} x {} px (H x W; transformers' SigLIP is "
+         "square)".format(*config.siglip.height_width), ("pack.aspect=square",)),
     ]
     return [Departure(reason, overrides) for departs, reason, overrides in found if departs]
 

@@ -101,7 +101,7 @@ def _prediction(row: Any, color: tuple[int, int, int]) -> Line:
 
 
 def attention_sheet(rows: pd.DataFrame, image_paths: dict[str, Path], heat: np.ndarray | None) -> Image.Image:
-    """Each row's image with ``heat`` ``[B, G, G]`` (attention over the patch grid, None: none to draw) blended
+    """Each row's image with ``heat`` ``[B, Gh, Gw]`` (attention over the token grid, None: none to draw) blended
     over it as a heat map, captioned with the question and the prediction."""
     from matplotlib import colormaps
 
@@ -109,7 +109,7 @@ def attention_sheet(rows: pd.DataFrame, image_paths: dict[str, Path], heat: np.n
     for k, (_, row) in enumerate(rows.iterrows()):
         image = load_original(image_paths[row["image_id"]])
         if heat is not None:
-            scaled = (heat[k] - heat[k].min()) / max(float(heat[k].max() - heat[k].min()), 1e-12)  # [G, G] in 0..1
+            scaled = (heat[k] - heat[k].min()) / max(float(heat[k].max() - heat[k].min()), 1e-12)  # [Gh, Gw] in 0..1
             overlay = Image.fromarray((colormaps["inferno"](scaled)[..., :3] * 255).astype(np.uint8))
             image = Image.blend(image, overlay.resize(image.size, Image.BICUBIC), 0.45)
         ok = row["prediction"] == row["answer"]

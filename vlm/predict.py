@@ -35,7 +35,7 @@ def answer_images(loaded: LoadedModel, image_paths: list[str], question: str) ->
     """For each image, every answer with its probability, most probable first."""
     check_question(loaded, question)
     processor = loaded.processor
-    images = {path: processor.image(path) for path in image_paths}  # uint8 [3, S, S] each
+    images = {path: processor.image(path) for path in image_paths}  # uint8 [3, H, W] each
     device = next(loaded.model.parameters()).device
     probs = answer_questions(loaded.model, processor, images, [(path, question) for path in image_paths],
                              loaded.candidates(), batch_size=len(image_paths), device=device)  # [N, C]

@@ -61,17 +61,21 @@ def make_batch(images: torch.Tensor | None, image_index: Sequence[int], question
 @dataclass
 class Processor:
     tokenizer: QATokenizer
-    image_size: int  # the packed images' side
+    image_size: int  # the packed images' height (and width when square)
     resample: str  # the filter they were packed with
+    image_width: int | None = None  # their width; None: square
+    # an image of another width / height is first letterboxed to this one (black bars); None: squashed
+    aspect: float | None = None
 
     def image(self, source: str | os.PathLike | IO[bytes]) -> torch.Tensor:
-        """uint8 ``[3, S, S]`` of an image file or file object (any size and format), decoded and resized
-        exactly as the pack stage does."""
-        pixels = decode_image(source, self.image_size, self.resample)  # [S, S, 3]
+        """uint8 ``[3, H, W]`` of an image file or file object (any size and format), decoded and resized
+        exactly as the pack stage does (an image of the frames' aspect) or, with ``aspect``, letterboxed to it
+        first (a photo of another aspect: 4:3, portrait)."""
+        pixels = decode_image(source, self.image_size, self.resample, self.image_width, self.aspect)  # [H, W, 3]
         return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
 
     def rendered(self, image: Image.Image, jpeg_quality: int) -> torch.Tensor:
-        """uint8 ``[3, S, S]`` of a freshly drawn frame as the packed data would hold it: saved as the scenes
+        """uint8 ``[3, H, W]`` of a freshly drawn frame as the packed data would hold it: saved as the scenes
         stage saves its JPEGs, then decoded as :meth:`image` does."""
         buffer = io.BytesIO()
         image.save(buffer, format="JPEG", quality=jpeg_quality)
@@ -80,7 +84,7 @@ class Processor:
 
     def __call__(self, images: Sequence[torch.Tensor], questions: Sequence[str],
                  image_index: Sequence[int] | None = None, answers: Sequence[str] | None = None, **fields) -> Batch:
-        """A Batch asking ``questions`` of ``images`` (uint8 ``[3, S, S]`` each, from :meth:`image`): question i
+        """A Batch asking ``questions`` of ``images`` (uint8 ``[3, H, W]`` each, from :meth:`image`): question i
         of image ``image_index[i]`` (default: of image i); with ``answers``, labelled for a loss."""
         question_ids = [torch.tensor(self.tokenizer.encode_question(q)) for q in questions]
         answer_ids = None if answers is None else [torch.tensor(self.tokenizer.encode_answer(a)) for a in answers]

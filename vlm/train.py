@@ -373,8 +373,8 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
         if dist_info.world_size > 1 else model
     model_info = {"config": model_config.to_dict(), "vocab": json.loads(paths.vocab.read_text(encoding="utf-8")),
                   "vocab_sha256": checkpoint.file_sha256(paths.vocab), "answers": answers,
-                  "image_size": model_config.siglip.image_size, "resample": resample,
-                  "blind": model_config.vision == "none"}
+                  "image_size": model_config.siglip.image_size, "image_width": model_config.siglip.image_width,
+                  "frame_size": frame_size, "resample": resample, "blind": model_config.vision == "none"}
     return Run(name=paths.model.stem, config=config, runtime=runtime, paths=paths, dist=dist_info, device=device,
                model=model, ddp_model=ddp_model, optimizer=optimizer, scheduler=scheduler, loader=loader,
                val_set=val_set, answers=answers, candidates=[tokenizer.encode_answer(a) for a in answers],
@@ -404,7 +404,7 @@ def model_config_of(model_params: Mapping[str, Any], tokenizer: TrafficCommandTo
     and the filter the images were packed with."""
     header = PackedImageReader(paths.split("train")[1])
     config = VLMConfig.from_params(model_params, tokenizer.vocab_size, header.image_size, header.mean.tolist(),
-                                   header.std.tolist())
+                                   header.std.tolist(), image_width=header.image_width)
     return config, header.resample
 
 
@@ -416,7 +416,7 @@ def load_splits(model: PaliGemma, config: TrainConfig, runtime: TrainRuntime, pa
     (train_commands, train_h5), (val_commands, val_h5) = paths.split("train"), paths.split("val")
     targets = None
     if model.extension is not None:
-        targets = model.extension.targets(model.config.siglip.image_size, frame_size)
+        targets = model.extension.targets(model.config.siglip.height_width, frame_size)
         if targets is not None and frame_size is None:
             raise ValueError("train(): a model with perception heads needs the frame size its labels' boxes are "
                              "given in")

@@ -467,3 +467,22 @@ def test_pixel_shuffle_merges_neighbouring_patches():
     assert losses == {} and tokens.shape == (3, 16, config.gemma.hidden_size)
     with pytest.raises(ParamError, match="model.pixel_shuffle: must be >= 1 and divide the patch grid"):
         PaliGemmaConfig.from_params({"pixel_shuffle": 3, "siglip": {"patch_size": 16}}, 57, 128)
+
+
+def test_pixel_shuffle_on_a_rectangular_grid_merges_row_major_blocks():
+    from vlm.models.connector import pixel_shuffle
+
+    grid = torch.arange(24, dtype=torch.float32).view(1, 24, 1)  # 4 rows x 6 columns, patch t has feature t
+    merged = pixel_shuffle(grid, 2, (4, 6))  # [1, 2 * 3, 4]
+    assert merged.shape == (1, 6, 4)
+    assert merged[0, 0].tolist() == [0, 1, 6, 7] and merged[0, 2].tolist() == [4, 5, 10, 11]
+    assert merged[0, 5].tolist() == [16, 17, 22, 23]
+    config = PaliGemmaConfig.from_params({"pixel_shuffle": 2, "siglip": {"patch_size": 16}}, 57, 128,
+                                         image_width=224)  # 8 x 14 patches -> 4 x 7 tokens
+    assert (config.siglip.grid, config.num_image_tokens) == ((8, 14), 28)
+    tokens, _ = PaliGemma(config).encode_images(torch.randint(0, 255, (2, 3, 128, 224), dtype=torch.uint8))
+    assert tokens.shape == (2, 28, config.gemma.hidden_size)
+    with pytest.raises(ValueError, match=r"images must be uint8 \[N, 3, 128, 224\]"):
+        PaliGemma(config).encode_images(torch.zeros(1, 3, 128, 128, dtype=torch.uint8))
+    with pytest.raises(ParamError, match=r"divide the patch grid \(8 x 10 patches"):
+        PaliGemmaConfig.from_params({"pixel_shuffle": 4, "siglip": {"patch_size": 16}}, 57, 128, image_width=160)

@@ -174,3 +174,29 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
         load_pretrained_siglip(tmp_path / "nope.safetensors")
     with pytest.raises(FileNotFoundError, match="model.safetensors or pytorch_model.bin"):
         load_pretrained_siglip(tmp_path)
+
+
+def test_a_rectangular_image_has_a_rectangular_patch_grid():
+    model = encoder(image_size=32, image_width=56)  # 4 x 7 patches of 8 px
+    assert (model.config.grid, model.config.num_patches) == ((4, 7), 28)
+    out = model(torch.randn(2, 3, 32, 56, generator=torch.Generator().manual_seed(0)))
+    assert out.last_hidden_state.shape == (2, 28, 32)
+    with pytest.raises(ValueError, match="gives 16 patches but the encoder has 28 positions"):
+        model(pixels(1, 32))
+    resized = model(torch.randn(1, 3, 64, 56), interpolate_pos_encoding=True)  # 8 x 7 from the 4 x 7 grid
+    assert resized.last_hidden_state.shape == (1, 56, 32)
+    with pytest.raises(ParamError, match="image_width: must be divisible by"):
+        SiglipVisionConfig(image_size=32, image_width=60, patch_size=8).validate()
+
+
+def test_pretrained_square_positions_resample_to_a_rectangular_grid(tmp_path):
+    from safetensors.torch import save_file
+
+    source = encoder()  # 32 px: 4 x 4 positions
+    save_file({f"vision_model.{k}": v.contiguous() for k, v in source.state_dict().items()},
+              tmp_path / "model.safetensors")
+    loaded = load_pretrained_siglip(tmp_path / "model.safetensors", image_size=32, image_width=64,
+                                    num_attention_heads=2)
+    assert loaded.config.grid == (4, 8)
+    assert loaded.embeddings.position_embedding.weight.shape == (32, 32)  # 4 x 8 positions
+    assert loaded(torch.randn(1, 3, 32, 64)).last_hidden_state.shape == (1, 32, 32)

@@ -57,7 +57,7 @@ class TokenTable:
 
 
 class TrafficVQADataset(Dataset):
-    """Samples: ``image`` uint8 ``[3, S, S]``, ``question_ids`` / ``answer_ids`` int64 tensors, and the
+    """Samples: ``image`` uint8 ``[3, S, W]``, ``question_ids`` / ``answer_ids`` int64 tensors, and the
     record's ``question_id``, ``image_id``, ``command``, ``answer``, ``command_type``, ``metadata``.
 
     ``augment``: an ``AugmentConfig`` for training (deterministic per seed, epoch and image; call
@@ -67,7 +67,8 @@ class TrafficVQADataset(Dataset):
     process holds each image's label text instead of its ``targets.bytes_per_image``. Questions
     whose image the pack stage skipped as corrupt are dropped (``num_dropped``); any other question
     without its image is an error. ``targets``: also give each
-    sample its image's targets ``[G*G, C]`` built by this transform (the perception heads': ``vlm.models.perception``).
+    sample its image's targets ``[Gh*Gw, C]`` built by this transform (the perception heads':
+    ``vlm.models.perception``).
     """
 
     def __init__(self, commands_path: str | os.PathLike, h5_path: str | os.PathLike, tokenizer: QATokenizer,
@@ -84,7 +85,7 @@ class TrafficVQADataset(Dataset):
         self.records, self.image_rows, self.num_dropped = self._match_records()
         self._tokenise(tokenizer)
         self._ram_targets, self._annotations = self._prepare_targets()
-        self._ram_images: np.ndarray | None = None  # uint8 [N, 3, S, S] when held in RAM
+        self._ram_images: np.ndarray | None = None  # uint8 [N, 3, S, W] when held in RAM
         if in_memory:
             self._ram_images = self._read_all_images()
             self.images.close()
@@ -121,7 +122,7 @@ class TrafficVQADataset(Dataset):
             self._mirrored_answer_ids = TokenTable(self._mirrored_answers, tokenizer.encode_answer)
 
     def _prepare_targets(self) -> tuple[np.ndarray | None, list[str] | None]:
-        """In RAM, every image's targets float32 ``[N, G*G, C]``; else the label frames they are built from per
+        """In RAM, every image's targets float32 ``[N, Gh*Gw, C]``; else the label frames they are built from per
         fetch (checked now, so that a bad label fails before training, not in the middle of an epoch)."""
         if self.targets is None:
             return None, None
@@ -158,9 +159,9 @@ class TrafficVQADataset(Dataset):
         """Batched fetch: each distinct image read (and augmented) once, shared by its questions."""
         rows = self.image_rows[np.asarray(indices, dtype=np.int64)]  # [B]
         distinct_rows, slot_of_question = np.unique(rows, return_inverse=True)  # sorted: sequential reads
-        chw_images = torch.from_numpy(self._read_images(distinct_rows))  # uint8 [n, 3, S, S]
+        chw_images = torch.from_numpy(self._read_images(distinct_rows))  # uint8 [n, 3, S, W]
         mirrored = [False] * len(distinct_rows)
-        targets = self._read_targets(distinct_rows)  # n x [G*G, C], or None
+        targets = self._read_targets(distinct_rows)  # n x [Gh*Gw, C], or None
         if self.augment is not None:
             augmented = []
             with single_threaded_torch():
@@ -182,7 +183,7 @@ class TrafficVQADataset(Dataset):
                 command, answer = record["command"], record["answer"]
                 question_ids, answer_ids = self._question_ids[index], self._answer_ids[index]
             sample = {
-                "image": chw_images[slot],  # uint8 [3, S, S]
+                "image": chw_images[slot],  # uint8 [3, S, W]
                 "question_ids": question_ids,  # int64 [Lq]: [SOS] words [SEP]
                 "answer_ids": answer_ids,  # int64 [La]: answer tokens [EOS]
                 "question_id": record["question_id"],
@@ -193,7 +194,7 @@ class TrafficVQADataset(Dataset):
                 "metadata": record["metadata"],
             }
             if targets is not None:
-                sample["targets"] = targets[slot]  # float32 numpy [G*G, C], shared by the image's questions
+                sample["targets"] = targets[slot]  # float32 numpy [Gh*Gw, C], shared by the image's questions
             samples.append(sample)
         return samples
 
@@ -202,15 +203,16 @@ class TrafficVQADataset(Dataset):
     # times slower on a loaded 2-core machine.
 
     def _read_images(self, rows: np.ndarray) -> np.ndarray:
-        """uint8 ``[len(rows), 3, S, S]`` (C-contiguous) of the images at ``rows``."""
+        """uint8 ``[len(rows), 3, S, W]`` (C-contiguous) of the images at ``rows``."""
         if self._ram_images is not None:
             return self._ram_images[rows]
         size = self.images.image_size
-        hwc = self.images.read_into(rows.tolist(), np.empty((len(rows), size, size, 3), dtype=np.uint8))
+        hwc = self.images.read_into(rows.tolist(), np.empty((len(rows), size, self.images.image_width, 3),
+                                                            dtype=np.uint8))
         return np.ascontiguousarray(hwc.transpose(0, 3, 1, 2))
 
     def _read_targets(self, rows: np.ndarray) -> list[np.ndarray] | None:
-        """The heads' targets float32 ``[G*G, C]`` of the images at ``rows`` (None without targets)."""
+        """The heads' targets float32 ``[Gh*Gw, C]`` of the images at ``rows`` (None without targets)."""
         if self._ram_targets is not None:
             return list(self._ram_targets[rows])
         if self._annotations is not None:
@@ -219,9 +221,9 @@ class TrafficVQADataset(Dataset):
         return None
 
     def _read_all_images(self, block: int = 256) -> np.ndarray:
-        """The whole split as uint8 ``[N, 3, S, S]``, read block by block (no second full copy)."""
+        """The whole split as uint8 ``[N, 3, S, W]``, read block by block (no second full copy)."""
         size = self.images.image_size
-        out = np.empty((len(self.images), 3, size, size), dtype=np.uint8)
+        out = np.empty((len(self.images), 3, size, self.images.image_width), dtype=np.uint8)
         for start in range(0, len(self.images), block):
             rows = np.arange(start, min(start + block, len(self.images)))
             out[start:start + len(rows)] = self._read_images(rows)

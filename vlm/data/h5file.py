@@ -2,14 +2,14 @@
 
 Layout of ``data/processed/{split}_images.h5`` (``FORMAT_VERSION`` 2)::
 
-    images              uint8 [N, S, S, 3]   RGB, one chunk per image, no filters
+    images              uint8 [N, S, W, 3]   RGB, one chunk per image, no filters (W = S unless pack.aspect: native)
     checksums           uint32 [N]           CRC-32 of each image's bytes, verified on every read
     image_ids           utf-8 strings [N]    image file name without extension, sorted
     annotations         utf-8 strings [N]    the image's label frame as compact JSON (sorted keys)
     skipped_image_ids   utf-8 strings [K]    images of the split left out as corrupt (skip_corrupt)
     metadata/mean       float32 [3]          per-channel mean of the TRAIN split, 0..1 scale
     metadata/std        float32 [3]          per-channel std of the TRAIN split, 0..1 scale
-    attrs: image_size, format_version, split, resample
+    attrs: image_size (S, the height; the width is the images' shape), format_version, split, resample
 
 Byte-identical output for identical input: no object timestamps, a pinned file-format version,
 fixed chunk shapes and a fixed order of writes. Images are stored as raw chunks
@@ -41,12 +41,15 @@ class PackedImageWriter:
     closes the half-written file.
     """
 
-    def __init__(self, path: str | os.PathLike, image_size: int, capacity: int, *, split: str, resample: str):
+    def __init__(self, path: str | os.PathLike, image_size: int, capacity: int, *, split: str, resample: str,
+                 image_width: int | None = None):
+        """Images of ``image_size`` (the height) x ``image_width`` (None: square) pixels."""
         self.path = Path(path)
         self.image_size = image_size
+        self.image_width = image_width or image_size
         self._file = h5py.File(self.path, "w", libver=LIBVER, track_order=False)
         self._file.attrs.update(format_version=FORMAT_VERSION, image_size=image_size, split=split, resample=resample)
-        shape = (image_size, image_size, 3)
+        shape = (image_size, self.image_width, 3)
         self._images = self._file.create_dataset(
             "images", shape=(capacity, *shape), maxshape=(None, *shape), dtype=np.uint8,
             chunks=(1, *shape), track_times=False)
@@ -65,8 +68,8 @@ class PackedImageWriter:
             self._file.close()
 
     def append(self, image_id: str, image: np.ndarray, annotation: str) -> None:
-        """Store ``image`` (uint8 ``[S, S, 3]``) as the next row."""
-        expected = (self.image_size, self.image_size, 3)
+        """Store ``image`` (uint8 ``[S, W, 3]``) as the next row."""
+        expected = (self.image_size, self.image_width, 3)
         if image.shape != expected or image.dtype != np.uint8:
             raise ValueError(f"{image_id}: expected a uint8 image of shape {expected}, "
                              f"got {image.dtype} {image.shape}")
@@ -99,7 +102,8 @@ class PackedImageReader:
 
     The header (ids, size, stats) is read once in the constructor with a short-lived handle, so a
     reader can be built in the parent and then used in DataLoader workers: each process opens its
-    own handle on first use (the pid is remembered) and a handle is never pickled.
+    own handle on first use (the pid is remembered) and a handle is never pickled. ``image_size`` is the
+    images' height, ``image_width`` their width.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -110,6 +114,7 @@ class PackedImageReader:
             with h5py.File(self.path, "r") as f:
                 self._check_layout(f)
                 self.image_size = int(f.attrs["image_size"])
+                self.image_width = int(f["images"].shape[2])
                 self.resample = str(f.attrs["resample"])
                 self.split = str(f.attrs["split"])
                 self.image_ids = [str(s) for s in f["image_ids"].asstr()[:]]
@@ -132,10 +137,10 @@ class PackedImageReader:
             if name not in f:
                 raise ValueError(f"{self.path}: missing dataset '{name}'")
         images = f["images"]
-        size = int(f.attrs["image_size"])
-        if (images.dtype != np.uint8 or images.shape[1:] != (size, size, 3)
-                or images.chunks != (1, size, size, 3) or images.compression is not None):
-            raise ValueError(f"{self.path}: 'images' must be uint8 [N, {size}, {size}, 3] with one "
+        size, width = int(f.attrs["image_size"]), images.shape[2] if images.ndim == 4 else -1
+        if (images.dtype != np.uint8 or images.shape[1:] != (size, width, 3)
+                or images.chunks != (1, size, width, 3) or images.compression is not None):
+            raise ValueError(f"{self.path}: 'images' must be uint8 [N, {size}, W, 3] with one "
                              f"uncompressed chunk per image, got {images.dtype} {images.shape} "
                              f"chunks={images.chunks} compression={images.compression}")
         for name in ("image_ids", "checksums"):
@@ -163,7 +168,7 @@ class PackedImageReader:
         return self._file["images"]
 
     def read_into(self, rows: list[int], out: np.ndarray) -> np.ndarray:
-        """Copy the images at ``rows`` into ``out`` (uint8 ``[len(rows), S, S, 3]``, C-contiguous), each
+        """Copy the images at ``rows`` into ``out`` (uint8 ``[len(rows), S, W, 3]``, C-contiguous), each
         checked against its stored CRC-32."""
         if not out.flags.c_contiguous or out.dtype != np.uint8:
             raise ValueError("read_into needs a C-contiguous uint8 output array")

@@ -24,21 +24,26 @@ class CorruptImageError(ValueError):
 MAX_IMAGE_PIXELS = 50_000_000
 
 
-def decode_image(path: str | os.PathLike | IO[bytes], image_size: int, resample: str = "bicubic") -> np.ndarray:
-    """Decode any PIL-readable image to RGB uint8 ``[S, S, 3]``, squashed to ``S x S``.
+def decode_image(path: str | os.PathLike | IO[bytes], image_size: int, resample: str = "bicubic",
+                 image_width: int | None = None, aspect: float | None = None) -> np.ndarray:
+    """Decode any PIL-readable image to RGB uint8 ``[H, W, 3]``, squashed to ``W x H`` (``H`` = ``image_size``,
+    ``W`` = ``image_width``, None: square); with ``aspect`` (width / height), first :func:`letterbox`-ed to it.
 
     EXIF orientation is deliberately not applied: label boxes are in stored-pixel coordinates.
     """
+    size = (image_width or image_size, image_size)  # PIL's (width, height)
     try:
         with Image.open(path) as image:
             width, height = image.size
             if width * height > MAX_IMAGE_PIXELS:
                 raise CorruptImageError(f"{path}: image of {width} x {height} pixels refused: more than "
                                         f"{MAX_IMAGE_PIXELS:,} pixels (a decompression bomb, or not a camera frame)")
-            image.draft("RGB", (image_size, image_size))  # JPEG only: DCT-domain 1/2, 1/4, 1/8 downscale
+            image.draft("RGB", size)  # JPEG only: DCT-domain 1/2, 1/4, 1/8 downscale
             rgb = image.convert("RGB")
-        if rgb.size != (image_size, image_size):
-            rgb = rgb.resize((image_size, image_size), RESAMPLE[resample])
+        if aspect is not None:
+            rgb = letterbox(rgb, aspect)
+        if rgb.size != size:
+            rgb = rgb.resize(size, RESAMPLE[resample])
         return np.asarray(rgb, dtype=np.uint8)
     except Image.DecompressionBombError as e:  # PIL's own limit, above ours: refused from the header
         raise CorruptImageError(f"{path}: image refused: more than {MAX_IMAGE_PIXELS:,} pixels ({e})") from e
@@ -48,3 +53,20 @@ def decode_image(path: str | os.PathLike | IO[bytes], image_size: int, resample:
         raise CorruptImageError(f"{path}: cannot decode image: {e}") from e
 
 
+def native_width(frame_size: tuple[float, float], height: int, multiple: int) -> int:
+    """The width of an image ``height`` pixels high with the aspect of a ``frame_size`` (width, height) frame,
+    rounded to the nearest multiple of ``multiple`` (at least one): ``pack.aspect: native``'s width."""
+    frame_width, frame_height = frame_size
+    return max(1, round(height * frame_width / frame_height / multiple)) * multiple
+
+
+def letterbox(image: Image.Image, aspect: float) -> Image.Image:
+    """``image`` centred on black bars (above and below, or left and right) so that its width / height is
+    ``aspect``: nothing cropped, nothing stretched; an image of that aspect comes back as it is."""
+    width, height = image.size
+    padded = (max(width, round(height * aspect)), max(height, round(width / aspect)))
+    if padded == (width, height):
+        return image
+    canvas = Image.new(image.mode, padded)
+    canvas.paste(image, ((padded[0] - width) // 2, (padded[1] - height) // 2))
+    return canvas

@@ -2,7 +2,9 @@
 
 Per image: PIL decodes the JPEG with ``draft`` (libjpeg downscales by a power of two inside the
 decoder, which is most of the speed), then one antialiased resample squashes it to ``S x S``
-(no crop, no aspect ratio: left/right-third questions need the whole width, as in PaliGemma).
+(no crop, no aspect ratio: left/right-third questions need the whole width, as in PaliGemma), or with
+``pack.aspect: native`` to ``S`` high and the frame's aspect wide (``W x S``, W rounded to what the model's
+patches and pixel shuffle need: 224 x 128 for 1280 x 720 frames at the defaults).
 Decoding runs in a process pool; results come back in order, a bounded number of chunks in
 flight, and are streamed to disk, so memory does not grow with the number of images.
 
@@ -29,19 +31,34 @@ from tqdm import tqdm
 
 from vlm.data.commands import SPLITS, read_commands
 from vlm.data.h5file import PackedImageReader, PackedImageWriter
-from vlm.data.image import RESAMPLE, CorruptImageError, decode_image
+from vlm.data.image import RESAMPLE, CorruptImageError, decode_image, native_width
 from vlm.io import atomic_path, read_json
 from vlm.params import check
 
 
 @dataclass
 class PackConfig:
-    image_size: int = 128  # S: images are stored S x S (squashed)
+    image_size: int = 128  # S: images are stored S x S (squashed), or S high with aspect native
     skip_corrupt: bool = False  # skip (and count) undecodable images instead of failing
     resample: Literal["bilinear", "bicubic", "lanczos"] = "bicubic"  # filter after the JPEG draft downscale
+    # square: S x S; native: S high and as wide as the frames' aspect (source.json's width and height), rounded to
+    # a multiple of the encoder's patch size times model.pixel_shuffle
+    aspect: Literal["square", "native"] = "square"
 
     def validate(self, prefix: str = "pack") -> None:
         check(16 <= self.image_size <= 1024, f"{prefix}.image_size", f"must be in [16, 1024], got {self.image_size}")
+
+    def image_width(self, source_path: str | os.PathLike, multiple: int) -> int:
+        """The packed images' width: S, or with aspect native the frames' aspect at S high, rounded to
+        ``multiple`` (:func:`vlm.data.image.native_width`); the frame size is ``source_path``'s."""
+        if self.aspect == "square":
+            return self.image_size
+        source = read_json(source_path, "source file")
+        frame = (source.get("width"), source.get("height")) if isinstance(source, dict) else (None, None)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in frame):
+            raise ValueError(f"{source_path}: pack.aspect native needs the frames' positive 'width' and 'height', "
+                             f"got {frame}")
+        return native_width(frame, self.image_size, multiple)
 
 
 @dataclass
@@ -64,17 +81,17 @@ class PackRuntime:
 
 @dataclass
 class DecodedImage:
-    image: np.ndarray | None  # uint8 [S, S, 3], None when decoding failed
+    image: np.ndarray | None  # uint8 [S, W, 3], None when decoding failed
     error: str | None
     histogram: np.ndarray | None = None  # int64 [3, 256]: pixel count per channel and value
 
 
-def _decode_chunk(paths: list[str], image_size: int, resample: str) -> list[DecodedImage]:
+def _decode_chunk(paths: list[str], image_size: int, resample: str, image_width: int) -> list[DecodedImage]:
     """Worker task: decode a chunk of images; errors are returned, not raised, so the parent decides."""
     decoded = []
     for path in paths:
         try:
-            image = decode_image(path, image_size, resample)
+            image = decode_image(path, image_size, resample, image_width)
         except CorruptImageError as e:
             decoded.append(DecodedImage(None, str(e)))
             continue
@@ -84,12 +101,13 @@ def _decode_chunk(paths: list[str], image_size: int, resample: str) -> list[Deco
     return decoded
 
 
-def _decode_in_order(paths: list[str], config: PackConfig, pool: Any,
-                     runtime: PackRuntime | None = None) -> Iterator[DecodedImage]:
-    """Decoded images in the order of ``paths``; with a pool, at most ``2 * num_workers`` chunks in flight."""
+def _decode_in_order(paths: list[str], config: PackConfig, pool: Any, runtime: PackRuntime | None = None,
+                     image_width: int | None = None) -> Iterator[DecodedImage]:
+    """Decoded images ``image_width`` wide (None: square) in the order of ``paths``; with a pool, at most
+    ``2 * num_workers`` chunks in flight."""
     runtime = runtime or PackRuntime()
     chunks = (paths[i:i + runtime.chunksize] for i in range(0, len(paths), runtime.chunksize))
-    args = (config.image_size, config.resample)
+    args = (config.image_size, config.resample, image_width or config.image_size)
     if pool is None:
         for chunk in chunks:
             yield from _decode_chunk(chunk, *args)
@@ -189,13 +207,16 @@ class PackedSplit:
 
 def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackConfig, pool: Any = None,
                train_stats: tuple[np.ndarray, np.ndarray] | None = None,
-               runtime: PackRuntime | None = None) -> PackedSplit:
-    """Write ``out_path`` atomically; mean/std are ``train_stats`` or, for the train split, its own."""
+               runtime: PackRuntime | None = None, image_width: int | None = None) -> PackedSplit:
+    """Write ``out_path`` atomically, images ``image_width`` wide (None: square); mean/std are ``train_stats``
+    or, for the train split, its own."""
     histogram = np.zeros((3, 256), dtype=np.int64)  # [C, value]: the split's pixel counts
     skipped: list[str] = []
+    width = image_width or config.image_size
     with atomic_path(out_path) as tmp, PackedImageWriter(tmp, config.image_size, len(images.image_ids),
-                                                         split=images.split, resample=config.resample) as writer:
-        progress = tqdm(_decode_in_order(images.paths, config, pool, runtime), total=len(images.paths),
+                                                         split=images.split, resample=config.resample,
+                                                         image_width=width) as writer:
+        progress = tqdm(_decode_in_order(images.paths, config, pool, runtime, width), total=len(images.paths),
                         desc=f"pack {images.split}", unit="img", mininterval=1.0)
         for image_id, annotation, decoded in zip(images.image_ids, images.annotations, progress):
             if decoded.error is not None:
@@ -231,13 +252,16 @@ def start_decode_pool(workers: int) -> Any:
 
 def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike, commands_dir: str | os.PathLike,
                  output_dir: str | os.PathLike, config: PackConfig, *, splits: tuple[str, ...] = SPLITS,
-                 root: str | os.PathLike = ".", runtime: PackRuntime | None = None) -> dict[str, Any]:
+                 root: str | os.PathLike = ".", runtime: PackRuntime | None = None,
+                 side_multiple: int = 1) -> dict[str, Any]:
     """Pack ``{output_dir}/{split}_images.h5`` for each split (train first) with ``runtime``'s decoding processes;
-    return the pack metrics."""
+    return the pack metrics. ``side_multiple``: what ``pack.aspect: native`` rounds the width to
+    (:func:`vlm.models.paligemma.image_side_multiple`)."""
     runtime = runtime or PackRuntime()
     if splits[0] != "train":
         raise ValueError(f"splits must start with 'train' (its mean/std goes into every file), got {splits}")
     split_images = collect_split_images(labels_path, source_path, commands_dir, splits, root)
+    image_width = config.image_width(source_path, side_multiple)
     start = time.perf_counter()
     pool = start_decode_pool(runtime.num_workers) if runtime.num_workers > 1 else None
     try:
@@ -245,7 +269,7 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
         train_stats = None
         for images in split_images:
             result = pack_split(images, Path(output_dir) / f"{images.split}_images.h5", config, pool, train_stats,
-                                runtime)
+                                runtime, image_width)
             train_stats = (result.mean, result.std)
             packed.append(result)
     finally:
@@ -256,6 +280,7 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
     num_images = sum(p.images + len(p.skipped_image_ids) for p in packed)
     return {
         "image_size": config.image_size,
+        **({"image_width": image_width} if config.aspect == "native" else {}),
         "resample": config.resample,
         "workers": runtime.num_workers,
         "images": sum(p.images for p in packed),
@@ -272,20 +297,22 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
 
 def repack_resized(src_path: str | os.PathLike, dst_path: str | os.PathLike, image_size: int,
                    max_images: int | None = None, resample: str = "bicubic") -> None:
-    """Copy a packed file at another image size (the first ``max_images`` images), streamed.
+    """Copy a packed file at another image size (the first ``max_images`` images), streamed: ``image_size`` high
+    and as wide as the packed file's aspect (rounded).
 
     Used to measure the loader at a second resolution without the raw JPEGs.
     """
     reader = PackedImageReader(src_path)
     count = len(reader) if max_images is None else min(max_images, len(reader))
     annotations = reader.read_annotations()
-    buffer = np.empty((1, reader.image_size, reader.image_size, 3), dtype=np.uint8)
+    buffer = np.empty((1, reader.image_size, reader.image_width, 3), dtype=np.uint8)
+    width = round(image_size * reader.image_width / reader.image_size)
     try:
         with atomic_path(dst_path) as tmp, PackedImageWriter(tmp, image_size, count, split=reader.split,
-                                                             resample=resample) as writer:
+                                                             resample=resample, image_width=width) as writer:
             for row in range(count):
                 reader.read_into([row], buffer)
-                resized = Image.fromarray(buffer[0]).resize((image_size, image_size), RESAMPLE[resample])
+                resized = Image.fromarray(buffer[0]).resize((width, image_size), RESAMPLE[resample])
                 writer.append(reader.image_ids[row], np.asarray(resized), annotations[row])
             writer.finish(reader.mean, reader.std, reader.skipped_image_ids)
     finally:

@@ -12,27 +12,31 @@ import torch
 from torch import nn
 
 
-def pixel_shuffle(features: torch.Tensor, factor: int) -> torch.Tensor:
-    """Patch features ``[N, g*g, D]`` (row-major grid) -> ``[N, (g/r)^2, r*r*D]``, r = ``factor``."""
+def pixel_shuffle(features: torch.Tensor, factor: int, grid: tuple[int, int] | None = None) -> torch.Tensor:
+    """Patch features ``[N, gh*gw, D]`` (row-major ``grid`` = ``(gh, gw)``; None: a square grid) ->
+    ``[N, (gh/r)*(gw/r), r*r*D]``, r = ``factor``."""
     if factor == 1:
         return features
     batch, num_patches, dim = features.shape
-    grid = int(round(num_patches ** 0.5))
-    out = grid // factor
-    blocks = features.view(batch, out, factor, out, factor, dim).permute(0, 1, 3, 2, 4, 5)  # [N, o, o, r, r, D]
-    return blocks.reshape(batch, out * out, factor * factor * dim)
+    if grid is None:
+        grid = (round(num_patches ** 0.5),) * 2
+    rows, columns = grid[0] // factor, grid[1] // factor
+    blocks = features.view(batch, rows, factor, columns, factor, dim)  # [N, gh/r, r, gw/r, r, D]
+    blocks = blocks.permute(0, 1, 3, 2, 4, 5)  # [N, gh/r, gw/r, r, r, D]
+    return blocks.reshape(batch, rows * columns, factor * factor * dim)
 
 
 class LinearConnector(nn.Module):
     """Vision features ``[N, P, Dv]`` -> ``P / r^2`` image tokens ``[N, P / r^2, D_text]``
     (``multi_modal_projector.linear``)."""
 
-    def __init__(self, vision_hidden_size: int, text_hidden_size: int, pixel_shuffle: int = 1):
+    def __init__(self, vision_hidden_size: int, text_hidden_size: int, grid: tuple[int, int], pixel_shuffle: int = 1):
         super().__init__()
+        self.grid = grid  # the patch grid (gh, gw)
         self.pixel_shuffle = pixel_shuffle
         self.linear = nn.Linear(vision_hidden_size * pixel_shuffle * pixel_shuffle, text_hidden_size)
         nn.init.trunc_normal_(self.linear.weight, std=0.02, a=-0.04, b=0.04)
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, image_features: torch.Tensor) -> torch.Tensor:
-        return self.linear(pixel_shuffle(image_features, self.pixel_shuffle))
+        return self.linear(pixel_shuffle(image_features, self.pixel_shuffle, self.grid))

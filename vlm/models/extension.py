@@ -36,9 +36,10 @@ class VisionExtension(nn.Module):
     num_tokens: int = 0
     loss_weights: dict[str, float]  # the weight of each loss forward() returns, in training's weighted sum
 
-    def targets(self, image_size: int, frame_size: tuple[float, float]) -> Any:
+    def targets(self, image_size: int | tuple[int, int], frame_size: tuple[float, float]) -> Any:
         """The transform that builds each image's ``Batch.targets`` from the label frame stored with it (label
-        boxes in frames of ``frame_size`` pixels, images of ``image_size``), or None when it learns none."""
+        boxes in frames of ``frame_size`` pixels, images of ``image_size``: a side, or ``(H, W)``), or None when
+        it learns none."""
         return None
 
     def adapt(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor | None, Any]:

@@ -54,6 +54,7 @@ from vlm.params import ParamError, build_config, check
 _FROM_DATA = {
     ("gemma", "vocab_size"): "the vocabulary size (data/processed/vocab.json)",
     ("siglip", "image_size"): "the packed image size (data/processed/*_images.h5)",
+    ("siglip", "image_width"): "the packed image size (data/processed/*_images.h5)",
     ("image_mean",): "the train split statistics (data/processed/train_images.h5)",
     ("image_std",): "the train split statistics (data/processed/train_images.h5)",
 }
@@ -89,9 +90,10 @@ class PaliGemmaConfig:
               f"must be 'linear' or 'qformer', got {self.connector!r}")
         if self.vision == "siglip":
             self.siglip.validate(f"{prefix}.siglip")
-            grid = self.siglip.image_size // self.siglip.patch_size
-            check(self.pixel_shuffle >= 1 and grid % self.pixel_shuffle == 0, f"{prefix}.pixel_shuffle",
-                  f"must be >= 1 and divide the patch grid ({grid} x {grid} patches), got {self.pixel_shuffle}")
+            rows, columns = self.siglip.grid
+            check(self.pixel_shuffle >= 1 and rows % self.pixel_shuffle == 0 and columns % self.pixel_shuffle == 0,
+                  f"{prefix}.pixel_shuffle", f"must be >= 1 and divide the patch grid ({rows} x {columns} patches, "
+                  f"rows x columns), got {self.pixel_shuffle}")
         self.gemma.validate(f"{prefix}.gemma")
         self.qformer.validate(f"{prefix}.qformer")
         for name in ("image_mean", "image_std"):
@@ -109,11 +111,13 @@ class PaliGemmaConfig:
 
     @classmethod
     def from_params(cls, model_section: Mapping[str, Any], vocab_size: int, image_size: int,
-                    image_mean: list[float] | None = None, image_std: list[float] | None = None) -> PaliGemmaConfig:
+                    image_mean: list[float] | None = None, image_std: list[float] | None = None,
+                    image_width: int | None = None) -> PaliGemmaConfig:
         """Build and validate the config (of this class or a subclass: its sections too) from the ``model:``
-        section of params.yaml plus what the data fixes (vocabulary size, image size, train-split mean/std),
-        before any weight exists."""
+        section of params.yaml plus what the data fixes (vocabulary size, image height ``image_size`` and width
+        ``image_width``, None: square; train-split mean/std), before any weight exists."""
         vocab_size, image_size = operator.index(vocab_size), operator.index(image_size)
+        image_width = image_size if image_width is None else operator.index(image_width)
         values = dict(model_section or {})
         hints = typing.get_type_hints(cls)
         for sub in (f.name for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])):
@@ -129,7 +133,8 @@ class PaliGemmaConfig:
         if checkpoint is not None and values.get("vision", "siglip") == "siglip":
             # the encoder's sizes and pixel normalisation are the checkpoint's: model.siglip is not used
             pretrained_siglip = _pretrained_config("vision_checkpoint", checkpoint, siglip_config_from_pretrained)
-            values["siglip"] = {k: v for k, v in dataclasses.asdict(pretrained_siglip).items() if k != "image_size"}
+            values["siglip"] = {k: v for k, v in dataclasses.asdict(pretrained_siglip).items()
+                                 if k not in ("image_size", "image_width")}
             # its preprocessor_config.json's pixel mean/std (without one SigLIP's 0.5, below)
             _, preprocessor = read_config(Path(checkpoint), "preprocessor_config.json") or (None, {})
             image_mean, image_std = preprocessor.get("image_mean"), preprocessor.get("image_std")
@@ -137,8 +142,9 @@ class PaliGemmaConfig:
         if decoder is not None:  # the decoder's sizes are the checkpoint's: model.gemma is not used
             pretrained_gemma = _pretrained_config("decoder_checkpoint", decoder, gemma_config_from_pretrained)
             values["gemma"] = {k: v for k, v in dataclasses.asdict(pretrained_gemma).items() if k != "vocab_size"}
-        check_image_size(values, image_size, "the image size of the data")
+        check_image_size(values, (image_size, image_width), "the image size of the data")
         values["siglip"]["image_size"] = image_size
+        values["siglip"]["image_width"] = None if image_width == image_size else image_width  # None: square
         values["gemma"]["vocab_size"] = vocab_size
         # numpy scalars (HDF5 attributes and metadata) become plain Python numbers
         values["image_mean"] = [float(v) for v in (image_mean if image_mean is not None else (0.5, 0.5, 0.5))]
@@ -146,21 +152,41 @@ class PaliGemmaConfig:
         return build_config(cls, values, "model")
 
 
-def check_image_size(model_section: Mapping[str, Any], image_size: int, source: str) -> None:
-    """Raise a ``ParamError`` unless the vision encoder's patch size (``model.siglip.patch_size``, or the
-    pretrained ``model.vision_checkpoint``'s) divides ``image_size``; ``source`` names where that size is set.
-    The pack stage calls it, so an impossible ``pack.image_size`` fails before any image is packed."""
+def encoder_patch_size(model_section: Mapping[str, Any]) -> tuple[Any, str] | None:
+    """The vision encoder's patch size (``model.siglip.patch_size``, or the pretrained
+    ``model.vision_checkpoint``'s) and the key that sets it; None for the blind baseline, which reads no image."""
     if model_section.get("vision", "siglip") != "siglip":
-        return  # the blind baseline reads no image
+        return None
     checkpoint = model_section.get("vision_checkpoint")
     if checkpoint is not None:
         patch_size = _pretrained_config("vision_checkpoint", checkpoint, siglip_config_from_pretrained).patch_size
-        key = "model.vision_checkpoint: its patch size"
-    else:
-        siglip = model_section.get("siglip") or {}
-        patch_size, key = siglip.get("patch_size", SiglipVisionConfig.patch_size), "model.siglip.patch_size"
-    if isinstance(patch_size, int) and patch_size > 0 and image_size % patch_size:
-        raise ParamError(f"{key}: must divide {source} ({image_size} % {patch_size} = {image_size % patch_size})")
+        return patch_size, "model.vision_checkpoint: its patch size"
+    siglip = model_section.get("siglip") or {}
+    return siglip.get("patch_size", SiglipVisionConfig.patch_size), "model.siglip.patch_size"
+
+
+def check_image_size(model_section: Mapping[str, Any], image_size: int | tuple[int, int], source: str) -> None:
+    """Raise a ``ParamError`` unless the vision encoder's patch size (:func:`encoder_patch_size`) divides
+    ``image_size``, a side or ``(H, W)``; ``source`` names where that size is set. The pack stage calls it, so an
+    impossible ``pack.image_size`` fails before any image is packed."""
+    found = encoder_patch_size(model_section)
+    if found is None:
+        return
+    patch_size, key = found
+    for side in (image_size,) if isinstance(image_size, int) else image_size:
+        if isinstance(patch_size, int) and patch_size > 0 and side % patch_size:
+            raise ParamError(f"{key}: must divide {source} ({side} % {patch_size} = {side % patch_size})")
+
+
+def image_side_multiple(model_section: Mapping[str, Any]) -> int:
+    """What each side of the images must be a multiple of for the encoder and the connector: the patch size
+    times ``model.pixel_shuffle`` (1 for the blind baseline). The pack stage rounds ``pack.aspect: native``'s
+    width to it."""
+    found = encoder_patch_size(model_section)
+    shuffle = model_section.get("pixel_shuffle", PaliGemmaConfig.pixel_shuffle)
+    if found is None or not isinstance(found[0], int) or not isinstance(shuffle, int):
+        return 1
+    return max(1, found[0] * shuffle)
 
 
 def _pretrained_config(key: str, checkpoint: Any, read: Callable[[str], Any]) -> Any:
@@ -194,7 +220,7 @@ class PaliGemma(nn.Module):
             connector_in = config.siglip.hidden_size + (extension.patch_width if extension is not None else 0)
             if config.connector == "linear":
                 self.multi_modal_projector = LinearConnector(connector_in, config.gemma.hidden_size,
-                                                             config.pixel_shuffle)
+                                                             config.siglip.grid, config.pixel_shuffle)
             else:
                 self.multi_modal_projector = QFormerConnector(config.qformer, connector_in, config.gemma.hidden_size)
         self.language_model = GemmaForCausalLM(config.gemma)
@@ -216,13 +242,13 @@ class PaliGemma(nn.Module):
 
     def encode_images(self, images: torch.Tensor, targets: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """uint8 images ``[N, 3, S, S]`` -> image tokens ``[N, T, D]`` in the decoder's embedding space and,
+        """uint8 images ``[N, 3, H, W]`` -> image tokens ``[N, T, D]`` in the decoder's embedding space and,
         given the extension's ``targets``, its losses by name."""
-        expected = (3, self.config.siglip.image_size, self.config.siglip.image_size)
+        expected = (3, *self.config.siglip.height_width)
         if images.dtype != torch.uint8 or images.dim() != 4 or tuple(images.shape[1:]) != expected:
             raise ValueError(f"images must be uint8 [N, {', '.join(map(str, expected))}], "
                              f"got {images.dtype} {list(images.shape)}")
-        pixel_values = torch.addcmul(self.pixel_shift, images.float(), self.pixel_scale)  # [N, 3, S, S]
+        pixel_values = torch.addcmul(self.pixel_shift, images.float(), self.pixel_scale)  # [N, 3, H, W]
         if self.extension is None:
             features = self.vision_tower(pixel_values).last_hidden_state  # [N, P, Dv]
             return self.multi_modal_projector(features), {}
@@ -421,12 +447,13 @@ def packed_candidates_mask(key_valid: torch.Tensor, prefix_total: torch.Tensor, 
 
 def load_pretrained(model: PaliGemma) -> PaliGemma:
     """A freshly built model to train, given the pretrained SigLIP encoder when ``vision_checkpoint`` is set
-    (its position grid resampled to ``siglip.image_size``) and the pretrained decoder when ``decoder_checkpoint``
+    (its position grid resampled to ``siglip.grid``) and the pretrained decoder when ``decoder_checkpoint``
     is (its token embeddings fresh unless its vocabulary is the tokenizer's). A trained model is restored with
     ``load_state_dict`` instead."""
     config = model.config
     if config.vision == "siglip" and config.vision_checkpoint is not None:
-        pretrained = load_pretrained_siglip(config.vision_checkpoint, image_size=config.siglip.image_size)
+        pretrained = load_pretrained_siglip(config.vision_checkpoint, image_size=config.siglip.image_size,
+                                            image_width=config.siglip.image_width)
         if pretrained.config != config.siglip:
             raise ValueError(f"{config.vision_checkpoint}: encoder {pretrained.config} does not match the "
                              f"configured {config.siglip}")

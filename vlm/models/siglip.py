@@ -32,17 +32,30 @@ class SiglipVisionConfig:
     num_hidden_layers: int = 4
     num_attention_heads: int = 3
     num_channels: int = 3
-    image_size: int = 128
+    image_size: int = 128  # the image height, and its width unless image_width says otherwise
     patch_size: int = 16
     layer_norm_eps: float = 1e-6
+    image_width: int | None = None  # None: image_size (square, as HF's SigLIP)
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def height_width(self) -> tuple[int, int]:
+        """The input images' ``(H, W)`` in pixels."""
+        return self.image_size, self.image_width or self.image_size
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """The patch grid ``(gh, gw)``: rows and columns of patches."""
+        height, width = self.height_width
+        return height // self.patch_size, width // self.patch_size
+
+    @property
     def num_patches(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
+        rows, columns = self.grid
+        return rows * columns
 
     def validate(self, prefix: str = "SiglipVisionConfig") -> None:
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -51,9 +64,11 @@ class SiglipVisionConfig:
         check(self.hidden_size % self.num_attention_heads == 0, f"{prefix}.hidden_size",
               f"must be divisible by {prefix}.num_attention_heads "
               f"({self.hidden_size} % {self.num_attention_heads} = {self.hidden_size % self.num_attention_heads})")
-        check(self.image_size % self.patch_size == 0, f"{prefix}.image_size",
-              f"must be divisible by {prefix}.patch_size "
-              f"({self.image_size} % {self.patch_size} = {self.image_size % self.patch_size})")
+        check(self.image_width is None or self.image_width > 0, f"{prefix}.image_width",
+              f"must be positive or null, got {self.image_width}")
+        for name, size in zip(("image_size", "image_width"), self.height_width):
+            check(size % self.patch_size == 0, f"{prefix}.{name}", f"must be divisible by {prefix}.patch_size "
+                  f"({size} % {self.patch_size} = {size % self.patch_size})")
 
 
 @dataclass
@@ -62,15 +77,19 @@ class SiglipVisionOutput:
     attentions: tuple[torch.Tensor, ...] | None = None  # per layer [N, H, P, P], explicit path only
 
 
-def resize_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-    """Bicubically resample a square grid of learned positions ``[G*G, D]`` to ``grid`` -> ``[h*w, D]``."""
+def resize_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[int, int],
+                               source: tuple[int, int] | None = None) -> torch.Tensor:
+    """Bicubically resample a grid of learned positions ``[gh*gw, D]``, ``source`` = ``(gh, gw)`` (None: square),
+    to ``grid`` = ``(h, w)`` -> ``[h*w, D]``."""
     num_positions, dim = position_embeddings.shape
-    side = math.isqrt(num_positions)
-    if side * side != num_positions:
-        raise ValueError(f"position embeddings do not form a square grid: {num_positions} positions")
-    if (side, side) == tuple(grid):
+    if source is None:
+        side = math.isqrt(num_positions)
+        if side * side != num_positions:
+            raise ValueError(f"position embeddings do not form a square grid: {num_positions} positions")
+        source = (side, side)
+    if tuple(source) == tuple(grid):
         return position_embeddings
-    table = position_embeddings.reshape(1, side, side, dim).permute(0, 3, 1, 2)  # [1, D, G, G]
+    table = position_embeddings.reshape(1, *source, dim).permute(0, 3, 1, 2)  # [1, D, gh, gw]
     table = F.interpolate(table, size=grid, mode="bicubic", align_corners=False)  # [1, D, h, w]
     return table.permute(0, 2, 3, 1).reshape(grid[0] * grid[1], dim)
 
@@ -79,6 +98,7 @@ class SiglipVisionEmbeddings(nn.Module):
     def __init__(self, config: SiglipVisionConfig):
         super().__init__()
         self.patch_size = config.patch_size
+        self.grid = config.grid
         self.patch_embedding = nn.Conv2d(config.num_channels, config.hidden_size,
                                          kernel_size=config.patch_size, stride=config.patch_size)
         self.position_embedding = nn.Embedding(config.num_patches, config.hidden_size)
@@ -94,7 +114,8 @@ class SiglipVisionEmbeddings(nn.Module):
         embeddings = patch_embeds.flatten(2).transpose(1, 2)  # [N, h*w, D]
         positions = self.position_embedding.weight  # [P, D]
         if interpolate_pos_encoding:
-            positions = resize_position_embeddings(positions, (height // self.patch_size, width // self.patch_size))
+            positions = resize_position_embeddings(positions, (height // self.patch_size, width // self.patch_size),
+                                                   self.grid)
         elif embeddings.shape[1] != positions.shape[0]:
             raise ValueError(f"image of {height}x{width} px gives {embeddings.shape[1]} patches but the encoder "
                              f"has {positions.shape[0]} positions; pass interpolate_pos_encoding=True")
@@ -175,7 +196,7 @@ class SiglipVisionModel(nn.Module):
     def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False,
                 interpolate_pos_encoding: bool = False, patch_residual: torch.Tensor | None = None
                 ) -> SiglipVisionOutput:
-        """``pixel_values`` float ``[N, C, S, S]`` already normalised; ``output_attentions`` takes the
+        """``pixel_values`` float ``[N, C, H, W]`` already normalised; ``output_attentions`` takes the
         explicit softmax path and returns each layer's attention probabilities; ``patch_residual``: see
         :meth:`SiglipVisionEmbeddings.forward`."""
         hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding, patch_residual)  # [N, P, D]
@@ -215,7 +236,8 @@ def siglip_config_from_pretrained(path: str | os.PathLike, num_attention_heads: 
 
 
 def load_pretrained_siglip(path: str | os.PathLike, image_size: int | None = None,
-                           num_attention_heads: int | None = None) -> SiglipVisionModel:
+                           num_attention_heads: int | None = None, image_width: int | None = None
+                           ) -> SiglipVisionModel:
     """Build a :class:`SiglipVisionModel` from a HuggingFace checkpoint on disk.
 
     ``path``: a folder holding ``config.json`` and ``model.safetensors`` or ``pytorch_model.bin`` (e.g. a
@@ -223,20 +245,22 @@ def load_pretrained_siglip(path: str | os.PathLike, image_size: int | None = Non
     ``config.json`` beside it, or from the tensor shapes plus ``num_attention_heads``). The vision weights
     are found whatever the layout (``vision_model.`` of SigLIP, ``vision_tower.[vision_model.]`` of
     PaliGemma, or bare), the text tower and pooling head are dropped, and the rest loads with
-    ``strict=True``. An ``image_size`` other than the checkpoint's resamples the learned position grid
-    once (bicubic), so the encoder then runs natively at that size.
+    ``strict=True``. An ``image_size`` (the height; ``image_width`` the width, None: square) other than the
+    checkpoint's resamples its square position grid once (bicubic) to ``H / patch x W / patch``, so the
+    encoder then runs natively at that size.
     """
     path = Path(path)
     state_dict = _vision_state_dict(path)
     config = _config_from_json(path) or _config_from_shapes(state_dict, num_attention_heads, path)
-    if image_size is not None and image_size != config.image_size:
-        if image_size % config.patch_size:
-            raise ValueError(f"{path}: image size {image_size} is not divisible by the checkpoint's patch "
-                             f"size {config.patch_size}")
+    size = (image_size, image_width or image_size)
+    if image_size is not None and size != config.height_width:
+        if any(side % config.patch_size for side in size):
+            raise ValueError(f"{path}: image size {size[0]} x {size[1]} (H x W) is not divisible by the "
+                             f"checkpoint's patch size {config.patch_size}")
         key = "embeddings.position_embedding.weight"
-        grid = (image_size // config.patch_size,) * 2
+        grid = (size[0] // config.patch_size, size[1] // config.patch_size)
         state_dict[key] = resize_position_embeddings(state_dict[key].float(), grid).to(state_dict[key].dtype)
-        config = replace(config, image_size=image_size)
+        config = replace(config, image_size=image_size, image_width=image_width)
     model = SiglipVisionModel(config)
     model.load_state_dict(state_dict, strict=True)
     return model

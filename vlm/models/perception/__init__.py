@@ -80,12 +80,16 @@ class TrafficPerception(VisionExtension):
         self.num_tokens = int(self.token_projector is not None)
         self.text_hidden_size = text_hidden_size
 
-    def targets(self, image_size: int, frame_size: tuple[float, float]) -> TargetTransform | None:
-        """The transform that builds what the heads learn, at the finest grid any of them reads, from label boxes
-        given in frames of ``frame_size`` (width, height) pixels; None without heads."""
+    def targets(self, image_size: int | tuple[int, int], frame_size: tuple[float, float]) -> TargetTransform | None:
+        """The transform that builds what the heads learn, at the finest grid any of them reads, for images of
+        ``image_size`` (a side, or ``(H, W)``) from label boxes given in frames of ``frame_size`` (width, height)
+        pixels; None without heads."""
         if not self.heads:
             return None
-        return TargetTransform(image_size // min(head.target_stride for head in self.heads.values()), frame_size)
+        stride = min(head.target_stride for head in self.heads.values())
+        grid = image_size // stride if isinstance(image_size, int) else (image_size[0] // stride,
+                                                                          image_size[1] // stride)
+        return TargetTransform(grid, frame_size)
 
     def adapt(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor | None, list[torch.Tensor] | None]:
         """-> the stem's output ``[N, Dv, h, w]`` and its stage outputs (None, None without a stem)."""
@@ -93,7 +97,7 @@ class TrafficPerception(VisionExtension):
 
     def forward(self, patch_features: torch.Tensor, stem_features: list[torch.Tensor] | None,
                 targets: torch.Tensor | None) -> ExtensionOutput:
-        """``patch_features`` ``[N, P, Dv]``, the stem's stage outputs and ``targets`` ``[N, G*G, C]`` (for the
+        """``patch_features`` ``[N, P, Dv]``, the stem's stage outputs and ``targets`` ``[N, Gh*Gw, C]`` (for the
         losses, unweighted, by head name)."""
         num, patches, _ = patch_features.shape
         logits = {name: head(patch_features, stem_features) for name, head in self.heads.items()}

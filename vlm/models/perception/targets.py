@@ -21,7 +21,8 @@ with :func:`channels`):
   labels leave it undefined; the same in every cell (the heads predict these once per image).
 
 :class:`TargetTransform` builds them, at the finest grid the enabled heads declare, from the label frame the
-packed data stores beside each image; the batch carries them as ``Batch.targets`` ``[N_img, G*G, C]``.
+packed data stores beside each image; the batch carries them as ``Batch.targets`` ``[N_img, Gh*Gw, C]``
+(``Gh x Gw`` cells, rows first: square unless the images are, ``pack.aspect: native``).
 """
 
 from __future__ import annotations
@@ -64,26 +65,36 @@ def channels(*groups: str) -> slice:
     return slice(START[groups[0]], START[groups[-1]] + len(GROUPS[groups[-1]]))
 
 
+def grid_shape(grid: int | tuple[int, int]) -> tuple[int, int]:
+    """``(rows, columns)`` of a grid given as its side (square) or as ``(rows, columns)``."""
+    return (grid, grid) if isinstance(grid, int) else (int(grid[0]), int(grid[1]))
+
+
 @dataclass(frozen=True)
 class TargetTransform:
-    """The targets of ``grid`` x ``grid`` cells, from label boxes given in frames of ``frame_size`` (width,
-    height) pixels."""
+    """The targets of a grid of cells, ``grid`` a side (square) or ``(rows, columns)``, from label boxes given in
+    frames of ``frame_size`` (width, height) pixels."""
 
-    grid: int
+    grid: int | tuple[int, int]
     frame_size: tuple[float, float]
 
     @property
+    def num_cells(self) -> int:
+        rows, columns = grid_shape(self.grid)
+        return rows * columns
+
+    @property
     def bytes_per_image(self) -> int:
-        """What one image's targets take in RAM (float32 ``[grid*grid, C]``)."""
-        return self.grid * self.grid * len(CHANNELS) * 4
+        """What one image's targets take in RAM (float32 ``[Gh*Gw, C]``)."""
+        return self.num_cells * len(CHANNELS) * 4
 
     def of(self, annotation: str, where: str) -> np.ndarray:
-        """float32 ``[grid*grid, C]`` of one label frame stored beside a packed image (a JSON string)."""
+        """float32 ``[Gh*Gw, C]`` of one label frame stored beside a packed image (a JSON string)."""
         return scene_targets(scene_from_frame(json.loads(annotation), where=where), *self.frame_size, self.grid)
 
     def from_annotations(self, annotations: Sequence[str], source: str) -> np.ndarray:
-        """float32 ``[N, grid*grid, C]`` of the label frames ``annotations``; errors name ``source``, their file."""
-        out = np.zeros((len(annotations), self.grid * self.grid, len(CHANNELS)), dtype=np.float32)
+        """float32 ``[N, Gh*Gw, C]`` of the label frames ``annotations``; errors name ``source``, their file."""
+        out = np.zeros((len(annotations), self.num_cells, len(CHANNELS)), dtype=np.float32)
         for i, annotation in enumerate(annotations):
             out[i] = self.of(annotation, where=f"{source}: annotation[{i}]")
         return out
@@ -96,45 +107,49 @@ class TargetTransform:
             scene_from_frame(json.loads(annotation), where=f"{source}: annotation[{i}]")
 
     def mirror(self, targets: np.ndarray) -> np.ndarray:
-        """The targets of the horizontally flipped image: cell columns reversed, ``[G*G, C]``."""
-        return targets.reshape(self.grid, self.grid, -1)[:, ::-1].reshape(self.grid * self.grid, -1)
+        """The targets of the horizontally flipped image: cell columns reversed, ``[Gh*Gw, C]``."""
+        return targets.reshape(*grid_shape(self.grid), -1)[:, ::-1].reshape(self.num_cells, -1)
 
 
-def scene_targets(scene: Scene, width: float, height: float, grid: int) -> np.ndarray:
-    """float32 ``[grid*grid, C]`` targets of one scene whose frame is ``width`` x ``height`` pixels."""
-    targets = np.zeros((grid, grid, len(CHANNELS)), dtype=np.float32)  # [G, G, C]
+def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[int, int]) -> np.ndarray:
+    """float32 ``[Gh*Gw, C]`` targets of one scene whose frame is ``width`` x ``height`` pixels, on ``grid``
+    (a side, or ``(rows, columns)``): the frame's boxes scaled to the grid on each axis."""
+    rows, columns = grid_shape(grid)
+    targets = np.zeros((rows, columns, len(CHANNELS)), dtype=np.float32)  # [Gh, Gw, C]
 
-    def cell(value: float, size: float) -> int:
-        return min(grid - 1, max(0, int(value / size * grid)))
+    def cell(value: float, size: float, cells: int) -> int:
+        return min(cells - 1, max(0, int(value / size * cells)))
 
     for obj in scene.objects:
         x1, y1, x2, y2 = obj.box
-        c0, c1, r0, r1 = cell(x1, width), cell(x2, width), cell(y1, height), cell(y2, height)
+        c0, c1 = cell(x1, width, columns), cell(x2, width, columns)
+        r0, r1 = cell(y1, height, rows), cell(y2, height, rows)
         k = CATEGORIES.index(obj.category)
         targets[r0:r1 + 1, c0:c1 + 1, START["box"] + k] = 1
-        targets[cell((y1 + y2) / 2, height), cell((x1 + x2) / 2, width), START["centre"] + k] += 1
+        targets[cell((y1 + y2) / 2, height, rows), cell((x1 + x2) / 2, width, columns), START["centre"] + k] += 1
         if obj.light_color and not obj.occluded:  # the lights the answer rules can read
             targets[r0:r1 + 1, c0:c1 + 1, START["light"] + LIGHT_COLORS.index(obj.light_color)] = 1
         if obj.occluded:
             targets[r0:r1 + 1, c0:c1 + 1, START["occluded"]] = 1
-        sigma = max(0.5, min((x2 - x1) / width, (y2 - y1) / height) * grid / 6)  # in cells
-        _splat(targets[:, :, START["heat"] + k], (x1 + x2) / 2 / width * grid, (y1 + y2) / 2 / height * grid, sigma)
+        sigma = max(0.5, min((x2 - x1) / width * columns, (y2 - y1) / height * rows) / 6)  # in cells
+        centre_x, centre_y = (x1 + x2) / 2 / width * columns, (y1 + y2) / 2 / height * rows  # in cells
+        _splat(targets[:, :, START["heat"] + k], centre_x, centre_y, sigma)
         road_user = obj.category in rules.ROAD_USERS
         in_group = {"road_user": road_user, "vulnerable": obj.category in rules.VULNERABLE,
                     "occluded": road_user and obj.occluded}
         for index, group in enumerate(FOOT_GROUPS, start=START["foot"]):
             if in_group[group]:
-                _splat(targets[:, :, index], (x1 + x2) / 2 / width * grid, y2 / height * grid, sigma)
+                _splat(targets[:, :, index], centre_x, y2 / height * rows, sigma)
     for k, attribute in enumerate(rules.FRAME_ATTRIBUTES, start=START["frame"]):
         answer = rules.scene_attribute(scene, attribute)
         targets[:, :, k] = -1 if answer is None else float(answer == rules.YES)
-    return targets.reshape(grid * grid, -1)
+    return targets.reshape(rows * columns, -1)
 
 
 def _splat(heat: np.ndarray, x: float, y: float, sigma: float) -> None:
-    """Draws into ``heat`` ``[G, G]`` (in place, keeping the maximum) a Gaussian around the point ``(x, y)``
+    """Draws into ``heat`` ``[Gh, Gw]`` (in place, keeping the maximum) a Gaussian around the point ``(x, y)``
     in cells, and 1 in the point's cell."""
-    grid = heat.shape[0]
-    cells = np.arange(grid) + 0.5
-    np.maximum(heat, np.exp(-((cells[None, :] - x) ** 2 + (cells[:, None] - y) ** 2) / (2 * sigma ** 2)), out=heat)
-    heat[min(grid - 1, max(0, int(y))), min(grid - 1, max(0, int(x)))] = 1
+    rows, columns = heat.shape
+    xs, ys = np.arange(columns) + 0.5, np.arange(rows) + 0.5  # cell centres
+    np.maximum(heat, np.exp(-((xs[None, :] - x) ** 2 + (ys[:, None] - y) ** 2) / (2 * sigma ** 2)), out=heat)
+    heat[min(rows - 1, max(0, int(y))), min(columns - 1, max(0, int(x)))] = 1

@@ -23,7 +23,7 @@ from vlm.models.perception.targets import CENTRE_REGIONS, CHANNELS, FOOT_REGIONS
 from vlm.models.siglip import SiglipVisionConfig
 from vlm.params import check
 
-STRIDE = 4  # heatmap cells per image side = image size / STRIDE: the stem's second stage
+STRIDE = 4  # heatmap cells per image side = its pixels / STRIDE: the stem's second stage
 PEAK_THRESHOLD = 0.5
 PRIOR = 0.1  # initial heatmap probability (CenterNet's bias init -2.19)
 NUM_COUNT_THRESHOLDS = 10  # peak counts thermometer-coded: > 0, > 1, ..., > 9
@@ -36,6 +36,8 @@ class CentreHead(AuxiliaryHead):
     def __init__(self, config, vision: SiglipVisionConfig, width: int = 32):
         super().__init__(config, vision)
         self.channels = channels("heat", "foot")  # of the targets
+        height, width = vision.height_width
+        self.grid = (height // STRIDE, width // STRIDE)  # heatmap cells (rows, columns)
         heat_channels = CHANNELS[self.channels]
         stem = config.stem_channels
         c4, c8, top = stem[1], stem[2], stem[-1]  # strides 4, 8 and the stem's last
@@ -56,17 +58,17 @@ class CentreHead(AuxiliaryHead):
               f"needs a conv stem of at least 3 stages ({prefix}.stem_channels), got {config.stem_channels}")
 
     def forward(self, patch_features: torch.Tensor, stem_features: list[torch.Tensor]) -> torch.Tensor:
-        """Stem stage outputs -> heatmap logits ``[N, S/4 * S/4, C_heat]`` (row-major cells)."""
+        """Stem stage outputs -> heatmap logits ``[N, H/4 * W/4, C_heat]`` (row-major cells)."""
         f4, f8, top = stem_features[1], stem_features[2], stem_features[-1]
-        hidden = f8 + F.interpolate(self.lateral(top), size=f8.shape[-2:], mode="nearest")  # [N, c8, S/8, S/8]
-        hidden = self.smooth8(hidden)  # [N, W, S/8, S/8]
-        hidden = F.interpolate(hidden, size=f4.shape[-2:], mode="nearest")  # [N, W, S/4, S/4]
-        logits = self.out(self.smooth4(torch.cat([hidden, f4], dim=1)))  # [N, C_heat, S/4, S/4]
+        hidden = f8 + F.interpolate(self.lateral(top), size=f8.shape[-2:], mode="nearest")  # [N, c8, H/8, W/8]
+        hidden = self.smooth8(hidden)  # [N, W, H/8, W/8]
+        hidden = F.interpolate(hidden, size=f4.shape[-2:], mode="nearest")  # [N, W, H/4, W/4]
+        logits = self.out(self.smooth4(torch.cat([hidden, f4], dim=1)))  # [N, C_heat, H/4, W/4]
         return logits.flatten(2).transpose(1, 2)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """CenterNet's focal loss (alpha 2, beta 4) per object against the ``heat``/``foot`` channels of targets
-        ``[N, S/4 * S/4, C]`` (all target channels)."""
+        ``[N, H/4 * W/4, C]`` (all target channels)."""
         heat = targets[..., self.channels].float()
         prob = logits.float().sigmoid().clamp(1e-4, 1 - 1e-4)
         centre = heat == 1
@@ -76,18 +78,20 @@ class CentreHead(AuxiliaryHead):
 
     def peak_counts(self, logits: torch.Tensor) -> torch.Tensor:
         """Peaks (3x3 local maxima above 0.5) per channel and region: ``[N, C_heat, R]``."""
-        num, cells, channels = logits.shape
-        side = round(cells ** 0.5)
-        prob = logits.detach().float().sigmoid().transpose(1, 2).reshape(num, channels, side, side)
-        peaks = (prob > PEAK_THRESHOLD) & (prob == F.max_pool2d(prob, 3, stride=1, padding=1))  # [N, C, side, side]
-        masks = self.region_masks(side)  # [C, R, side, side]
+        num, _, channels = logits.shape
+        prob = logits.detach().float().sigmoid().transpose(1, 2).reshape(num, channels, *self.grid)
+        peaks = (prob > PEAK_THRESHOLD) & (prob == F.max_pool2d(prob, 3, stride=1, padding=1))  # [N, C, H/4, W/4]
+        masks = self.region_masks(*self.grid)  # [C, R, H/4, W/4]
         return (peaks[:, :, None] & masks).sum(dim=(3, 4)).float()
 
-    def region_masks(self, side: int) -> torch.Tensor:
-        """bool ``[C_heat, R, side, side]``: which heatmap cells (by their centres) lie in each channel's regions."""
-        centres = (torch.arange(side, device=self.regions.device) + 0.5) / side  # [side] cell centres, 0..1
+    def region_masks(self, rows: int, columns: int) -> torch.Tensor:
+        """bool ``[C_heat, R, rows, columns]``: which heatmap cells (by their centres) lie in each channel's
+        regions."""
+        device = self.regions.device
+        ys = (torch.arange(rows, device=device) + 0.5) / rows  # [rows] cell centres, 0..1
+        xs = (torch.arange(columns, device=device) + 0.5) / columns  # [columns]
         x0, x1, y0 = (self.regions[..., i, None, None] for i in range(3))  # [C, R, 1, 1]
-        return (centres[:, None] >= y0) & (centres[None, :] >= x0) & (centres[None, :] <= x1)
+        return (ys[:, None] >= y0) & (xs[None, :] >= x0) & (xs[None, :] <= x1)
 
     def decoder_features(self, logits: torch.Tensor) -> tuple[None, torch.Tensor]:
         """No per-patch maps (the heatmaps are finer than the patches); the peak counts thermometer-coded

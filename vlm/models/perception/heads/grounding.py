@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlm.models.perception.heads.base import AuxiliaryHead
-from vlm.models.perception.targets import CHANNELS, GROUPS, channels
+from vlm.models.perception.targets import CHANNELS, GROUPS, channels, grid_shape
 from vlm.models.siglip import SiglipVisionConfig
 
 NUM_THRESHOLDS = 10  # totals thermometer-coded at 0.5, 1.5, ..., 9.5
@@ -33,6 +33,7 @@ class GroundingHead(AuxiliaryHead):
     def __init__(self, config, vision: SiglipVisionConfig):
         super().__init__(config, vision)
         self.target_stride = vision.patch_size
+        self.grid = vision.grid  # the patch grid (gh, gw)
         self.patch_channels = channels("box", "centre", "light", "occluded")  # of the targets
         self.frame_channels = channels("frame")
         num_patch = self.patch_channels.stop - self.patch_channels.start
@@ -59,10 +60,10 @@ class GroundingHead(AuxiliaryHead):
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean per-element loss of the patch channels plus mean per-image loss of the frame channels, against
         the grounding targets ``[N, F*F, C]`` (0/1, counts on the count channels, -1 on undefined frame
-        channels) on the patch grid or a finer one (then pooled to the patch grid)."""
+        channels) on the patch grid or a k times finer one (then pooled to the patch grid)."""
         logits, targets = logits.float(), targets.float()
         patch_logits = logits[..., :self.num_patch]  # [N, P, C_patch]
-        patch_targets = self.patch_targets(targets, round(logits.shape[1] ** 0.5))  # [N, P, C_patch]
+        patch_targets = self.patch_targets(targets, self.grid)  # [N, P, C_patch]
         is_count = self.is_count[:self.num_patch]
         binary = F.binary_cross_entropy_with_logits(patch_logits, patch_targets.clamp(max=1.0), reduction="none")
         counts = F.poisson_nll_loss(patch_logits, patch_targets, log_input=True, full=False, reduction="none")
@@ -72,19 +73,20 @@ class GroundingHead(AuxiliaryHead):
         frame = (frame * known).sum() / known.sum().clamp(min=1)
         return torch.where(is_count, counts, binary).mean() + FRAME_LOSS_WEIGHT * frame
 
-    def patch_targets(self, targets: torch.Tensor, grid: int) -> torch.Tensor:
-        """Patch channels of targets ``[N, F*F, C]`` on a grid F a multiple of ``grid`` -> ``[N, grid*grid,
-        C_patch]``: boxes, lights and occlusion by maximum, centre counts by sum over each patch's cells."""
+    def patch_targets(self, targets: torch.Tensor, grid: int | tuple[int, int]) -> torch.Tensor:
+        """Patch channels of targets ``[N, k*gh * k*gw, C]`` on a grid k times finer than ``grid`` (``(gh, gw)``,
+        or a side) -> ``[N, gh*gw, C_patch]``: boxes, lights and occlusion by maximum, centre counts by sum over
+        each patch's cells."""
         num, cells, _ = targets.shape
-        fine = round(cells ** 0.5)
+        rows, columns = grid_shape(grid)
         patch = targets[..., self.patch_channels]
-        if fine == grid:
+        if cells == rows * columns:
             return patch
-        k = fine // grid
-        maps = patch.transpose(1, 2).reshape(num, self.num_patch, fine, fine)  # [N, C_patch, F, F]
+        k = round((cells // (rows * columns)) ** 0.5)
+        maps = patch.transpose(1, 2).reshape(num, self.num_patch, k * rows, k * columns)  # [N, C_patch, kgh, kgw]
         is_count = self.is_count[:self.num_patch, None, None]
         pooled = torch.where(is_count, F.avg_pool2d(maps, k) * (k * k), F.max_pool2d(maps, k))
-        return pooled.flatten(2).transpose(1, 2)  # [N, grid*grid, C_patch]
+        return pooled.flatten(2).transpose(1, 2)  # [N, gh*gw, C_patch]
 
     def maps(self, logits: torch.Tensor) -> torch.Tensor:
         """``[N, P, C]``: probabilities on the binary and frame channels, expected counts on the count channels."""

@@ -1,17 +1,11 @@
 """Counterfactual consistency: change one thing in a test scene, and check that the model's answers change
 exactly where the answer rules say they must.
 
-A seeded sample of synthetic test scenes is re-rendered from each scene's seed and once per edit of
-:mod:`vlm.scenes.edits`; both images reach the model as the packed data would hold them (saved as JPEGs of
-``scenes.jpeg_quality``, decoded as the pack stage does). Every question the templates can ask of both scenes
-is answered by the rules on each: a question whose answer differs *must change*, the others *must not*. Each
-pair is asked all its must-change questions among those seen in training, and up to ``unchanged_per_pair``
-must-not ones (seeded). Per edit this gives the accuracy on the originals and on the edits, the consistency
-(right on both) and how often the model's answer changed when it had to and stayed when it had to.
-
-The consistency per edit is the headline (``metrics/counterfactuals.json``, a DVC metric: a column each in
-``dvc exp show``); the whole summary per edit is ``metrics/counterfactuals/summary.json``, an output compared on
-request (``dvc metrics show/diff --targets``).
+Seeded test scenes are re-rendered from their seeds, once as stored and once per edit of :mod:`vlm.scenes.edits`,
+and both images reach the model as the packed data would hold them. A question whose rule-derived answer differs
+between the two *must change*, the others *must not*; each pair is asked all its must-change questions seen in
+training and up to ``unchanged_per_pair`` must-not ones. The consistency per edit (right on both) is the headline;
+the rest of the summary and the outputs: docs/architecture.md (counterfactuals).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The ``evaluate`` stage: the VLM and its blind baseline on the test split, side by side.
 
-Headline metrics (``metrics/eval.json``, what ``dvc exp show`` and ``dvc metrics diff`` compare): exact-match
-accuracy overall and per command type, macro-F1 over the answer set and the expected calibration error of
-the answer probabilities, for the VLM and for the blind (text-only) baseline, and the gain from vision. Not
-DVC metrics (no column each in ``dvc exp show``), compared on request with ``dvc metrics show/diff --targets``:
-the slices (``metrics/eval/slices.json``: each model's accuracy per condition, time of day, weather, scene,
-objects in the frame, the governing light, the category asked about: :mod:`vlm.slices`) and the detail
-(``metrics/eval/details.json``: the split's question counts, per type and per slice, accuracy per answer, the
-yes/no/maybe confusion matrices, the reliability bins and the gain per type). Tables for ``dvc plots`` and
-pictures for people: per-type and per-slice bars and the confusion matrix, the slices, the reliability
-diagram, attention maps over the image, a contact sheet of failures.
+Headline metrics (``metrics/eval.json``, a column each in ``dvc exp show``): exact-match accuracy overall and per
+command type, macro-F1 and the expected calibration error of each model, and the gain from vision. Beside them,
+compared on request (``dvc metrics show/diff --targets``): the slices (accuracy per condition, :mod:`vlm.slices`)
+and the detail; then tables for ``dvc plots`` and pictures. What each file holds: docs/architecture.md (evaluate).
 """
 
 from __future__ import annotations

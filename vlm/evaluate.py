@@ -88,11 +88,8 @@ def yes_no_maybe_pairs(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarize(table: pd.DataFrame) -> dict[str, Any]:
-    """Accuracy overall / per type / per answer, macro-F1, and the yes/no/maybe confusion matrix.
-
-    The matrix has a row per actual answer (yes, no, maybe) and a column per prediction (yes, no,
-    maybe, other): each row sums to that answer's questions.
-    """
+    """Accuracy overall / per type / per answer, macro-F1, the calibration, and the yes/no/maybe confusion matrix: a
+    row per actual answer, a column per prediction (yes, no, maybe, other), each row summing to its questions."""
     pairs = yes_no_maybe_pairs(table)
     predicted = [*YES_NO_MAYBE, OTHER]
     matrix = (confusion_matrix(pairs["actual"], pairs["predicted"], labels=predicted)[: len(YES_NO_MAYBE)]
@@ -110,12 +107,9 @@ def summarize(table: pd.DataFrame) -> dict[str, Any]:
 
 
 def calibration(confidence: np.ndarray, correct: np.ndarray, bins: int = CALIBRATION_BINS) -> dict[str, Any]:
-    """Expected calibration error of the predicted answers' probabilities and the reliability bins.
-
-    The questions are binned by the probability of the answer given (equal-width bins over [0, 1]); ECE is
-    the question-weighted mean of |accuracy - mean probability| over the bins: 0 when a probability of p is
-    right p of the time.
-    """
+    """Expected calibration error of the predicted answers' probabilities (``confidence``, binned in equal-width
+    bins over [0, 1]): the question-weighted mean of |accuracy - mean probability| over the bins, 0 when a
+    probability of p is right p of the time; and the reliability bins."""
     index = np.clip((confidence * bins).astype(int), 0, bins - 1)
     rows, ece = [], 0.0
     for b in range(bins):

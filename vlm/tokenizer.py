@@ -92,12 +92,9 @@ class CoverageReport:
 
 
 class TrafficCommandTokenizer:
-    """Word-level tokenizer with a fixed special-token layout; see the module docstring.
-
-    Encoding: :meth:`encode_question` and :meth:`encode_answer` give the ids the VLM reads and learns,
-    :meth:`batch_encode` padded ``[SOS] ... [EOS]`` tensors. Decoding: :meth:`decode_answer` reads an
-    answer back (e.g. from ``PaliGemma.generate``); [UNK] stays visible as "[UNK]".
-    """
+    """Word-level tokenizer with a fixed special-token layout: :meth:`encode_question` and :meth:`encode_answer` give
+    the ids the VLM reads and learns, :meth:`batch_encode` padded ``[SOS] ... [EOS]`` tensors, :meth:`decode_answer`
+    reads an answer back (e.g. from ``PaliGemma.generate``; [UNK] stays visible as "[UNK]")."""
 
     def __init__(self, vocab: dict[str, int], *, max_length: int | None = 32, statistics: dict | None = None,
                  config: dict | None = None):
@@ -119,14 +116,10 @@ class TrafficCommandTokenizer:
     @classmethod
     def build_vocab(cls, commands: Sequence[dict], min_freq: int = 1, max_vocab_size: int = 1000,
                     max_length: int = 32, source: str = "commands") -> TrafficCommandTokenizer:
-        """Build the vocabulary from command records (``command`` and ``answer`` fields).
-
-        Words are ordered by frequency (commands and answers counted together), ties
-        alphabetically. Kept whatever their count: the punctuation marks, the contract answer
-        words (colours, digits) and every answer word of ``commands``. Other words need
-        ``min_freq`` occurrences and are cut, least frequent first, to fit ``max_vocab_size`` ids.
-        ``source`` names the input in error messages (e.g. the file path).
-        """
+        """Build the vocabulary from command records (``command`` and ``answer`` fields; ``source`` names them in
+        errors). Words are ordered by frequency (commands and answers counted together), ties alphabetically. Kept
+        whatever their count: the punctuation marks, the contract answer words (colours, digits) and every answer
+        word of ``commands``; other words need ``min_freq`` occurrences and are cut, least frequent first, to fit."""
         VocabConfig(min_freq, max_vocab_size, max_length).validate("vocab")
         check_commands(commands, source, _TEXT_FIELDS)
         counts: Counter[str] = Counter()

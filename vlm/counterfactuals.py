@@ -80,11 +80,6 @@ def pair_questions(pair: Pair, width: float, height: float, options: TemplateOpt
     return rows
 
 
-def asked_in(records: list[dict]) -> set:
-    """(template, frozenset of params) of every question in ``records``."""
-    return {(r["template"], frozenset(TEMPLATES[r["template"]].parse(r["command"]).items())) for r in records}
-
-
 def answer_pairs(loaded: LoadedModel, pairs: list[Pair], questions: list[list[dict]], jpeg_quality: int,
                  batch_size: int, device: torch.device) -> list[tuple[list[str], list[str]]]:
     """The model's answers to each pair's questions on the original and on the edited image, both saved as
@@ -140,18 +135,6 @@ def summarize(table: pd.DataFrame, edits: list[str]) -> dict[str, dict[str, Any]
     return out
 
 
-def headline(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """What ``dvc exp show`` compares of a summary: the consistency (right on both images) per edit."""
-    return {"consistency": {edit: rates["consistency"] for edit, rates in summary.items()}}
-
-
-def sample_test_images(test_records: list[dict], samples: int, seed: int) -> list[str]:
-    image_ids = sorted({r["image_id"] for r in test_records})
-    if samples >= len(image_ids):
-        return image_ids
-    return sorted(np.random.default_rng(seed).choice(image_ids, samples, replace=False).tolist())
-
-
 @dataclass
 class CounterfactualsPaths:
     model: Path = Path("models/vlm.pt")
@@ -176,12 +159,15 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
         return {}
     device = pick_device()
     loaded = load_model(paths.model, paths.data / "vocab.json", device)
-    test = read_commands(paths.data / "commands" / "test.json", FIELDS)
-    image_ids = sample_test_images(test, config.samples, config.seed)
+    image_ids = sorted({r["image_id"] for r in read_commands(paths.data / "commands" / "test.json", FIELDS)})
+    if config.samples < len(image_ids):
+        image_ids = sorted(np.random.default_rng(config.seed).choice(image_ids, config.samples, replace=False).tolist())
     labels = {scene.image_id: scene for scene in raw.scenes}
     pairs = make_pairs(tqdm(image_ids, desc="render", disable=not progress), scenes.seed, labels,
                        scenes.render_config, config.edits, config.seed)
-    asked = asked_in(read_commands(paths.data / "commands" / "train.json", FIELDS))
+    # (template, frozenset of params) of every question asked in training
+    asked = {(r["template"], frozenset(TEMPLATES[r["template"]].parse(r["command"]).items()))
+             for r in read_commands(paths.data / "commands" / "train.json", FIELDS)}
     rng = np.random.default_rng(config.seed)
     questions = [pair_questions(pair, raw.width, raw.height, commands.template_options, asked, set(loaded.answers),
                                 config.unchanged_per_pair, rng) for pair in pairs]
@@ -198,11 +184,12 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
 
 def write_outputs(metrics: dict, table: pd.DataFrame, shown: list[tuple[Pair, Any]], paths: CounterfactualsPaths,
                   empty_note: str) -> None:
+    summary = metrics["counterfactuals"]
     write_json(paths.details, metrics)
-    write_json(paths.metrics, headline(metrics["counterfactuals"]))
+    # the headline, what ``dvc exp show`` compares: the consistency (right on both images) per edit
+    write_json(paths.metrics, {"consistency": {edit: rates["consistency"] for edit, rates in summary.items()}})
     with atomic_path(paths.table) as tmp:
         table.to_csv(tmp, index=False)
-    summary = metrics["counterfactuals"]
     plots.save_figure(plots.counterfactuals_figure(summary) if summary else plots.note_figure(empty_note), paths.plot)
     if shown:
         plots.save_image(plots.counterfactual_sheet(shown), paths.sheet)

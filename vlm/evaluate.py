@@ -211,13 +211,9 @@ def _keyed(per_dimension: dict[str, dict]) -> dict[str, dict]:
 def _pick(table: pd.DataFrame, n: int, seed: int) -> list[int]:
     """Up to ``n`` row labels, taken in turn from each command type (seeded)."""
     rng = np.random.default_rng(seed)
-    groups = [list(rng.permutation(g.index.to_numpy())) for _, g in table.groupby("command_type")]
-    picks: list[int] = []
-    while len(picks) < n and any(groups):
-        for group in groups:
-            if group and len(picks) < n:
-                picks.append(int(group.pop(0)))
-    return picks
+    turns = [(turn, t, int(label)) for t, (_, group) in enumerate(table.groupby("command_type"))
+             for turn, label in enumerate(rng.permutation(group.index.to_numpy()))]  # each type's rows, shuffled
+    return [label for _, _, label in sorted(turns)[:n]]
 
 
 @torch.no_grad()

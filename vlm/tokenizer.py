@@ -144,13 +144,9 @@ class TrafficCommandTokenizer:
         tokenizer = cls(vocab, max_length=max_length, config=config)
         report = tokenizer.coverage(_command_texts(commands))
         tokenizer.statistics = {
-            "num_commands": len(commands),
-            "num_tokens": sum(counts.values()),
-            "num_distinct_tokens": len(counts),
-            "num_words": len(words),
-            "num_dropped_min_freq": sum(1 for w in candidates if counts[w] < min_freq),
-            "num_dropped_max_size": max(0, len(frequent) - room),
-            "coverage_pct": round(report.coverage_pct, 4),
+            "num_commands": len(commands), "num_tokens": sum(counts.values()), "num_distinct_tokens": len(counts),
+            "num_words": len(words), "num_dropped_min_freq": sum(1 for w in candidates if counts[w] < min_freq),
+            "num_dropped_max_size": max(0, len(frequent) - room), "coverage_pct": round(report.coverage_pct, 4),
             "most_common": [[w, counts[w]] for w in words[:20] if counts[w] > 0],
         }
         return tokenizer
@@ -282,14 +278,10 @@ class TrafficCommandTokenizer:
 
     def save_vocab(self, path: str | os.PathLike) -> None:
         """Write ``vocab.json`` atomically (its keys: docs/architecture.md, build_vocab)."""
-        write_json(path, {
-            "format_version": VOCAB_FORMAT_VERSION,
-            "vocab_size": self.vocab_size,
-            "special_tokens": dict(SPECIAL_TOKENS),
-            "vocab": {token: i for i, token in enumerate(self._id_to_token)},
-            "config": self.config,
-            "statistics": self.statistics,
-        })
+        write_json(path, {"format_version": VOCAB_FORMAT_VERSION, "vocab_size": self.vocab_size,
+                          "special_tokens": dict(SPECIAL_TOKENS),
+                          "vocab": {token: i for i, token in enumerate(self._id_to_token)},
+                          "config": self.config, "statistics": self.statistics})
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> TrafficCommandTokenizer:

@@ -301,16 +301,11 @@ class BalancedCommands:
                 position_in_split[split] += 1
                 if not self._keep[split][position_in_split[split] - 1]:
                     continue
-                record = {
-                    "question_id": f"{scene.image_id}_{slot}",
-                    "image_id": scene.image_id,
-                    "command": c.text(phrasing),
-                    "answer": c.answer,
-                    "command_type": c.command_type,
-                    "template": c.template,
-                    "metadata": {"scene_type": scene.scene, "weather": scene.weather, "timeofday": scene.timeofday,
-                                 "num_objects": len(scene.objects)},
-                }
+                record = {"question_id": f"{scene.image_id}_{slot}", "image_id": scene.image_id,
+                          "command": c.text(phrasing), "answer": c.answer, "command_type": c.command_type,
+                          "template": c.template,
+                          "metadata": {"scene_type": scene.scene, "weather": scene.weather,
+                                       "timeofday": scene.timeofday, "num_objects": len(scene.objects)}}
                 writers[split](record)
                 if scene.image_id in collect:
                     collected.setdefault(scene.image_id, (scene.name, []))[1].append(record)

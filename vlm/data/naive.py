@@ -52,15 +52,9 @@ class NaiveTrafficVQADataset(Dataset):
         attention_mask[:len(ids)] = 1
         labels = torch.full((self.max_length,), IGNORE_INDEX, dtype=torch.int64)
         labels[len(question_ids):len(ids)] = input_ids[len(question_ids):len(ids)]
-        return {
-            "image": image,
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "prefix_length": len(question_ids),
-            "labels": labels,
-            "question_id": record["question_id"],
-            "answer": record["answer"],
-        }
+        return {"image": image, "input_ids": input_ids, "attention_mask": attention_mask,
+                "prefix_length": len(question_ids), "labels": labels, "question_id": record["question_id"],
+                "answer": record["answer"]}
 
 
 def build_naive_loader(dataset: NaiveTrafficVQADataset, batch_size: int, num_workers: int = 0, seed: int = 0,

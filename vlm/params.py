@@ -148,8 +148,7 @@ def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str, keys:
 
 
 def _check_known(cls: type, values: Mapping[str, Any], prefix: str) -> None:
-    """Every key of ``values`` (and of its mappings for dataclass fields) names a field of ``cls``; no value is
-    read."""
+    """Every key of ``values`` (and of its mappings for dataclass fields) names a field of ``cls``; no value is read."""
     fields = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(fields))
     if unknown:

@@ -163,12 +163,11 @@ class TrafficCommandTokenizer:
                      truncation: bool = True) -> dict[str, torch.Tensor]:
         """Encode many texts into right-padded tensors.
 
-        Returns ``input_ids`` int64 ``[B, L]``, ``attention_mask`` int64 ``[B, L]`` (1 on real
-        tokens) and ``length`` int64 ``[B]``. ``add_special_tokens`` wraps the words in [SOS] ... [EOS].
-        ``max_length`` (default: the tokenizer's) counts the special tokens; with ``truncation`` words
-        are cut from the end and [EOS] is kept. ``padding=True`` is dynamic: L is the longest sequence
-        rounded up to a multiple of 8, capped at ``max_length`` when truncating; ``"max_length"`` makes
-        L exactly ``max_length``.
+        Returns ``input_ids`` int64 ``[B, L]``, ``attention_mask`` int64 ``[B, L]`` (1 on real tokens) and ``length``
+        int64 ``[B]``. ``add_special_tokens`` wraps the words in [SOS] ... [EOS]. ``max_length`` (default: the
+        tokenizer's) counts the special tokens; with ``truncation`` words are cut from the end and [EOS] is kept.
+        ``padding=True`` is dynamic: L is the longest sequence rounded up to a multiple of 8, capped at ``max_length``
+        when truncating; ``"max_length"`` makes L exactly ``max_length``.
         """
         if isinstance(texts, str):
             raise TypeError("batch_encode expects a sequence of strings, got one str")

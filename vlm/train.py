@@ -188,11 +188,10 @@ def first_answer_accuracy(logits: torch.Tensor, labels: torch.Tensor, prefix_len
 
 
 class Curves:
-    """The run's per-step curves through dvclive (rank 0): every record of the history at its optimizer step,
-    in ``{live}/plots/metrics/<name>.tsv``, and the last values in ``{live}/metrics.json``, the summary that
-    ``dvc exp show`` reads while the run goes on. :meth:`update` logs the records not logged yet and rewrites
-    the summary: at every resume checkpoint and epoch end, so a resumed run writes its saved history once,
-    then appends."""
+    """The run's per-step curves through dvclive (rank 0): every record of the history at its optimizer step, in
+    ``{live}/plots/metrics/<name>.tsv``, and the last values in ``{live}/metrics.json``, the summary that
+    ``dvc exp show`` reads while the run goes on. :meth:`update` logs the records not logged yet and rewrites the
+    summary: at every resume checkpoint and epoch end, so a resumed run writes its saved history once, then appends."""
 
     def __init__(self, folder: Path):
         self.live = Live(str(folder), dvcyaml=False, save_dvc_exp=False)  # a new run: the folder starts empty
@@ -244,9 +243,8 @@ def train(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
           runtime: TrainRuntime | None = None) -> dict[str, Any]:
     """Train a VLM (or, with ``blind``, its :func:`blind_baseline`) and return its metrics.
 
-    ``frame_size``: width and height of the original frames, in which the label boxes behind the
-    perception heads' targets are given (needed when the model has heads). ``runtime``: how fast (the defaults
-    when None)."""
+    ``frame_size``: width and height of the original frames, in which the label boxes behind the perception heads'
+    targets are given (needed when the model has heads). ``runtime``: how fast (the defaults when None)."""
     if blind:
         model_params, config = blind_baseline(model_params, config)
     run = setup(model_params, config, paths, frame_size, runtime)
@@ -376,9 +374,8 @@ def resume(run: Run) -> TrainState:
 
 
 def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
-    """The optimizer steps of epoch ``state.epoch``, from batch ``state.batch`` on (a resumed run starts the
-    sampler there: the batches it trained before are not read); a resume checkpoint every ``checkpoint_every``
-    steps."""
+    """The optimizer steps of epoch ``state.epoch``, from batch ``state.batch`` on (a resumed run starts the sampler
+    there: the batches it trained before are not read); a resume checkpoint every ``checkpoint_every`` steps."""
     config, loader = run.config, run.loader
     set_epoch(loader, state.epoch, start=state.batch)
     batches = state.batch + len(loader)  # in the whole epoch
@@ -453,9 +450,8 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
 
 # The loop's helpers
 def forward_backward(run: Run, batch: Batch, *, sync_grads: bool, where: str) -> tuple[VLMOutput, torch.Tensor]:
-    """The forward and backward pass of one batch (on device): the output and the training loss (under DDP the
-    gradients are averaged over the processes only when ``sync_grads``: the last batch of an accumulation
-    window)."""
+    """The forward and backward pass of one batch (on device): the output and the training loss (under DDP the gradients
+    are averaged over the processes only when ``sync_grads``: the last batch of an accumulation window)."""
     sync = nullcontext() if sync_grads or run.dist.world_size == 1 else run.ddp_model.no_sync()
     with sync, autocast(run.device):
         output = run.ddp_model(batch, answer_only=True)

@@ -1,10 +1,9 @@
 """``TrafficVQADataset``: one sample per question over a split's commands and its packed images.
 
-Everything textual is done once at construction: each distinct question and answer string is
-tokenised once into a flat id table, so fetching a sample is an image read plus a few slices.
-Several questions share one stored image; ``__getitems__`` (the batched fetch DataLoader uses)
-reads and augments each distinct image of a batch once and hands the same tensor to all its
-questions, which the collate then stores once.
+Everything textual is done once at construction: each distinct question and answer string is tokenised once into a flat
+id table, so fetching a sample is an image read plus a few slices. Several questions share one stored image;
+``__getitems__`` (the batched fetch DataLoader uses) reads and augments each distinct image of a batch once and hands
+the same tensor to all its questions, which the collate then stores once.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Gemma-style decoder, parameter-compatible with HuggingFace ``GemmaForCausalLM`` (docs/architecture.md, the model).
 
-Attention masks are boolean ``[B, 1, Q, K]`` (True = may attend), built once per forward by
-:func:`prefix_lm_mask` and shared by all layers. Tokens live in *slots* (their index in the key
-sequence or the cache) and have *positions* (their RoPE index); the two differ only when several
-continuations share one prefix (see ``PaliGemma.answer``).
+Attention masks are boolean ``[B, 1, Q, K]`` (True = may attend), built once per forward by :func:`prefix_lm_mask` and
+shared by all layers. Tokens live in *slots* (their index in the key sequence or the cache) and have *positions* (their
+RoPE index); the two differ only when several continuations share one prefix (see ``PaliGemma.answer``).
 """
 
 from __future__ import annotations
@@ -235,11 +234,10 @@ class GemmaModel(nn.Module):
     def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 cache: KVCache | None = None, cache_slots: torch.Tensor | None = None,
                 output_attentions: bool = False, output_slots: torch.Tensor | None = None):
-        """``inputs_embeds`` ``[B, S, D]`` (already scaled), ``position_ids`` ``[B, S]``, ``attention_mask``
-        bool ``[B, 1, S, K]``; with a ``cache``, ``cache_slots`` ``[B, S]`` says where each token goes.
-        Returns the normed hidden states ``[B, Q, D]`` of the tokens at ``output_slots`` ``[B, Q]`` (None: all
-        S; the last layer computes nothing else: the other tokens only feed its keys and values), and the
-        per-layer attention probabilities."""
+        """``inputs_embeds`` ``[B, S, D]`` (already scaled), ``position_ids`` ``[B, S]``, ``attention_mask`` bool
+        ``[B, 1, S, K]``; with a ``cache``, ``cache_slots`` ``[B, S]`` says where each token goes. Returns the normed
+        hidden states ``[B, Q, D]`` of the tokens at ``output_slots`` ``[B, Q]`` (None: all S; the last layer computes
+        nothing else: the other tokens only feed its keys and values), and the per-layer attention probabilities."""
         rotary = self.rotary_emb(position_ids)
         hidden_states = inputs_embeds
         attentions = []

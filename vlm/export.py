@@ -262,8 +262,7 @@ def _numbers(values: list[float]) -> str:
 
 
 def export(checkpoint: str | Path, out: str | Path) -> Path:
-    """Write the transformers folder of the model ``checkpoint`` at ``out`` (whole or not at all) and return it.
-
+    """Write the transformers folder of the model ``checkpoint`` at ``out`` (whole or not at all) and return it:
     ``out`` may be a new folder or an earlier export (replaced); a folder holding anything else is refused."""
     out = Path(out)
     if out.exists() and not (out.is_dir() and {p.name for p in out.iterdir()} <= set(FILES)):

@@ -161,14 +161,11 @@ class TrafficCommandTokenizer:
     def batch_encode(self, texts: Sequence[str], add_special_tokens: bool = True,
                      padding: Literal[True, "max_length"] = True, max_length: int | None = None,
                      truncation: bool = True) -> dict[str, torch.Tensor]:
-        """Encode many texts into right-padded tensors.
-
-        Returns ``input_ids`` int64 ``[B, L]``, ``attention_mask`` int64 ``[B, L]`` (1 on real tokens) and ``length``
-        int64 ``[B]``. ``add_special_tokens`` wraps the words in [SOS] ... [EOS]. ``max_length`` (default: the
-        tokenizer's) counts the special tokens; with ``truncation`` words are cut from the end and [EOS] is kept.
-        ``padding=True`` is dynamic: L is the longest sequence rounded up to a multiple of 8, capped at ``max_length``
-        when truncating; ``"max_length"`` makes L exactly ``max_length``.
-        """
+        """Encode many texts into right-padded tensors: ``input_ids`` int64 ``[B, L]``, ``attention_mask`` int64
+        ``[B, L]`` (1 on real tokens) and ``length`` int64 ``[B]``. ``add_special_tokens`` wraps the words in
+        [SOS] ... [EOS]. ``max_length`` (default: the tokenizer's) counts the special tokens; with ``truncation`` words
+        are cut from the end and [EOS] is kept. ``padding=True`` is dynamic: L is the longest sequence rounded up to a
+        multiple of 8, capped at ``max_length`` when truncating; ``"max_length"`` makes L exactly ``max_length``."""
         if isinstance(texts, str):
             raise TypeError("batch_encode expects a sequence of strings, got one str")
         if padding not in (True, "max_length"):

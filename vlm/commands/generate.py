@@ -168,10 +168,9 @@ class _Picked:
 
 def _trim(groups: np.ndarray, answers: np.ndarray, answer_names: list[str], keep: np.ndarray, tolerance: float,
           rng: np.random.Generator) -> None:
-    """Clear ``keep`` of questions until, in every group, the top answer is at most ``tolerance`` x the runner-up.
-
-    ``groups`` and ``answers`` are codes per question; groups are visited in the order they first occur among
-    the kept questions, and ties between answers go to the answer name that sorts first."""
+    """Clear ``keep`` of questions until, in every group, the top answer is at most ``tolerance`` x the runner-up
+    (``groups`` and ``answers``: codes per question); groups are visited in the order they first occur among the
+    kept questions, and ties between answers go to the answer name that sorts first."""
     kept = np.flatnonzero(keep)
     group_of_kept = groups[kept]
     _, first = np.unique(group_of_kept, return_index=True)

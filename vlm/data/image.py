@@ -25,10 +25,8 @@ MAX_IMAGE_PIXELS = 50_000_000
 
 
 def decode_image(path: str | os.PathLike | IO[bytes], image_size: int, resample: str = "bicubic") -> np.ndarray:
-    """Decode any PIL-readable image to RGB uint8 ``[S, S, 3]``, squashed to ``S x S``.
-
-    EXIF orientation is deliberately not applied: label boxes are in stored-pixel coordinates.
-    """
+    """Decode any PIL-readable image to RGB uint8 ``[S, S, 3]``, squashed to ``S x S``. EXIF orientation is
+    deliberately not applied: label boxes are in stored-pixel coordinates."""
     try:
         with Image.open(path) as image:
             width, height = image.size

@@ -1,9 +1,8 @@
 """``Batch``: the tensors the loader hands to the model, and that training and evaluation pass around.
 
-Each distinct image of a batch is stored once (``images``) and every question points at its image
-through ``image_index``, so the vision encoder runs once per image. Sequences are
-``[SOS] question [SEP] answer [EOS]``, right-padded; ``prefix_lengths`` counts the question tokens up
-to and including ``[SEP]``.
+Each distinct image of a batch is stored once (``images``) and every question points at its image through
+``image_index``, so the vision encoder runs once per image. Sequences are ``[SOS] question [SEP] answer [EOS]``,
+right-padded; ``prefix_lengths`` counts the question tokens up to and including ``[SEP]``.
 """
 
 from __future__ import annotations

@@ -11,10 +11,8 @@ from pathlib import Path
 
 
 def run(main: Callable[[], object]) -> None:
-    """Call ``main``; a ``ValueError`` or ``OSError`` (bad params, labels, files) exits 1 with its message.
-
-    Set ``VLM_DEBUG=1`` to get the full traceback instead.
-    """
+    """Call ``main``; a ``ValueError`` or ``OSError`` (bad params, labels, files) exits 1 with its message
+    (``VLM_DEBUG=1``: the full traceback instead)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         main()
@@ -38,12 +36,10 @@ def relaunch_distributed(nproc: int, module: str, argv: Sequence[str]) -> None:
 
 
 def in_repository(path: str | os.PathLike) -> Path:
-    """``path``, relative to the stage's folder as its command names it, in the repository DVC runs the stage for.
-
-    A queued (or ``--temp``) experiment runs in a temporary copy of the repository under ``.dvc/tmp/exps``, which
-    DVC deletes when the run ends, killed or not; DVC sets ``DVC_ROOT`` to the repository the experiment belongs
-    to. So what must outlive the run (training's resume checkpoints) goes there, at the same place relative to
-    it. In the workspace, by hand, or for an absolute ``path``: ``path`` as it is."""
+    """``path`` (relative to the stage's folder) in the repository DVC runs the stage for: a queued or ``--temp``
+    experiment runs in a temporary copy under ``.dvc/tmp/exps``, deleted when the run ends, killed or not, so what
+    must outlive the run (resume checkpoints) goes to ``DVC_ROOT``, the experiment's repository, at the same place.
+    In the workspace, by hand, or for an absolute ``path``: ``path`` as it is."""
     path, root = Path(path), os.environ.get("DVC_ROOT")
     here = Path.cwd().resolve()
     copy = next((folder for folder in (here, *here.parents) if (folder / ".dvc").is_dir()), None)

@@ -1,17 +1,11 @@
 """Counterfactual consistency: change one thing in a test scene, and check that the model's answers change
 exactly where the answer rules say they must.
 
-A seeded sample of synthetic test scenes is re-rendered from each scene's seed and once per edit of
-:mod:`vlm.scenes.edits`; both images reach the model as the packed data would hold them (saved as JPEGs of
-``scenes.jpeg_quality``, decoded as the pack stage does). Every question the templates can ask of both scenes
-is answered by the rules on each: a question whose answer differs *must change*, the others *must not*. Each
-pair is asked all its must-change questions among those seen in training, and up to ``unchanged_per_pair``
-must-not ones (seeded). Per edit this gives the accuracy on the originals and on the edits, the consistency
-(right on both) and how often the model's answer changed when it had to and stayed when it had to.
-
-The consistency per edit is the headline (``metrics/counterfactuals.json``, a DVC metric: a column each in
-``dvc exp show``); the whole summary per edit is ``metrics/counterfactuals/summary.json``, an output compared on
-request (``dvc metrics show/diff --targets``).
+Seeded test scenes are re-rendered from their seeds, once as stored and once per edit of :mod:`vlm.scenes.edits`,
+and both images reach the model as the packed data would hold them. A question whose rule-derived answer differs
+between the two *must change*, the others *must not*; each pair is asked all its must-change questions seen in
+training and up to ``unchanged_per_pair`` must-not ones. The consistency per edit (right on both) is the headline;
+the rest of the summary and the outputs: docs/architecture.md (counterfactuals).
 """
 
 from __future__ import annotations
@@ -86,11 +80,6 @@ def pair_questions(pair: Pair, width: float, height: float, options: TemplateOpt
     return rows
 
 
-def asked_in(records: list[dict]) -> set:
-    """(template, frozenset of params) of every question in ``records``."""
-    return {(r["template"], frozenset(TEMPLATES[r["template"]].parse(r["command"]).items())) for r in records}
-
-
 def answer_pairs(loaded: LoadedModel, pairs: list[Pair], questions: list[list[dict]], jpeg_quality: int,
                  batch_size: int, device: torch.device) -> list[tuple[list[str], list[str]]]:
     """The model's answers to each pair's questions on the original and on the edited image, both saved as
@@ -146,18 +135,6 @@ def summarize(table: pd.DataFrame, edits: list[str]) -> dict[str, dict[str, Any]
     return out
 
 
-def headline(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """What ``dvc exp show`` compares of a summary: the consistency (right on both images) per edit."""
-    return {"consistency": {edit: rates["consistency"] for edit, rates in summary.items()}}
-
-
-def sample_test_images(test_records: list[dict], samples: int, seed: int) -> list[str]:
-    image_ids = sorted({r["image_id"] for r in test_records})
-    if samples >= len(image_ids):
-        return image_ids
-    return sorted(np.random.default_rng(seed).choice(image_ids, samples, replace=False).tolist())
-
-
 @dataclass
 class CounterfactualsPaths:
     model: Path = Path("models/vlm.pt")
@@ -182,12 +159,15 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
         return {}
     device = pick_device()
     loaded = load_model(paths.model, paths.data / "vocab.json", device)
-    test = read_commands(paths.data / "commands" / "test.json", FIELDS)
-    image_ids = sample_test_images(test, config.samples, config.seed)
+    image_ids = sorted({r["image_id"] for r in read_commands(paths.data / "commands" / "test.json", FIELDS)})
+    if config.samples < len(image_ids):
+        image_ids = sorted(np.random.default_rng(config.seed).choice(image_ids, config.samples, replace=False).tolist())
     labels = {scene.image_id: scene for scene in raw.scenes}
     pairs = make_pairs(tqdm(image_ids, desc="render", disable=not progress), scenes.seed, labels,
                        scenes.render_config, config.edits, config.seed)
-    asked = asked_in(read_commands(paths.data / "commands" / "train.json", FIELDS))
+    # (template, frozenset of params) of every question asked in training
+    asked = {(r["template"], frozenset(TEMPLATES[r["template"]].parse(r["command"]).items()))
+             for r in read_commands(paths.data / "commands" / "train.json", FIELDS)}
     rng = np.random.default_rng(config.seed)
     questions = [pair_questions(pair, raw.width, raw.height, commands.template_options, asked, set(loaded.answers),
                                 config.unchanged_per_pair, rng) for pair in pairs]
@@ -204,11 +184,12 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
 
 def write_outputs(metrics: dict, table: pd.DataFrame, shown: list[tuple[Pair, Any]], paths: CounterfactualsPaths,
                   empty_note: str) -> None:
+    summary = metrics["counterfactuals"]
     write_json(paths.details, metrics)
-    write_json(paths.metrics, headline(metrics["counterfactuals"]))
+    # the headline, what ``dvc exp show`` compares: the consistency (right on both images) per edit
+    write_json(paths.metrics, {"consistency": {edit: rates["consistency"] for edit, rates in summary.items()}})
     with atomic_path(paths.table) as tmp:
         table.to_csv(tmp, index=False)
-    summary = metrics["counterfactuals"]
     plots.save_figure(plots.counterfactuals_figure(summary) if summary else plots.note_figure(empty_note), paths.plot)
     if shown:
         plots.save_image(plots.counterfactual_sheet(shown), paths.sheet)

@@ -1,15 +1,9 @@
 """The ``evaluate`` stage: the VLM and its blind baseline on the test split, side by side.
 
-Headline metrics (``metrics/eval.json``, what ``dvc exp show`` and ``dvc metrics diff`` compare): exact-match
-accuracy overall and per command type, macro-F1 over the answer set and the expected calibration error of
-the answer probabilities, for the VLM and for the blind (text-only) baseline, and the gain from vision. Not
-DVC metrics (no column each in ``dvc exp show``), compared on request with ``dvc metrics show/diff --targets``:
-the slices (``metrics/eval/slices.json``: each model's accuracy per condition, time of day, weather, scene,
-objects in the frame, the governing light, the category asked about: :mod:`vlm.slices`) and the detail
-(``metrics/eval/details.json``: the split's question counts, per type and per slice, accuracy per answer, the
-yes/no/maybe confusion matrices, the reliability bins and the gain per type). Tables for ``dvc plots`` and
-pictures for people: per-type and per-slice bars and the confusion matrix, the slices, the reliability
-diagram, attention maps over the image, a contact sheet of failures.
+Headline metrics (``metrics/eval.json``, a column each in ``dvc exp show``): exact-match accuracy overall and per
+command type, macro-F1 and the expected calibration error of each model, and the gain from vision. Beside them,
+compared on request (``dvc metrics show/diff --targets``): the slices (accuracy per condition, :mod:`vlm.slices`)
+and the detail; then tables for ``dvc plots`` and pictures. What each file holds: docs/architecture.md (evaluate).
 """
 
 from __future__ import annotations
@@ -94,11 +88,8 @@ def yes_no_maybe_pairs(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarize(table: pd.DataFrame) -> dict[str, Any]:
-    """Accuracy overall / per type / per answer, macro-F1, and the yes/no/maybe confusion matrix.
-
-    The matrix has a row per actual answer (yes, no, maybe) and a column per prediction (yes, no,
-    maybe, other): each row sums to that answer's questions.
-    """
+    """Accuracy overall / per type / per answer, macro-F1, the calibration, and the yes/no/maybe confusion matrix: a
+    row per actual answer, a column per prediction (yes, no, maybe, other), each row summing to its questions."""
     pairs = yes_no_maybe_pairs(table)
     predicted = [*YES_NO_MAYBE, OTHER]
     matrix = (confusion_matrix(pairs["actual"], pairs["predicted"], labels=predicted)[: len(YES_NO_MAYBE)]
@@ -116,12 +107,9 @@ def summarize(table: pd.DataFrame) -> dict[str, Any]:
 
 
 def calibration(confidence: np.ndarray, correct: np.ndarray, bins: int = CALIBRATION_BINS) -> dict[str, Any]:
-    """Expected calibration error of the predicted answers' probabilities and the reliability bins.
-
-    The questions are binned by the probability of the answer given (equal-width bins over [0, 1]); ECE is
-    the question-weighted mean of |accuracy - mean probability| over the bins: 0 when a probability of p is
-    right p of the time.
-    """
+    """Expected calibration error of the predicted answers' probabilities (``confidence``, binned in equal-width
+    bins over [0, 1]): the question-weighted mean of |accuracy - mean probability| over the bins, 0 when a
+    probability of p is right p of the time; and the reliability bins."""
     index = np.clip((confidence * bins).astype(int), 0, bins - 1)
     rows, ece = [], 0.0
     for b in range(bins):
@@ -223,13 +211,9 @@ def _keyed(per_dimension: dict[str, dict]) -> dict[str, dict]:
 def _pick(table: pd.DataFrame, n: int, seed: int) -> list[int]:
     """Up to ``n`` row labels, taken in turn from each command type (seeded)."""
     rng = np.random.default_rng(seed)
-    groups = [list(rng.permutation(g.index.to_numpy())) for _, g in table.groupby("command_type")]
-    picks: list[int] = []
-    while len(picks) < n and any(groups):
-        for group in groups:
-            if group and len(picks) < n:
-                picks.append(int(group.pop(0)))
-    return picks
+    turns = [(turn, t, int(label)) for t, (_, group) in enumerate(table.groupby("command_type"))
+             for turn, label in enumerate(rng.permutation(group.index.to_numpy()))]  # each type's rows, shuffled
+    return [label for _, _, label in sorted(turns)[:n]]
 
 
 @torch.no_grad()

@@ -1,22 +1,9 @@
 """Export a trained model for transformers: a folder that ``PaliGemmaForConditionalGeneration`` and
-``AutoProcessor`` (or ``AutoTokenizer`` alone) load, with no code of this project.
+``AutoProcessor`` (or ``AutoTokenizer`` alone) load, with no code of this project (:data:`FILES`, each described by
+the function that writes it): ``python -m vlm.export --checkpoint models/vlm.pt --out models/hf``.
 
-    python -m vlm.export --checkpoint models/vlm.pt --out models/hf
-
-The folder holds::
-
-    model.safetensors       the weights under transformers' names (the core's own: docs/architecture.md), the LM
-                            head left out as transformers saves it (tied to the token embeddings)
-    config.json             PaliGemmaConfig: the SigLIP vision_config, the Gemma text_config, image_token_index
-    generation_config.json  greedy, [EOS] ends the answer, at most the longest answer's tokens
-    tokenizer.json          the word tokenizer of vlm/tokenizer.py as a ``tokenizers`` WordLevel model
-    tokenizer_config.json   its special tokens, for ``PreTrainedTokenizerFast``
-    processor_config.json   PaliGemmaProcessor: SigLIP's image processor at the packed size, mean/std and filter
-    README.md               the model card: data, model, metrics
-
-Only the plain design is transformers' PaliGemma (perception off, the linear connector without pixel shuffle, an
-image encoder): :func:`departures` lists everything else, and the export stops with one line naming what to
-change. The folder is written whole or not at all (a temporary folder renamed into place).
+Only the plain design is transformers' PaliGemma: :func:`departures` lists everything else, and the export stops
+with one line naming what to change. The folder is written whole or not at all.
 
 Token layout. Ours is ``[image tokens | [SOS] question [SEP] | answer [EOS]]``; transformers' PaliGemma reads
 ``<image> x T`` placeholders (the reserved id 8, ``image_token_index``), which it replaces by the image tokens,
@@ -70,9 +57,6 @@ FILES = ("model.safetensors", "config.json", "generation_config.json", "tokenize
          "processor_config.json", "README.md")
 
 
-# ------------------------------------------------------------------------------------------- what exports
-
-
 @dataclass(frozen=True)
 class Departure:
     reason: str  # what the model computes that transformers' PaliGemma does not
@@ -113,9 +97,6 @@ def check_exportable(config: VLMConfig, source: str | Path) -> None:
     if overrides:
         message += ". Train one that can with: dvc exp run " + " ".join(f"-S {shlex.quote(o)}" for o in overrides)
     raise ValueError(message)
-
-
-# ------------------------------------------------------------------------------------------- the files
 
 
 def hf_config(config: VLMConfig) -> dict[str, Any]:
@@ -282,12 +263,8 @@ def _numbers(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:.3f}" for v in values) + "]"
 
 
-# ------------------------------------------------------------------------------------------- writing
-
-
 def export(checkpoint: str | Path, out: str | Path) -> Path:
-    """Write the transformers folder of the model ``checkpoint`` at ``out`` (whole or not at all) and return it.
-
+    """Write the transformers folder of the model ``checkpoint`` at ``out`` (whole or not at all) and return it:
     ``out`` may be a new folder or an earlier export (replaced); a folder holding anything else is refused."""
     out = Path(out)
     if out.exists() and not (out.is_dir() and {p.name for p in out.iterdir()} <= set(FILES)):

@@ -16,10 +16,8 @@ from vlm.processor import Processor
 @torch.no_grad()
 def predict_dataset(model, dataset: TrafficVQADataset, candidates: list[list[int]], batch_size: int,
                     device: torch.device) -> tuple[np.ndarray, np.ndarray]:
-    """Index of the most probable candidate ``[Q]`` and the candidate probabilities ``[Q, C]`` per question.
-
-    Questions of one image share a batch, so each image is encoded once.
-    """
+    """Index of the most probable candidate ``[Q]`` and the candidate probabilities ``[Q, C]`` per question (an
+    image's questions share a batch, so each image is encoded once)."""
     probs = np.zeros((len(dataset), len(candidates)), dtype=np.float32)
     for indices in GroupedBatchSampler(dataset.image_rows, batch_size, shuffle=False):
         batch = collate_questions(dataset.__getitems__(indices), dataset.pad_token_id).to(device)

@@ -1,9 +1,6 @@
-"""Atomic, deterministic file output.
-
-Every stage writes through these helpers so that a failed or killed stage never leaves a
-half-written file that looks valid: content goes to a temporary sibling first and is moved
-into place with ``os.replace`` (atomic on POSIX within one filesystem).
-"""
+"""Atomic, deterministic file output: every stage writes through these helpers, so that a failed or killed stage
+never leaves a half-written file that looks valid (content goes to a temporary sibling first and is moved into
+place with ``os.replace``, atomic on POSIX within one filesystem)."""
 
 from __future__ import annotations
 
@@ -24,14 +21,11 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EAC
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success move it onto ``path``.
-
-    Works for files and directories: the caller creates whatever it likes at the yielded
-    path. On any exception the temporary is removed and ``path`` is left untouched; a full disk
-    or an unwritable folder is re-raised as an ``OSError`` that names ``path``. The temporary's
-    name carries the writer's pid (``.{name}.{pid}.{random}.tmp``), so temporaries left by a
-    killed process (no ``finally`` runs on SIGKILL) are removed by the next write of ``path``.
-    """
+    """Yield a temporary path next to ``path`` (the caller creates a file or a folder there); on success move it onto
+    ``path``. On any exception the temporary is removed and ``path`` left untouched; a full disk or an unwritable
+    folder is re-raised as an ``OSError`` that names ``path``. The temporary's name carries the writer's pid
+    (``.{name}.{pid}.{random}.tmp``), so those of a killed process (no ``finally`` runs on SIGKILL) are removed by
+    the next write of ``path``."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

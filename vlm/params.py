@@ -1,14 +1,9 @@
 """Reading ``params.yaml`` and validating its sections before any expensive work starts.
 
-``load_params`` returns a read-only :class:`Params` view that records every key the process reads; inside
-``with recording_reads() as reads:`` the keys read from every params file loaded in the block are added to
-``reads``. tests/test_stage_params.py checks them against the params each stage declares in dvc.yaml.
-
-Two kinds of settings live in params.yaml. A stage section (``scenes``, ``train``, ...) holds what a stage's
-outputs depend on: dvc.yaml declares each key a stage reads, so changing one re-runs it. ``runtime`` holds what
-changes only how fast a stage runs (worker processes, threads, checkpoint spacing): no stage declares it, so
-changing one (``dvc exp run -S runtime.train.threads=4``) re-runs nothing and keeps training's resume checkpoint
-(:func:`runtime_section`).
+``load_params`` returns a read-only :class:`Params` view that records every key the process reads (inside
+``with recording_reads() as reads:``, into ``reads``): tests/test_stage_params.py checks them against the params
+each stage declares in dvc.yaml. The ``runtime`` section holds what changes only how fast a stage runs, which no
+stage declares (:func:`runtime_section`; docs/architecture.md, "Speed settings").
 """
 
 from __future__ import annotations
@@ -129,14 +124,10 @@ def check(condition: bool, key: str, rule: str) -> None:
 
 
 def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str, keys: Iterable[str] | None = None):
-    """Build the dataclass ``cls`` from a params mapping, rejecting unknown keys and wrong types.
-
-    ``prefix`` is the dotted params path (``"model.vision"``) used in error messages. Fields
-    whose type is itself a dataclass are built recursively from nested mappings. After
-    construction, the dataclass's own ``validate()`` (if any) runs. With ``keys`` (dotted for nested
-    fields: ``augment.hflip_prob``) only those values are read, the other fields keep their defaults: a stage
-    that uses part of a section (every key of ``values`` is still checked to be a field).
-    """
+    """Build the dataclass ``cls`` from a params mapping (``prefix``: its dotted path, for errors), rejecting unknown
+    keys and wrong types, building dataclass fields from nested mappings, then running its ``validate()``. With
+    ``keys`` (dotted for nested fields: ``augment.hflip_prob``) only those values are read, the other fields keep
+    their defaults: a stage that uses part of a section (every key of ``values`` is still checked to be a field)."""
     values = values or {}
     _check_known(cls, values, prefix)
     values = dict(values if keys is None else pick(values, keys))
@@ -157,8 +148,7 @@ def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str, keys:
 
 
 def _check_known(cls: type, values: Mapping[str, Any], prefix: str) -> None:
-    """Every key of ``values`` (and of its mappings for dataclass fields) names a field of ``cls``; no value is
-    read."""
+    """Every key of ``values`` (and of its mappings for dataclass fields) names a field of ``cls``; no value is read."""
     fields = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(fields))
     if unknown:

@@ -1,19 +1,11 @@
-"""Robustness slices: the conditions each test question was asked under, computed from the scene labels.
+"""Robustness slices: the conditions each test question was asked under, computed from the scene labels only, so
+that synthetic and BDD100K frames go through the same code.
 
-Every question gets a value per dimension that applies to it (``None`` where it does not):
-
-- ``timeofday``, ``weather``, ``scene``: the frame's attributes;
-- ``objects``: how many labelled objects the frame holds, in :data:`OBJECT_BINS`;
-- ``light`` (traffic-light and safety questions): the light that governs the car (:func:`rules.governing_light`)
-  is ``near`` or ``far`` (shorter than :data:`FAR_LIGHT` of the frame height), or there is none to read:
-  ``unreadable`` (every light occluded or unlit) or ``no light``;
-- ``occluded_light`` (same questions): whether the frame holds an occluded traffic light, which the rules
-  ignore but a model may read;
-- ``detection_category``, ``counting_category``: what a detection or counting question asks about;
-- ``spatial_sides`` (spatial questions): whether the category asked about is in the left and right thirds
-  (``both``), in neither, or on ``one side`` only, the only case where the side has to be read.
-
-Synthetic frames and BDD100K frames go through the same code: only labels are read.
+Every question gets a value per dimension that applies to it (``None`` where it does not): the frame's attributes,
+its labelled objects (:data:`OBJECT_BINS`), for light-dependent questions the governing light (near, far, unreadable
+or none) and whether an occluded light is there, which the rules ignore but a model may read, the category a
+detection or counting question asks about, and for spatial ones whether that category is in both side thirds, one
+or neither (docs/architecture.md, evaluate).
 """
 
 from __future__ import annotations

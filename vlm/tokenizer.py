@@ -1,26 +1,13 @@
 """Word-level tokenizer for traffic commands and the vocabulary it is built from.
 
-Traffic commands come from a few hundred templates ("How many cars are there?"), so a closed
-word vocabulary built from the train split covers them: no sub-word merges are needed, and an
-id is a whole word a person can read back.
-
-Ids (the contract with the model and docs/architecture.md)::
+Traffic commands come from a few hundred templates, so a closed word vocabulary built from the train split covers
+them: no sub-word merges are needed, and an id is a whole word a person can read back. The ids (the contract with
+the model), the normalisation and ``vocab.json`` are in docs/architecture.md (build_vocab)::
 
     [PAD]=0 [UNK]=1 [SOS]=2 [EOS]=3 [YES]=4 [NO]=5 [MAYBE]=6 [SEP]=7, 8-9 reserved, words from 10
 
-Text is normalised before it is split: Unicode NFKC (full-width letters, ligatures and
-compatibility punctuation become their plain forms), then lower case; the punctuation marks
-``? . , !`` become tokens of their own and any run of whitespace separates words. The words
-"yes", "no" and "maybe" *are* the answer tokens ``[YES]``/``[NO]``/``[MAYBE]``: there is one id
-for each, whether it appears in a question or as an answer.
-
-Usage::
-
-    tokenizer = TrafficCommandTokenizer.build_vocab(train_commands, min_freq=1, max_vocab_size=1000)
-    tokenizer.save_vocab("data/processed/vocab.json")
-    tokenizer = TrafficCommandTokenizer.from_file("data/processed/vocab.json")
-    batch = tokenizer.batch_encode(["Is there a bus?", "How many cars are there?"])
-    batch["input_ids"]  # int64 [2, 8]
+The words "yes", "no" and "maybe" *are* the answer tokens ``[YES]``/``[NO]``/``[MAYBE]``: there is one id for
+each, whether it appears in a question or as an answer.
 """
 
 from __future__ import annotations
@@ -105,12 +92,9 @@ class CoverageReport:
 
 
 class TrafficCommandTokenizer:
-    """Word-level tokenizer with a fixed special-token layout; see the module docstring.
-
-    Encoding: :meth:`encode_question` and :meth:`encode_answer` give the ids the VLM reads and learns,
-    :meth:`batch_encode` padded ``[SOS] ... [EOS]`` tensors. Decoding: :meth:`decode_answer` reads an
-    answer back (e.g. from ``PaliGemma.generate``); [UNK] stays visible as "[UNK]".
-    """
+    """Word-level tokenizer with a fixed special-token layout: :meth:`encode_question` and :meth:`encode_answer` give
+    the ids the VLM reads and learns, :meth:`batch_encode` padded ``[SOS] ... [EOS]`` tensors, :meth:`decode_answer`
+    reads an answer back (e.g. from ``PaliGemma.generate``; [UNK] stays visible as "[UNK]")."""
 
     def __init__(self, vocab: dict[str, int], *, max_length: int | None = 32, statistics: dict | None = None,
                  config: dict | None = None):
@@ -129,19 +113,13 @@ class TrafficCommandTokenizer:
         self._encode_cache: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {}
         self.unknown_word_counts: Counter[str] = Counter()  # occurrences of each word mapped to [UNK]
 
-    # ------------------------------------------------------------------ building
-
     @classmethod
     def build_vocab(cls, commands: Sequence[dict], min_freq: int = 1, max_vocab_size: int = 1000,
                     max_length: int = 32, source: str = "commands") -> TrafficCommandTokenizer:
-        """Build the vocabulary from command records (``command`` and ``answer`` fields).
-
-        Words are ordered by frequency (commands and answers counted together), ties
-        alphabetically. Kept whatever their count: the punctuation marks, the contract answer
-        words (colours, digits) and every answer word of ``commands``. Other words need
-        ``min_freq`` occurrences and are cut, least frequent first, to fit ``max_vocab_size`` ids.
-        ``source`` names the input in error messages (e.g. the file path).
-        """
+        """Build the vocabulary from command records (``command`` and ``answer`` fields; ``source`` names them in
+        errors). Words are ordered by frequency (commands and answers counted together), ties alphabetically. Kept
+        whatever their count: the punctuation marks, the contract answer words (colours, digits) and every answer
+        word of ``commands``; other words need ``min_freq`` occurrences and are cut, least frequent first, to fit."""
         VocabConfig(min_freq, max_vocab_size, max_length).validate("vocab")
         check_commands(commands, source, _TEXT_FIELDS)
         counts: Counter[str] = Counter()
@@ -155,10 +133,8 @@ class TrafficCommandTokenizer:
         required = (set(PUNCTUATION) | set(CONTRACT_ANSWER_WORDS) | answer_words) - ANSWER_TOKEN_WORDS.keys()
         room = max_vocab_size - FIRST_WORD_ID - len(required)
         if room < 0:
-            raise ValueError(
-                f"{source}: max_vocab_size={max_vocab_size} leaves no room for the {len(required)} "
-                f"punctuation and answer words that must be in the vocabulary"
-            )
+            raise ValueError(f"{source}: max_vocab_size={max_vocab_size} leaves no room for the {len(required)} "
+                             f"punctuation and answer words that must be in the vocabulary")
         candidates = [w for w in counts if w not in required and w not in ANSWER_TOKEN_WORDS]
         frequent = sorted((w for w in candidates if counts[w] >= min_freq), key=lambda w: (-counts[w], w))
         words = sorted(required | set(frequent[:room]), key=lambda w: (-counts[w], w))
@@ -168,18 +144,12 @@ class TrafficCommandTokenizer:
         tokenizer = cls(vocab, max_length=max_length, config=config)
         report = tokenizer.coverage(_command_texts(commands))
         tokenizer.statistics = {
-            "num_commands": len(commands),
-            "num_tokens": sum(counts.values()),
-            "num_distinct_tokens": len(counts),
-            "num_words": len(words),
-            "num_dropped_min_freq": sum(1 for w in candidates if counts[w] < min_freq),
-            "num_dropped_max_size": max(0, len(frequent) - room),
-            "coverage_pct": round(report.coverage_pct, 4),
+            "num_commands": len(commands), "num_tokens": sum(counts.values()), "num_distinct_tokens": len(counts),
+            "num_words": len(words), "num_dropped_min_freq": sum(1 for w in candidates if counts[w] < min_freq),
+            "num_dropped_max_size": max(0, len(frequent) - room), "coverage_pct": round(report.coverage_pct, 4),
             "most_common": [[w, counts[w]] for w in words[:20] if counts[w] > 0],
         }
         return tokenizer
-
-    # ------------------------------------------------------------------ text <-> tokens
 
     @staticmethod
     def tokenize(text: str) -> list[str]:
@@ -188,20 +158,14 @@ class TrafficCommandTokenizer:
             raise TypeError(f"tokenize expects a str, got {type(text).__name__}")
         return _TOKEN_RE.findall(unicodedata.normalize("NFKC", text).lower())
 
-    # ------------------------------------------------------------------ encoding
-
     def batch_encode(self, texts: Sequence[str], add_special_tokens: bool = True,
                      padding: Literal[True, "max_length"] = True, max_length: int | None = None,
                      truncation: bool = True) -> dict[str, torch.Tensor]:
-        """Encode many texts into right-padded tensors.
-
-        Returns ``input_ids`` int64 ``[B, L]``, ``attention_mask`` int64 ``[B, L]`` (1 on real
-        tokens) and ``length`` int64 ``[B]``. ``add_special_tokens`` wraps the words in [SOS] ... [EOS].
-        ``max_length`` (default: the tokenizer's) counts the special tokens; with ``truncation`` words
-        are cut from the end and [EOS] is kept. ``padding=True`` is dynamic: L is the longest sequence
-        rounded up to a multiple of 8, capped at ``max_length`` when truncating; ``"max_length"`` makes
-        L exactly ``max_length``.
-        """
+        """Encode many texts into right-padded tensors: ``input_ids`` int64 ``[B, L]``, ``attention_mask`` int64
+        ``[B, L]`` (1 on real tokens) and ``length`` int64 ``[B]``. ``add_special_tokens`` wraps the words in
+        [SOS] ... [EOS]. ``max_length`` (default: the tokenizer's) counts the special tokens; with ``truncation`` words
+        are cut from the end and [EOS] is kept. ``padding=True`` is dynamic: L is the longest sequence rounded up to a
+        multiple of 8, capped at ``max_length`` when truncating; ``"max_length"`` makes L exactly ``max_length``."""
         if isinstance(texts, str):
             raise TypeError("batch_encode expects a sequence of strings, got one str")
         if padding not in (True, "max_length"):
@@ -268,8 +232,6 @@ class TrafficCommandTokenizer:
             self.unknown_word_counts[word] += 1
         return entry[0]
 
-    # ------------------------------------------------------------------ decoding
-
     def decode_answer(self, ids: Iterable[int] | torch.Tensor | np.ndarray) -> str:
         """Inverse of :meth:`encode_answer`: words up to the first [EOS], [YES] -> "yes" etc., punctuation
         attached to the word before."""
@@ -287,16 +249,12 @@ class TrafficCommandTokenizer:
                 words.append(self._id_to_text[token_id])
         return "".join(w if not i or w in PUNCTUATION else " " + w for i, w in enumerate(words))
 
-    # ------------------------------------------------------------------ coverage
-
     def coverage(self, texts: Iterable[str], top_k: int = 10) -> CoverageReport:
         """Share of the tokens of ``texts`` that have an id (no logging, no counting side effects)."""
         counts = Counter(itertools.chain.from_iterable(map(self.tokenize, texts)))
         oov = {w: c for w, c in counts.items() if w not in self._word_to_id}
         top_oov = sorted(oov.items(), key=lambda wc: (-wc[1], wc[0]))[:top_k]
         return CoverageReport(sum(counts.values()), sum(oov.values()), top_oov, len(oov))
-
-    # ------------------------------------------------------------------ properties
 
     @property
     def vocab_size(self) -> int:
@@ -314,28 +272,17 @@ class TrafficCommandTokenizer:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size}, max_length={self.max_length})"
 
-    # ------------------------------------------------------------------ files
-
     def save_vocab(self, path: str | os.PathLike) -> None:
-        """Write ``vocab.json`` atomically (layout: see :meth:`from_file`)."""
-        write_json(path, {
-            "format_version": VOCAB_FORMAT_VERSION,
-            "vocab_size": self.vocab_size,
-            "special_tokens": dict(SPECIAL_TOKENS),
-            "vocab": {token: i for i, token in enumerate(self._id_to_token)},
-            "config": self.config,
-            "statistics": self.statistics,
-        })
+        """Write ``vocab.json`` atomically (its keys: docs/architecture.md, build_vocab)."""
+        write_json(path, {"format_version": VOCAB_FORMAT_VERSION, "vocab_size": self.vocab_size,
+                          "special_tokens": dict(SPECIAL_TOKENS),
+                          "vocab": {token: i for i, token in enumerate(self._id_to_token)},
+                          "config": self.config, "statistics": self.statistics})
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> TrafficCommandTokenizer:
-        """Read a ``vocab.json`` written by :meth:`save_vocab`, validating it.
-
-        Keys: ``format_version``, ``vocab_size``, ``special_tokens``, ``vocab`` (token -> id, ids
-        0..vocab_size-1), ``config`` (``min_freq``, ``max_vocab_size``, ``max_length``),
-        ``statistics``. A missing file raises FileNotFoundError, bad JSON or a missing/invalid
-        key ValueError naming it; another format version only warns.
-        """
+        """Read a ``vocab.json`` written by :meth:`save_vocab`: a missing file raises FileNotFoundError, bad JSON or a
+        missing or invalid key ValueError naming it; another format version only warns."""
         path = Path(path)
         data = read_json(path, "vocab file")
         if not isinstance(data, dict):
@@ -344,11 +291,8 @@ class TrafficCommandTokenizer:
             if key not in data:
                 raise ValueError(f"{path}: missing key '{key}'")
         if data["format_version"] != VOCAB_FORMAT_VERSION:
-            warnings.warn(
-                f"{path}: format_version {data['format_version']!r}, this code reads version "
-                f"{VOCAB_FORMAT_VERSION}; loading anyway",
-                stacklevel=2,
-            )
+            warnings.warn(f"{path}: format_version {data['format_version']!r}, this code reads version "
+                          f"{VOCAB_FORMAT_VERSION}; loading anyway", stacklevel=2)
         if data["special_tokens"] != SPECIAL_TOKENS:
             raise ValueError(f"{path}: special_tokens must be {SPECIAL_TOKENS}, got {data['special_tokens']}")
         vocab = data["vocab"]

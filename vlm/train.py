@@ -2,21 +2,11 @@
 
 Read it top to bottom in :func:`train`: :func:`setup` (inputs checked, data, model, optimizer),
 :func:`resume` (the last checkpoint of the same run, if any), :func:`train_epoch` and :func:`end_epoch`
-for each epoch, :func:`finish`. One run writes:
-
-- ``{model}``: the best model on the val split (see :mod:`vlm.checkpoint`), written when the run finishes;
-- ``{checkpoints}/{name}-{fingerprint[:16]}.pt``: everything needed to resume (model, optimizer, scheduler, the
-  :class:`TrainState`), written every ``runtime.train.checkpoint_every`` optimizer steps and at the end of each
-  epoch, and removed when the run finishes. A rerun with the same params, data and code (the same
-  :func:`fingerprint`) resumes from it and ends with the same weights as an uninterrupted run (the data order and
-  augmentation are functions of seed and epoch); a run of other params has its own file, so a killed run's
-  checkpoint waits for it whatever runs in between;
-- per-step curves through dvclive (``{live}``), updated at every resume checkpoint and epoch end;
-- ``{metrics}`` (headline numbers) and ``{timing}`` (seconds, questions/s), written when the run finishes.
-
-Under ``torchrun`` (``WORLD_SIZE`` > 1; ``train.nproc`` relaunches the stage under it) each process trains on
-its part of every step's batch (:mod:`vlm.data.sampler`) with DistributedDataParallel (NCCL on GPUs, gloo on
-CPU); rank 0 evaluates and writes every file.
+for each epoch, :func:`finish`. What a run writes (the best model, resume checkpoints named by the run's
+:func:`fingerprint`, dvclive curves, metrics and timing), and why a resumed run ends with the same weights as an
+uninterrupted one: docs/architecture.md (train). Under ``torchrun`` (``WORLD_SIZE`` > 1; ``train.nproc``
+relaunches the stage under it) each process trains on its part of every step's batch (:mod:`vlm.data.sampler`)
+with DistributedDataParallel (NCCL on GPUs, gloo on CPU); rank 0 evaluates and writes every file.
 """
 
 from __future__ import annotations
@@ -101,14 +91,8 @@ BLIND_TRAIN_KEYS = (*(name for name in VLM_TRAIN_KEYS if name != "augment"), "bl
 @dataclass
 class TrainRuntime:
     """How fast a run goes, never what it learns: params.yaml's ``runtime.train``, which no stage declares and
-    the resume fingerprint leaves out, so changing one neither re-runs training nor discards its checkpoint.
-
-    ``num_workers``, ``checkpoint_every`` and ``in_memory`` leave a run's files byte for byte as they are
-    (tests/test_train.py). ``threads`` does not quite: the CPU kernels split their work by thread, so another
-    count can round differently, and the losses part in the 7th digit after a few steps, as two runs of the same
-    command already do under CPU contention (docs/experiments.md, "Runs of the same command differ").
-    ``eval_batch_size`` moves the val probabilities in the 7th digit (another padding and other matrix shapes),
-    so it changes the val accuracy, an argmax, only where two answers tie that closely."""
+    the resume fingerprint leaves out, so changing one neither re-runs training nor discards its checkpoint
+    (``threads`` and ``eval_batch_size`` may still round differently: docs/architecture.md, "Speed settings")."""
 
     threads: int = 0  # torch CPU threads per process; 0 = the cores shared among the processes
     num_workers: int = 0  # DataLoader workers; 0 loads in the training process
@@ -163,10 +147,6 @@ class TrainState:
 
 class NonFiniteLossError(FloatingPointError):
     pass
-
-
-# ----------------------------------------------------------------------------------------------------
-# Small pieces
 
 
 @dataclass(frozen=True)
@@ -262,11 +242,10 @@ def first_answer_accuracy(logits: torch.Tensor, labels: torch.Tensor, prefix_len
 
 
 class Curves:
-    """The run's per-step curves through dvclive (rank 0): every record of the history at its optimizer step,
-    in ``{live}/plots/metrics/<name>.tsv``, and the last values in ``{live}/metrics.json``, the summary that
-    ``dvc exp show`` reads while the run goes on. :meth:`update` logs the records not logged yet and rewrites
-    the summary: at every resume checkpoint and epoch end, so a resumed run writes its saved history once,
-    then appends."""
+    """The run's per-step curves through dvclive (rank 0): every record of the history at its optimizer step, in
+    ``{live}/plots/metrics/<name>.tsv``, and the last values in ``{live}/metrics.json``, the summary that
+    ``dvc exp show`` reads while the run goes on. :meth:`update` logs the records not logged yet and rewrites the
+    summary: at every resume checkpoint and epoch end, so a resumed run writes its saved history once, then appends."""
 
     def __init__(self, folder: Path):
         self.live = Live(str(folder), dvcyaml=False, save_dvc_exp=False)  # a new run: the folder starts empty
@@ -312,18 +291,14 @@ class Run:
         return self.paths.checkpoints / f"{self.name}-{self.fingerprint[:16]}.pt"
 
 
-# ----------------------------------------------------------------------------------------------------
 # The loop
-
-
 def train(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPaths, *, blind: bool = False,
           progress: bool = True, frame_size: tuple[float, float] | None = None,
           runtime: TrainRuntime | None = None) -> dict[str, Any]:
     """Train a VLM (or, with ``blind``, its :func:`blind_baseline`) and return its metrics.
 
-    ``frame_size``: width and height of the original frames, in which the label boxes behind the
-    perception heads' targets are given (needed when the model has heads). ``runtime``: how fast (the defaults
-    when None)."""
+    ``frame_size``: width and height of the original frames, in which the label boxes behind the perception heads'
+    targets are given (needed when the model has heads). ``runtime``: how fast (the defaults when None)."""
     if blind:
         model_params, config = blind_baseline(model_params, config)
     run = setup(model_params, config, paths, frame_size, runtime)
@@ -455,9 +430,8 @@ def resume(run: Run) -> TrainState:
 
 
 def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
-    """The optimizer steps of epoch ``state.epoch``, from batch ``state.batch`` on (a resumed run starts the
-    sampler there: the batches it trained before are not read); a resume checkpoint every ``checkpoint_every``
-    steps."""
+    """The optimizer steps of epoch ``state.epoch``, from batch ``state.batch`` on (a resumed run starts the sampler
+    there: the batches it trained before are not read); a resume checkpoint every ``checkpoint_every`` steps."""
     config, loader = run.config, run.loader
     set_epoch(loader, state.epoch, start=state.batch)
     batches = state.batch + len(loader)  # in the whole epoch
@@ -530,14 +504,10 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
     return metrics
 
 
-# ----------------------------------------------------------------------------------------------------
 # The loop's helpers
-
-
 def forward_backward(run: Run, batch: Batch, *, sync_grads: bool, where: str) -> tuple[VLMOutput, torch.Tensor]:
-    """The forward and backward pass of one batch (on device): the output and the training loss (under DDP the
-    gradients are averaged over the processes only when ``sync_grads``: the last batch of an accumulation
-    window)."""
+    """The forward and backward pass of one batch (on device): the output and the training loss (under DDP the gradients
+    are averaged over the processes only when ``sync_grads``: the last batch of an accumulation window)."""
     sync = nullcontext() if sync_grads or run.dist.world_size == 1 else run.ddp_model.no_sync()
     with sync, autocast(run.device):
         output = run.ddp_model(batch, answer_only=True)

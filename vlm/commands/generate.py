@@ -1,15 +1,9 @@
 """Turning labelled scenes into balanced question/answer records, split by image.
 
-Balancing follows CLEVR: questions are picked so that, within every question key (template plus
-parameters) and within every command type, no answer dominates. Picking is greedy (each slot of an
-image goes to the command type asked least so far, and within it to the candidate whose answer is
-furthest behind in its key and type), then a rejection pass
-drops questions until no answer is more than ``balance_tolerance`` times the next most common one, in
-every key and every type. Keys whose answer never varies (``Is there a train?`` on data without
-trains) are dropped entirely: a text-only model must not be able to answer from the question.
-
-Images are visited in the order of the labels (:class:`BalancedCommands` streams them), and each split's
-records come in that order, an image's questions together in slot order.
+Balancing follows CLEVR (docs/architecture.md, generate_commands): greedy picks image by image (:func:`_pick`),
+then a rejection pass (:func:`_trim`) until no answer dominates in any question key (template plus parameters) or
+command type. Keys whose answer never varies are dropped entirely: a text-only model must not be able to answer
+from the question. Each split's records come in the order of the labels, an image's questions together.
 """
 
 from __future__ import annotations
@@ -115,12 +109,12 @@ def split_images(image_ids: list[str], fractions: dict, seed: int) -> dict[str, 
     return splits
 
 
-
 def pick_images(image_ids: list[str], n: int = 16, seed: int = 0) -> list[str]:
     """``n`` of the sorted ``image_ids`` picked at random (seeded), in id order: the images of the contact sheet."""
     ids = sorted(image_ids)
     return [ids[i] for i in sorted(np.random.default_rng(seed).choice(len(ids), size=min(n, len(ids)),
                                                                       replace=False))]
+
 
 def _deficit(counts: Counter, answer: str) -> int:
     """How far ``answer`` is behind the most common answer of ``counts``."""
@@ -174,10 +168,9 @@ class _Picked:
 
 def _trim(groups: np.ndarray, answers: np.ndarray, answer_names: list[str], keep: np.ndarray, tolerance: float,
           rng: np.random.Generator) -> None:
-    """Clear ``keep`` of questions until, in every group, the top answer is at most ``tolerance`` x the runner-up.
-
-    ``groups`` and ``answers`` are codes per question; groups are visited in the order they first occur among
-    the kept questions, and ties between answers go to the answer name that sorts first."""
+    """Clear ``keep`` of questions until, in every group, the top answer is at most ``tolerance`` x the runner-up
+    (``groups`` and ``answers``: codes per question); groups are visited in the order they first occur among the
+    kept questions, and ties between answers go to the answer name that sorts first."""
     kept = np.flatnonzero(keep)
     group_of_kept = groups[kept]
     _, first = np.unique(group_of_kept, return_index=True)
@@ -194,15 +187,10 @@ def _trim(groups: np.ndarray, answers: np.ndarray, answer_names: list[str], keep
 
 
 class BalancedCommands:
-    """The balanced question records of every split, from scenes that are read as a stream, never held whole.
-
-    ``scenes`` is called for each read and must give the same scenes in the same order every time. The first
-    read assigns each image to a split (by its id: :func:`split_images`, or the held-out combination). The
-    second picks questions greedily, image by image in the order of the scenes, keeping of each only its
-    image, key, type and answer as small integers; balancing drops questions on those tables. :meth:`write`
-    reads the scenes a third time, picks the same questions again (same seeds, same order) and writes the
-    kept ones as they come. What is held grows by a few bytes per image and per question, not by the scenes.
-    """
+    """The balanced question records of every split, from scenes read as a stream, never held whole: ``scenes``
+    is called for each read and must give the same scenes in the same order every time. The reads assign the
+    splits, pick questions (keeping of each its image, key, type and answer as small integers, which balancing
+    works on) and, in :meth:`write`, pick the same questions again and write the kept ones as they come."""
 
     def __init__(self, scenes: Callable[[], Iterable[Scene]], width: float, height: float, config: CommandsConfig):
         self._scenes, self._width, self._height, self._config = scenes, width, height, config
@@ -312,16 +300,11 @@ class BalancedCommands:
                 position_in_split[split] += 1
                 if not self._keep[split][position_in_split[split] - 1]:
                     continue
-                record = {
-                    "question_id": f"{scene.image_id}_{slot}",
-                    "image_id": scene.image_id,
-                    "command": c.text(phrasing),
-                    "answer": c.answer,
-                    "command_type": c.command_type,
-                    "template": c.template,
-                    "metadata": {"scene_type": scene.scene, "weather": scene.weather, "timeofday": scene.timeofday,
-                                 "num_objects": len(scene.objects)},
-                }
+                record = {"question_id": f"{scene.image_id}_{slot}", "image_id": scene.image_id,
+                          "command": c.text(phrasing), "answer": c.answer, "command_type": c.command_type,
+                          "template": c.template,
+                          "metadata": {"scene_type": scene.scene, "weather": scene.weather,
+                                       "timeofday": scene.timeofday, "num_objects": len(scene.objects)}}
                 writers[split](record)
                 if scene.image_id in collect:
                     collected.setdefault(scene.image_id, (scene.name, []))[1].append(record)

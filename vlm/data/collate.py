@@ -13,11 +13,8 @@ from vlm.processor import make_batch
 
 
 def collate_questions(samples: Sequence[dict[str, Any]], pad_token_id: int = 0) -> Batch:
-    """Samples of ``TrafficVQADataset`` -> Batch (:func:`vlm.processor.make_batch`).
-
-    Samples with the same ``image_id`` share one stored image (the dataset gives all questions of an image in
-    an epoch the same augmented image), and the same targets when the samples carry them.
-    """
+    """Samples of ``TrafficVQADataset`` -> Batch (:func:`vlm.processor.make_batch`). Samples with the same
+    ``image_id`` (the dataset gives them the same augmented image) share one stored image, and their targets."""
     if not samples:
         raise ValueError("collate_questions: empty batch")
     slot_of_image: dict[str, int] = {}

@@ -28,9 +28,7 @@ def decode_image(path: str | os.PathLike | IO[bytes], image_size: int, resample:
                  image_width: int | None = None, aspect: float | None = None) -> np.ndarray:
     """Decode any PIL-readable image to RGB uint8 ``[H, W, 3]``, squashed to ``W x H`` (``H`` = ``image_size``,
     ``W`` = ``image_width``, None: square); with ``aspect`` (width / height), first :func:`letterbox`-ed to it.
-
-    EXIF orientation is deliberately not applied: label boxes are in stored-pixel coordinates.
-    """
+    EXIF orientation is deliberately not applied: label boxes are in stored-pixel coordinates."""
     size = (image_width or image_size, image_size)  # PIL's (width, height)
     try:
         with Image.open(path) as image:

@@ -1,9 +1,7 @@
-"""The textbook per-sample loader, kept as the baseline of the ``profile_dataloader`` stage.
-
-Per item it opens the HDF5 file, reads one image, converts it to float32, normalises it with
-numpy, permutes it to CHW and tokenises the question and answer, padding to a fixed length so
-that the default collate can stack the batch. Correct, and the usual first version of a loader;
-everything it does per item, ``TrafficVQADataset`` does once per split or once per image.
+"""The textbook per-sample loader, kept as the baseline of the ``profile_dataloader`` stage: per item it opens the
+HDF5 file, reads one image, converts, normalises and permutes it with numpy and tokenises the question and answer,
+padding to a fixed length for the default collate. Everything it does per item, ``TrafficVQADataset`` does once
+per split or once per image.
 """
 
 from __future__ import annotations
@@ -54,22 +52,14 @@ class NaiveTrafficVQADataset(Dataset):
         attention_mask[:len(ids)] = 1
         labels = torch.full((self.max_length,), IGNORE_INDEX, dtype=torch.int64)
         labels[len(question_ids):len(ids)] = input_ids[len(question_ids):len(ids)]
-        return {
-            "image": image,
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "prefix_length": len(question_ids),
-            "labels": labels,
-            "question_id": record["question_id"],
-            "answer": record["answer"],
-        }
+        return {"image": image, "input_ids": input_ids, "attention_mask": attention_mask,
+                "prefix_length": len(question_ids), "labels": labels, "question_id": record["question_id"],
+                "answer": record["answer"]}
 
 
 def build_naive_loader(dataset: NaiveTrafficVQADataset, batch_size: int, num_workers: int = 0, seed: int = 0,
                        num_samples: int | None = None) -> DataLoader:
-    """Shuffled batches with the default collate: the textbook DataLoader.
-
-    ``num_samples`` (default: one epoch) may exceed the dataset: the shuffle then wraps around.
-    """
+    """Shuffled batches with the default collate: the textbook DataLoader. ``num_samples`` (default: one epoch) may
+    exceed the dataset: the shuffle then wraps around."""
     sampler = RandomSampler(dataset, num_samples=num_samples, generator=torch.Generator().manual_seed(seed))
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers)

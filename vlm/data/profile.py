@@ -1,11 +1,7 @@
-"""The ``profile_dataloader`` stage: samples/s of the naive loader and ours through real DataLoaders.
-
-Loaders: ``naive`` (the textbook per-item loader of ``vlm.data.naive``), ``ours_hdf5``
-(``TrafficVQADataset`` reading the HDF5 file) and ``ours_ram`` (the split held in RAM), each with
-the worker counts and batch sizes of the config, at the packed image size and at each extra size
-(a resized copy of the split in a temporary folder). Configurations are interleaved and repeated
-(``rounds``, the best round counts) so that a noisy machine affects all loaders alike. Each
-measurement warms up (worker start, first batches) and then times a fixed number of batches.
+"""The ``profile_dataloader`` stage: samples/s of the naive loader (``vlm.data.naive``) and ours, reading the HDF5
+file (``ours_hdf5``) or the split held in RAM (``ours_ram``), through real DataLoaders over the config's worker
+counts, batch sizes and image sizes. Configurations are interleaved and repeated (``rounds``, the best counts), so
+that a noisy machine affects all loaders alike; each measurement warms up, then times a fixed number of batches.
 """
 
 from __future__ import annotations
@@ -61,10 +57,8 @@ class ProfileConfig:
               "must be a non-empty list of sizes >= 1")
         check(all(16 <= s <= 1024 for s in self.extra_image_sizes), f"{prefix}.extra_image_sizes",
               "sizes must be in [16, 1024]")
-        check(self.warmup_batches >= 0, f"{prefix}.warmup_batches", "must be >= 0")
-        check(self.batches >= 1, f"{prefix}.batches", "must be >= 1")
-        check(self.rounds >= 1, f"{prefix}.rounds", "must be >= 1")
-        check(self.max_images >= 1, f"{prefix}.max_images", "must be >= 1")
+        for name, low in (("warmup_batches", 0), ("batches", 1), ("rounds", 1), ("max_images", 1)):
+            check(getattr(self, name) >= low, f"{prefix}.{name}", f"must be >= {low}")
 
 
 def _epoch_cycle(sampler: GroupedBatchSampler, num_batches: int) -> Iterator[list[int]]:
@@ -158,19 +152,13 @@ def _summarise(samples_per_s: dict, sizes: list[int], packed_size: int, num_imag
         best[f"{size}px"] = {"naive": naive, "ours": ours}
         speedup[f"{size}px"] = round(ours["samples_per_s"] / naive["samples_per_s"], 2)
     metrics: dict[str, Any] = {
-        "split": config.split,
-        "images": num_images,
-        "questions": num_questions,
-        "questions_per_image": round(num_questions / num_images, 2),
-        "packed_image_size": packed_size,
-        "timed_batches": config.batches,
-        "rounds": config.rounds,
+        "split": config.split, "images": num_images, "questions": num_questions,
+        "questions_per_image": round(num_questions / num_images, 2), "packed_image_size": packed_size,
+        "timed_batches": config.batches, "rounds": config.rounds,
         "samples_per_s": {size: {name: {k: round(v, 1) for k, v in table.items()} for name, table in tables.items()}
                           for size, tables in samples_per_s.items()},
-        "best": best,
-        "speedup": speedup,
-        "targets": {"speedup_min": TARGET_SPEEDUP,
-                    "speedup_met": all(s >= TARGET_SPEEDUP for s in speedup.values())},
+        "best": best, "speedup": speedup,
+        "targets": {"speedup_min": TARGET_SPEEDUP, "speedup_met": all(s >= TARGET_SPEEDUP for s in speedup.values())},
     }
     if "224px" in best:
         metrics["targets"]["samples_per_s_224px_min"] = TARGET_SAMPLES_PER_S_224

@@ -1,12 +1,10 @@
 """A batch sampler that keeps the questions of an image together (the image is encoded once).
 
-Per epoch the images are shuffled with a generator seeded by ``(seed, epoch)`` and their question
-groups are packed greedily into batches of at most ``batch_size`` questions. Under DDP (``world_size``
-W) the packing is that of one process with batch ``W * batch_size``, and each of those global batches
-is cut into W consecutive parts of equal question counts (within one), rank r taking part r: W
-processes at batch b train on exactly the questions one process at batch W * b trains on, step for
-step, and every rank runs the same number of steps. An image whose questions straddle a cut is read
-by both ranks.
+Per epoch the images are shuffled with a generator seeded by ``(seed, epoch)`` and their question groups are packed
+greedily into batches of at most ``batch_size`` questions. Under DDP (``world_size`` W) the packing is that of one
+process with batch ``W * batch_size``, each global batch cut into W consecutive parts of equal question counts
+(within one), rank r taking part r: W processes at batch b train on exactly the questions one process at batch
+W * b trains on, step for step. An image whose questions straddle a cut is read by both ranks.
 """
 
 from __future__ import annotations
@@ -18,14 +16,10 @@ from torch.utils.data import Sampler
 
 
 class GroupedBatchSampler(Sampler[list[int]]):
-    """Batches of question indices, all questions of an image in the same batch.
-
-    ``image_rows[q]`` is the image of question ``q`` (``TrafficVQADataset.image_rows``). An image
-    with more than ``batch_size`` questions (rare) is split over consecutive batches.
-    Deterministic for ``(seed, epoch)``; call ``set_epoch`` before each epoch. ``set_epoch(epoch, start)``
-    yields that epoch's batches from batch ``start`` on (a resumed run skips the batches it trained without
-    reading them); ``len`` counts the batches it yields.
-    """
+    """Batches of question indices, all questions of an image (``image_rows[q]`` is question q's) in the same batch
+    but for one with more than ``batch_size`` (rare), split over consecutive batches. Call ``set_epoch(epoch, start)``
+    before each epoch: it yields that epoch's batches from batch ``start`` on (a resumed run skips those it trained
+    without reading them); ``len`` counts the batches it yields."""
 
     def __init__(self, image_rows: Sequence[int] | np.ndarray, batch_size: int, *, shuffle: bool = True,
                  seed: int = 0, rank: int = 0, world_size: int = 1):

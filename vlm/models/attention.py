@@ -9,13 +9,9 @@ import torch.nn.functional as F
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None = None,
               output_attentions: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scaled dot-product attention of ``query`` ``[B, H, Q, Dh]`` over ``key``/``value`` ``[B, H_kv, K, Dh]``
-    (grouped-query when H_kv < H: each key/value head serves H / H_kv query heads), with an optional boolean
-    ``mask`` broadcastable to ``[B, H, Q, K]`` (True: visible).
-
-    Returns the output ``[B, H, Q, Dh]`` and the attention probabilities ``[B, H, Q, K]``: with
-    ``output_attentions`` an explicit softmax (float32, cast back to the query's dtype), else
-    ``scaled_dot_product_attention`` and None.
-    """
+    (grouped-query when H_kv < H), with an optional boolean ``mask`` broadcastable to ``[B, H, Q, K]`` (True:
+    visible). Returns the output ``[B, H, Q, Dh]`` and, with ``output_attentions``, the probabilities
+    ``[B, H, Q, K]`` of an explicit softmax (float32, cast back to the query's dtype), else None (fused SDPA)."""
     groups = query.shape[1] // key.shape[1]
     if not output_attentions:
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=groups > 1), None

@@ -1,18 +1,10 @@
 """The one interface through which a task adds to the PaliGemma core (:mod:`vlm.models.paligemma`).
 
-The core runs SigLIP -> connector -> Gemma and nothing else. A :class:`VisionExtension` given to it may act
-at three points, each optional, and the core knows no more of it than this contract:
-
-1. **adapt** the pixels before the encoder: :meth:`VisionExtension.adapt` returns a residual added to SigLIP's
-   patch embedding (a vision adapter, e.g. a convolutional stem) and any state its later step needs;
-2. **read** the encoder's patch features: :meth:`VisionExtension.forward` returns per-patch features the
-   connector reads beside SigLIP's (``patch_width`` of them), extra image tokens after the connector's
-   (``num_tokens`` of them, already in the decoder's embedding space) and, given targets, named losses;
-3. **learn**: the targets it learns from come in ``Batch.targets``, built by the transform :meth:`targets`
-   declares; its losses join the answer's in the model's loss dict, each weighted by ``loss_weights``.
-
-Without an extension the model is PaliGemma: its parameters are ``vision_tower.*``, ``multi_modal_projector.*``
-and ``language_model.*``, and an extension's live under ``extension.*``.
+The core runs SigLIP -> connector -> Gemma and knows no more of a :class:`VisionExtension` than its three optional
+points: it may **adapt** the pixels (a residual added to SigLIP's patch embedding), **read** the encoder's patch
+features (features the connector reads beside SigLIP's, image tokens after the connector's, losses) and **learn**
+from ``Batch.targets``, built by the transform it declares, its losses weighted by ``loss_weights`` beside the
+answer's. Without an extension the model is PaliGemma; an extension's parameters live under ``extension.*``.
 """
 
 from __future__ import annotations

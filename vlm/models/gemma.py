@@ -1,13 +1,8 @@
-"""Gemma-style decoder, parameter-compatible with HuggingFace ``GemmaForCausalLM``.
+"""Gemma-style decoder, parameter-compatible with HuggingFace ``GemmaForCausalLM`` (docs/architecture.md, the model).
 
-RMSNorm with ``(1 + weight)`` computed in float32, rotary position embeddings, grouped-query attention
-through ``scaled_dot_product_attention``, GeGLU (tanh) MLP, token embeddings scaled by
-``sqrt(hidden_size)``, LM head tied to the embeddings, and a preallocated KV cache.
-
-Attention masks are boolean ``[B, 1, Q, K]`` (True = may attend), built once per forward by
-:func:`prefix_lm_mask` and shared by all layers. Tokens live in *slots* (their index in the key
-sequence or the cache) and have *positions* (their RoPE index); the two differ only when several
-continuations share one prefix (see ``PaliGemma.answer``).
+Attention masks are boolean ``[B, 1, Q, K]`` (True = may attend), built once per forward by :func:`prefix_lm_mask` and
+shared by all layers. Tokens live in *slots* (their index in the key sequence or the cache) and have *positions* (their
+RoPE index); the two differ only when several continuations share one prefix (see ``PaliGemma.answer``).
 """
 
 from __future__ import annotations
@@ -88,12 +83,9 @@ def prefix_lm_mask(key_valid: torch.Tensor, query_slots: torch.Tensor,
 
 
 class KVCache:
-    """Preallocated keys and values, one ``[B, H_kv, max_length, Dh]`` buffer pair per layer.
-
-    Each new token is written at its own slot (rows may write at different slots, so right-padded
-    prompts need no re-alignment); attention always runs over the whole buffer with a mask that hides
-    the empty slots. Buffers are allocated on first use with the dtype the layer produces (bf16 under
-    autocast)."""
+    """Preallocated keys and values, one ``[B, H_kv, max_length, Dh]`` buffer pair per layer, allocated on first use
+    with the dtype the layer produces (bf16 under autocast). Each new token is written at its own slot (right-padded
+    prompts need no re-alignment); attention runs over the whole buffer, a mask hiding the empty slots."""
 
     def __init__(self, num_layers: int, max_length: int):
         self.max_length = max_length
@@ -242,11 +234,10 @@ class GemmaModel(nn.Module):
     def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 cache: KVCache | None = None, cache_slots: torch.Tensor | None = None,
                 output_attentions: bool = False, output_slots: torch.Tensor | None = None):
-        """``inputs_embeds`` ``[B, S, D]`` (already scaled), ``position_ids`` ``[B, S]``, ``attention_mask``
-        bool ``[B, 1, S, K]``; with a ``cache``, ``cache_slots`` ``[B, S]`` says where each token goes.
-        Returns the normed hidden states ``[B, Q, D]`` of the tokens at ``output_slots`` ``[B, Q]`` (None: all
-        S; the last layer computes nothing else: the other tokens only feed its keys and values), and the
-        per-layer attention probabilities."""
+        """``inputs_embeds`` ``[B, S, D]`` (already scaled), ``position_ids`` ``[B, S]``, ``attention_mask`` bool
+        ``[B, 1, S, K]``; with a ``cache``, ``cache_slots`` ``[B, S]`` says where each token goes. Returns the normed
+        hidden states ``[B, Q, D]`` of the tokens at ``output_slots`` ``[B, Q]`` (None: all S; the last layer computes
+        nothing else: the other tokens only feed its keys and values), and the per-layer attention probabilities."""
         rotary = self.rotary_emb(position_ids)
         hidden_states = inputs_embeds
         attentions = []
@@ -291,15 +282,11 @@ class GemmaForCausalLM(nn.Module):
     def generate(self, inputs_embeds: torch.Tensor, key_valid: torch.Tensor, lengths: torch.Tensor,
                  max_new_tokens: int, eos_token_id: int, pad_token_id: int = 0, prefix_lm: bool = False,
                  use_cache: bool = True, isolated: int = 0) -> torch.Tensor:
-        """Greedy decoding after right-padded prompts.
-
-        ``inputs_embeds`` ``[B, S, D]`` are the prompts, ``key_valid`` ``[B, S]`` marks real tokens and
-        ``lengths`` ``[B]`` is each prompt's length (its tokens are the first ``lengths[b]`` slots).
-        New token t of row b goes to slot ``lengths[b] + t``, overwriting padding. With ``prefix_lm``
-        the prompt attends to itself in full, but for its first ``isolated`` slots, which see each other
-        only (:func:`prefix_lm_mask`). Returns ``[B, T]`` ids (T <= max_new_tokens), each row
-        ending at its first ``eos_token_id`` and padded with ``pad_token_id`` after it.
-        """
+        """Greedy decoding after right-padded prompts ``inputs_embeds`` ``[B, S, D]`` (``key_valid`` ``[B, S]`` marks
+        real tokens, ``lengths`` ``[B]`` counts them): new token t of row b goes to slot ``lengths[b] + t``,
+        overwriting padding. With ``prefix_lm`` the prompt attends to itself in full, but for its first ``isolated``
+        slots, which see each other only (:func:`prefix_lm_mask`). Returns ``[B, T]`` ids (T <= max_new_tokens),
+        each row ending at its first ``eos_token_id`` and padded with ``pad_token_id`` after it."""
         batch, prompt_length, _ = inputs_embeds.shape
         device = inputs_embeds.device
         total = prompt_length + max_new_tokens
@@ -351,10 +338,6 @@ def init_decoder_weights(module: nn.Module, std: float = 0.02) -> None:
         nn.init.zeros_(module.weight)
 
 
-# ---------------------------------------------------------------------------------------------
-# Pretrained checkpoints on disk
-# ---------------------------------------------------------------------------------------------
-
 # transformers' GemmaConfig defaults (Gemma-7B): a saved config.json lists only the values that differ from them.
 _HF_GEMMA_DEFAULTS = {"vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28,
                       "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256, "rms_norm_eps": 1e-6,
@@ -379,12 +362,9 @@ def gemma_config_from_pretrained(path: str | os.PathLike) -> GemmaConfig:
 
 
 def load_pretrained_gemma(path: str | os.PathLike, vocab_size: int | None = None) -> GemmaForCausalLM:
-    """Build a :class:`GemmaForCausalLM` from a saved HF ``GemmaForCausalLM`` (or PaliGemma) checkpoint.
-
-    Every decoder weight loads with ``strict=True`` (``language_model.`` of PaliGemma is stripped; the LM
-    head is tied to the embeddings). With a ``vocab_size`` other than the checkpoint's (this project's
-    tokenizer is its own), the token embeddings keep their fresh initialisation and everything else loads.
-    """
+    """Build a :class:`GemmaForCausalLM` from a saved HF ``GemmaForCausalLM`` (or PaliGemma) checkpoint, every weight
+    loaded strictly; with a ``vocab_size`` other than the checkpoint's (this project's tokenizer is its own), the
+    token embeddings (and the tied LM head) keep their fresh initialisation."""
     path = Path(path)
     config = gemma_config_from_pretrained(path)
     file = weights_file(path, "Gemma")

@@ -25,11 +25,8 @@ class ReadReport:
 
 
 def read_labels(path: str | os.PathLike) -> list[Scene]:
-    """Read a BDD100K labels JSON (2018 or det_20) into normalised scenes.
-
-    Raises ``FileNotFoundError`` for a missing file, ``ValueError`` naming the position of a JSON
-    syntax error and :class:`LabelError` naming the file, frame and field of a malformed label.
-    """
+    """Read a BDD100K labels JSON (2018 or det_20) into normalised scenes; a malformed label raises
+    :class:`LabelError` naming the file, frame and field."""
     path = Path(path)
     frames = read_json(path, what="BDD100K labels file")
     if isinstance(frames, dict) and "frames" in frames:  # scalabel export wrapper
@@ -50,11 +47,8 @@ def read_labels(path: str | os.PathLike) -> list[Scene]:
 
 def match_images(scenes: list[Scene], image_dir: str | os.PathLike, on_missing: str = "error",
                  show: int = 5) -> tuple[list[Scene], ReadReport]:
-    """Keep the scenes whose image exists in ``image_dir``.
-
-    ``on_missing="error"`` raises :class:`MissingImagesError` with the count and the first names;
-    ``"skip"`` drops those frames and reports how many.
-    """
+    """Keep the scenes whose image exists in ``image_dir``; for the others ``on_missing="error"`` raises
+    :class:`MissingImagesError` with the count and the first names, ``"skip"`` drops them and reports how many."""
     image_dir = Path(image_dir)
     if not image_dir.is_dir():
         raise FileNotFoundError(f"BDD100K images folder not found: {image_dir}")

@@ -1,10 +1,7 @@
-"""The ``generate_scenes`` stage: synthetic scenes rendered in parallel, or a BDD100K folder read.
-
-Either way the stage writes one folder (``data/raw`` by default), replaced atomically:
-``labels.json`` (BDD100K det_20 format, one frame per line), ``source.json`` (where the images are and
-their size) and, for the synthetic source, ``images/*.jpg``. BDD100K images are read in place; their
-content digest in ``source.json`` makes the folder change when one of them does, so the stages after
-(which read the images through ``image_dir``) re-run too.
+"""The ``generate_scenes`` stage: synthetic scenes rendered in parallel, or a BDD100K folder read, into one folder
+replaced atomically: ``labels.json`` (det_20, one frame per line), ``source.json`` (where the images are, their
+size) and, for the synthetic source, ``images/*.jpg``. BDD100K images are read in place; their content digest in
+``source.json`` makes the folder change when one of them does, so the stages after re-run too.
 """
 
 from __future__ import annotations
@@ -144,11 +141,8 @@ def generate_synthetic(config: ScenesConfig, out_dir: str | os.PathLike, progres
 
 
 def bdd100k_paths(bdd: BDD100KConfig) -> tuple[Path, Path]:
-    """The images folder and labels file under ``bdd.root``, checked to be what DVC tracks there.
-
-    DVC hashes the root folder for ``generate_scenes`` but does not look inside a linked folder in it:
-    a link on the way to the images or labels would leave them untracked, so it is an error.
-    """
+    """The images folder and labels file under ``bdd.root``, checked to be what DVC tracks there: DVC does not look
+    inside a linked folder of the root it hashes, so a link on the way to them is an error."""
     root = Path(bdd.root)
     hint = ("put BDD100K there in its official layout (data/bdd100k/README.md) or set scenes.bdd100k.root to "
             "where it is; a queued or --temp experiment needs an absolute root")

@@ -1,17 +1,12 @@
 """Procedural traffic scenes: a road in perspective seen from a car, with labelled road users.
 
-One scene is drawn in three steps:
-
-1. :func:`sample_layout` draws everything random from a ``numpy`` generator: time of day, weather,
-   city street or highway, the road geometry and the objects (cars, trucks, buses, motorcycles and
-   bicycles with riders, pedestrians, traffic lights, traffic signs) with their size, colour and
-   position. Nothing after this step uses randomness, so a seed fixes the image.
-2. Silhouettes of all objects are drawn into an id map, far to near, to measure how much of each one
-   nearer objects hide. Objects hidden in the ambiguous band (a few to a fifth of their pixels) or
-   almost entirely are removed and the pass repeats, so the ``occluded`` flag is crisp: an object is
-   either clearly visible or clearly partly hidden.
-3. The colour image is painted: sky, ground, buildings or highway verges, road markings, objects far
-   to near, lights, then fog and rain.
+A scene is drawn in three steps. :func:`sample_layout` draws everything random from a ``numpy`` generator: time
+of day, weather, city street or highway, the road geometry and the objects (vehicles, bikes with riders,
+pedestrians, traffic lights and signs) with their size, colour and position; nothing after it is random, so a seed
+fixes the image. :func:`settle_occlusion` draws the objects' silhouettes far to near to measure how much of each
+nearer ones hide, and removes those hidden ambiguously (a few to a fifth of their pixels) or almost entirely until
+none is, so the ``occluded`` flag is crisp. :func:`render_layout` paints the image: sky, ground, buildings or
+highway verges, road markings, objects far to near, lights, then fog and rain.
 
 Geometry is a pinhole camera over a flat road: a point at ground depth ``z`` metres projects to the
 row ``y = horizon + s * (H - horizon)`` with ``s = Z_BOTTOM / z``, and a width of ``w`` metres at that
@@ -143,10 +138,7 @@ class Camera:
                 (self.x(lat1, s1), self.y(s1)), (self.x(lat0, s1), self.y(s1))]
 
 
-# ----------------------------------------------------------------------------------------------------
 # Layout sampling (all randomness lives here)
-
-
 def _choice(rng: np.random.Generator, options, p=None):
     return options[int(rng.choice(len(options), p=p))]
 
@@ -367,10 +359,7 @@ def _sample_traffic_signs(rng: np.random.Generator, layout: Layout, cam: Camera)
                                    {"shape": shape, "ground_y": cam.y(s), "pole_x": x}))
 
 
-# ----------------------------------------------------------------------------------------------------
 # Drawing objects: in colour on the image, or as silhouettes for occlusion
-
-
 class Pen:
     """Draws an object's primitives in colour (``shade`` applies the ambient light to non-emissive ones), or, with
     no ``shade``, the solid ones as its silhouette (255) into a mask whose top-left pixel is image pixel ``offset``."""
@@ -633,10 +622,7 @@ DRAW = {
 }
 
 
-# ----------------------------------------------------------------------------------------------------
 # Occlusion
-
-
 def _silhouette(t: Thing, origin: tuple[int, int], size: tuple[int, int], mask: Image.Image | None = None
                 ) -> Image.Image:
     """Draw ``t``'s silhouette into a mask whose top-left pixel is image pixel ``origin``."""
@@ -706,10 +692,7 @@ def settle_occlusion(things: list[Thing], width: int, height: int, targets: dict
         things = [t for t in things if id(t) not in drop]
 
 
-# ----------------------------------------------------------------------------------------------------
 # Background
-
-
 @lru_cache(maxsize=32)
 def _sky(width: int, height: int, timeofday: str, weather: str) -> Image.Image:
     top, bottom = SKY[(timeofday, weather)]
@@ -847,10 +830,7 @@ def _apply_weather(img: Image.Image, layout: Layout, cam: Camera) -> Image.Image
     return img
 
 
-# ----------------------------------------------------------------------------------------------------
 # Public entry point
-
-
 def render_scene(seed: int | np.random.SeedSequence, name: str, config: RenderConfig) -> tuple[Image.Image, Scene]:
     """Render one scene from ``seed``; return the RGB image and its normalised labels."""
     layout = sample_layout(np.random.default_rng(seed), config)

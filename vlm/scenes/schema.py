@@ -2,9 +2,8 @@
 
 BDD100K ships labels in two dialects. The 2018 release says ``person``/``bike``/``motor`` and colours
 ``red``/``green``/``yellow``/``none``; det_20 says ``pedestrian``/``bicycle``/``motorcycle`` and
-``R``/``G``/``Y``/``NA``, allows ``labels: null`` and sometimes capitalises attribute keys
-(``Occluded``). :func:`scene_from_frame` accepts both and produces one :class:`Scene`;
-:func:`scene_to_frame` always writes det_20.
+``R``/``G``/``Y``/``NA``, allows ``labels: null`` and sometimes capitalises attribute keys (``Occluded``).
+:func:`scene_from_frame` accepts both and produces one :class:`Scene`; :func:`scene_to_frame` always writes det_20.
 """
 
 from __future__ import annotations
@@ -127,14 +126,10 @@ def _object_from_label(label: Any, where: str) -> SceneObject | None:
     if color_key not in _LIGHT_COLOR_IN:
         raise LabelError(f"{where}.attributes.trafficLightColor: unknown colour {color_raw!r}")
     color = _LIGHT_COLOR_IN[color_key] if category == "traffic light" else None
-    return SceneObject(
-        id=str(label.get("id", "")),
-        category=category,
-        box=(x1, y1, x2, y2),
-        occluded=_as_bool(attributes.get("occluded", False), f"{where}.attributes.occluded"),
-        truncated=_as_bool(attributes.get("truncated", False), f"{where}.attributes.truncated"),
-        light_color=color,
-    )
+    return SceneObject(id=str(label.get("id", "")), category=category, box=(x1, y1, x2, y2),
+                       occluded=_as_bool(attributes.get("occluded", False), f"{where}.attributes.occluded"),
+                       truncated=_as_bool(attributes.get("truncated", False), f"{where}.attributes.truncated"),
+                       light_color=color)
 
 
 def scene_from_frame(frame: Any, where: str = "frame") -> Scene:
@@ -164,20 +159,9 @@ def scene_from_frame(frame: Any, where: str = "frame") -> Scene:
 
 def scene_to_frame(scene: Scene) -> dict:
     """Serialise a scene as a BDD100K det_20 frame (boxes rounded to 1/1000 px)."""
-    return {
-        "name": scene.name,
-        "attributes": {key: getattr(scene, key) for key in _ATTRIBUTE_FIELDS},
-        "labels": [
-            {
-                "id": obj.id,
-                "category": obj.category,
-                "attributes": {
-                    "occluded": obj.occluded,
-                    "truncated": obj.truncated,
-                    "trafficLightColor": _LIGHT_COLOR_OUT[obj.light_color],
-                },
-                "box2d": dict(zip(("x1", "y1", "x2", "y2"), (round(v, 3) for v in obj.box))),
-            }
-            for obj in scene.objects
-        ],
-    }
+    labels = [{"id": obj.id, "category": obj.category,
+               "attributes": {"occluded": obj.occluded, "truncated": obj.truncated,
+                              "trafficLightColor": _LIGHT_COLOR_OUT[obj.light_color]},
+               "box2d": dict(zip(("x1", "y1", "x2", "y2"), (round(v, 3) for v in obj.box)))}
+              for obj in scene.objects]
+    return {"name": scene.name, "attributes": {key: getattr(scene, key) for key in _ATTRIBUTE_FIELDS}, "labels": labels}

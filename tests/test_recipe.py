@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from tiny_project import FRAME_SIZE, TINY_MODEL, paths_for
+from vlm.data.h5file import PackedImageReader
 from vlm.params import ParamError, build_config
 from vlm.recipe import flags
 from vlm.train import TrainConfig, TrainRuntime, train
@@ -46,11 +47,13 @@ def test_flags_are_params_keys_and_a_typo_stops(tmp_path):
 def test_the_recipe_trains_at_tiny_sizes_on_the_cpu(tiny_project, tmp_path):
     values = _merge(yaml.safe_load(RECIPE.read_text()), TINY_SIZES)
     project = tiny_project.copy_to(tmp_path / "project")
-    project.pack(**values["pack"])
+    project.pack(**values["pack"], side_multiple=16)  # TINY_MODEL's patch 8 x pixel shuffle 2
+    images = PackedImageReader(project.h5("train"))
+    assert (images.image_width, images.image_size) == (64, 32)  # 1280 x 720 frames at the native aspect
     config = build_config(TrainConfig, values["train"], "train")
     runtime = build_config(TrainRuntime, values["runtime"]["train"], "runtime.train")
     model = _merge(TINY_MODEL, values["model"])
-    assert model["pack_questions"]
+    assert model["pack_questions"] and values["pack"]["aspect"] == "native"
     metrics = train(model, config, paths_for(project.processed, tmp_path / "out"), progress=False,
                     frame_size=FRAME_SIZE, runtime=runtime)
     assert metrics["steps"] == metrics["planned_steps"] > 0 and metrics["val_accuracy"] >= 0

@@ -182,12 +182,17 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
     return metrics["counterfactuals"]
 
 
+def headline(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """What ``dvc exp show`` compares (``metrics/counterfactuals.json``): the consistency (right on both images)
+    per edit."""
+    return {"consistency": {edit: rates["consistency"] for edit, rates in summary.items()}}
+
+
 def write_outputs(metrics: dict, table: pd.DataFrame, shown: list[tuple[Pair, Any]], paths: CounterfactualsPaths,
                   empty_note: str) -> None:
     summary = metrics["counterfactuals"]
     write_json(paths.details, metrics)
-    # the headline, what ``dvc exp show`` compares: the consistency (right on both images) per edit
-    write_json(paths.metrics, {"consistency": {edit: rates["consistency"] for edit, rates in summary.items()}})
+    write_json(paths.metrics, headline(summary))
     with atomic_path(paths.table) as tmp:
         table.to_csv(tmp, index=False)
     plots.save_figure(plots.counterfactuals_figure(summary) if summary else plots.note_figure(empty_note), paths.plot)

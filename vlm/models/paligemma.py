@@ -1,18 +1,10 @@
-"""The PaliGemma core: a vision-language model (SigLIP -> connector -> Gemma, prefix-LM) and nothing else.
+"""The PaliGemma core: SigLIP -> connector -> Gemma, prefix-LM, and nothing else (docs/architecture.md, the model,
+has its parameter names and the blind baseline, ``vision: none``).
 
-Sequence layout per question: ``[image tokens | [SOS] question [SEP] | answer [EOS] | padding]``.
-The image tokens and the question form the prefix, attended in full; the answer is causal. Image tokens
-come from the connector (``linear``: one per patch, or per r x r patches with ``pixel_shuffle`` r;
-``qformer``: ``num_query_tokens``) and enter the decoder as they are, while text embeddings carry
-Gemma's ``sqrt(hidden_size)`` scale: that is
-PaliGemma's merge (it divides the image features by ``sqrt(hidden_size)`` before a decoder that scales
-every input embedding by it). ``vision: none`` is the blind baseline: the same decoder, no image tokens.
-
-Parameter layout follows HuggingFace PaliGemma: ``vision_tower.*`` (SigLIP), ``multi_modal_projector.*``,
-``language_model.model.*`` and the tied ``language_model.lm_head.weight``. Task-specific additions reach the
-core through one interface, a :class:`vlm.models.extension.VisionExtension` given to it (parameters under
-``extension.*``); without one the model is the PaliGemma design above, and its state dict is transformers'
-``PaliGemmaForConditionalGeneration``'s (the tied LM head aside).
+Sequence layout per question: ``[image tokens | [SOS] question [SEP] | answer [EOS] | padding]``, the prefix
+attended in full, the answer causally. Image tokens enter the decoder as they are, text embeddings with Gemma's
+``sqrt(hidden_size)`` scale (PaliGemma's merge). A task adds to the core only through a
+:class:`vlm.models.extension.VisionExtension` (parameters under ``extension.*``).
 """
 
 from __future__ import annotations
@@ -265,12 +257,10 @@ class PaliGemma(nn.Module):
         return self.num_image_tokens if self.config.pack_questions else 0
 
     def _embed(self, batch: Batch, prefix_only: bool):
-        """Image tokens (each distinct image encoded once, gathered per question) followed by the text.
-
-        Returns ``inputs_embeds`` ``[B, T + L, D]``, ``key_valid`` ``[B, T + L]`` (False on padding, and
-        after the prefix when ``prefix_only``), ``prefix_total`` ``[B]`` = T + prefix length and, given
-        ``batch.targets``, the extension's losses.
-        """
+        """Image tokens (each distinct image encoded once, gathered per question) followed by the text:
+        ``inputs_embeds`` ``[B, T + L, D]``, ``key_valid`` ``[B, T + L]`` (False on padding, and after the prefix
+        when ``prefix_only``), ``prefix_total`` ``[B]`` = T + prefix length and, given ``batch.targets``, the
+        extension's losses."""
         text_embeds = self.language_model.model.embed_tokens(batch.input_ids)  # [B, L, D]
         text_valid = batch.attention_mask.bool()  # [B, L]
         if prefix_only:
@@ -354,12 +344,8 @@ class PaliGemma(nn.Module):
 
     @torch.no_grad()
     def answer(self, batch: Batch, candidates: list[list[int]]) -> torch.Tensor:
-        """Constrained decoding: probabilities ``[B, C]`` over the candidate answers (each a token-id list such
-        as ``encode_answer`` gives, [EOS] included), the softmax of their total log-likelihoods.
-
-        One decoder pass: the prefix once, then all candidates packed after it, each candidate's tokens
-        seeing the prefix and their own earlier tokens only, at the positions they would have if alone.
-        """
+        """Constrained decoding (docs/architecture.md, the model): probabilities ``[B, C]`` over the candidate
+        answers (token-id lists as ``encode_answer`` gives them), in one decoder pass."""
         if not candidates or any(len(c) == 0 for c in candidates):
             raise ValueError("answer(): candidates must be a non-empty list of non-empty token-id lists")
         inputs_embeds, key_valid, prefix_total, _ = self._embed(batch.without_labels(), prefix_only=True)
@@ -402,10 +388,8 @@ class PaliGemma(nn.Module):
         inputs_embeds, key_valid, prefix_total, _ = self._embed(batch.without_labels(), prefix_only=True)
         num, length, _ = inputs_embeds.shape
         slots = torch.arange(length, device=inputs_embeds.device).expand(num, length)
-        _, attentions = self.language_model.model(inputs_embeds, slots,
-                                                  prefix_lm_mask(key_valid, slots, prefix_total,
-                                                                 self.isolated_image_tokens),
-                                                  output_attentions=True)
+        mask = prefix_lm_mask(key_valid, slots, prefix_total, self.isolated_image_tokens)
+        _, attentions = self.language_model.model(inputs_embeds, slots, mask, output_attentions=True)
         rows = torch.arange(num, device=inputs_embeds.device)
         return torch.stack([layer[rows, :, prefix_total - 1, :self.num_image_tokens] for layer in attentions], dim=1)
 

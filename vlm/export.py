@@ -3,15 +3,8 @@
 the function that writes it): ``python -m vlm.export --checkpoint models/vlm.pt --out models/hf``.
 
 Only the plain design is transformers' PaliGemma: :func:`departures` lists everything else, and the export stops
-with one line naming what to change. The folder is written whole or not at all.
-
-Token layout. Ours is ``[image tokens | [SOS] question [SEP] | answer [EOS]]``; transformers' PaliGemma reads
-``<image> x T`` placeholders (the reserved id 8, ``image_token_index``), which it replaces by the image tokens,
-then the text. ``PaliGemmaProcessor`` writes the prompt ``<image> x T [SOS] question \\n``, the line break ending
-the prefix, so the exported tokenizer maps a line break to [SEP] (the one place where it departs from
-vlm/tokenizer.py, which treats it as any whitespace); alone, it wraps a question in ``[SOS] ... [SEP]``. The
-processor's ``token_type_ids`` (0 on the prefix) give the prefix full attention and the answer causal
-attention, as ours; its positions start at 1 where ours start at 0, the same attention under RoPE.
+with one line naming what to change. The folder is written whole or not at all. How our token layout maps to
+transformers' (the reserved id 8 as ``<image>``, the processor's line break as [SEP]): docs/architecture.md, the model.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Counterfactual consistency: change one thing in a test scene, and check that the model's answers change
-exactly where the answer rules say they must.
-
-Seeded test scenes are re-rendered from their seeds, once as stored and once per edit of :mod:`vlm.scenes.edits`,
-and both images reach the model as the packed data would hold them. A question whose rule-derived answer differs
-between the two *must change*, the others *must not*; each pair is asked all its must-change questions seen in
-training and up to ``unchanged_per_pair`` must-not ones. The consistency per edit (right on both) is the headline;
-the rest of the summary and the outputs: docs/architecture.md (counterfactuals).
+"""Counterfactual consistency: change one thing in a test scene (:mod:`vlm.scenes.edits`), and check that the model's
+answers change exactly where the answer rules say they must (docs/architecture.md, counterfactuals).
 """
 
 from __future__ import annotations

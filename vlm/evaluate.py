@@ -1,9 +1,5 @@
-"""The ``evaluate`` stage: the VLM and its blind baseline on the test split, side by side.
-
-Headline metrics (``metrics/eval.json``, a column each in ``dvc exp show``): exact-match accuracy overall and per
-command type, macro-F1 and the expected calibration error of each model, and the gain from vision. Beside them,
-compared on request (``dvc metrics show/diff --targets``): the slices (accuracy per condition, :mod:`vlm.slices`)
-and the detail; then tables for ``dvc plots`` and pictures. What each file holds: docs/architecture.md (evaluate).
+"""The ``evaluate`` stage: the VLM and its blind baseline on the test split, side by side (the headline metrics, the
+slices, the details, tables and pictures: docs/architecture.md, evaluate).
 """
 
 from __future__ import annotations

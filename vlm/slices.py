@@ -1,11 +1,6 @@
-"""Robustness slices: the conditions each test question was asked under, computed from the scene labels only, so
-that synthetic and BDD100K frames go through the same code.
-
-Every question gets a value per dimension that applies to it (``None`` where it does not): the frame's attributes,
-its labelled objects (:data:`OBJECT_BINS`), for light-dependent questions the governing light (near, far, unreadable
-or none) and whether an occluded light is there, which the rules ignore but a model may read, the category a
-detection or counting question asks about, and for spatial ones whether that category is in both side thirds, one
-or neither (docs/architecture.md, evaluate).
+"""Robustness slices: the conditions each test question was asked under (a value per dimension that applies to it,
+``None`` where none does; the dimensions: docs/architecture.md, evaluate), from the scene labels only, so that
+synthetic and BDD100K frames go through the same code.
 """
 
 from __future__ import annotations

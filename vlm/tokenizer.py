@@ -1,13 +1,6 @@
-"""Word-level tokenizer for traffic commands and the vocabulary it is built from.
-
-Traffic commands come from a few hundred templates, so a closed word vocabulary built from the train split covers
-them: no sub-word merges are needed, and an id is a whole word a person can read back. The ids (the contract with
-the model), the normalisation and ``vocab.json`` are in docs/architecture.md (build_vocab)::
-
-    [PAD]=0 [UNK]=1 [SOS]=2 [EOS]=3 [YES]=4 [NO]=5 [MAYBE]=6 [SEP]=7, 8-9 reserved, words from 10
-
-The words "yes", "no" and "maybe" *are* the answer tokens ``[YES]``/``[NO]``/``[MAYBE]``: there is one id for
-each, whether it appears in a question or as an answer.
+"""Word-level tokenizer for traffic commands and the vocabulary it is built from: the commands come from a few
+hundred templates, so a closed word vocabulary of the train split covers them (no sub-word merges). The fixed ids,
+the normalisation and ``vocab.json``: docs/architecture.md (build_vocab).
 """
 
 from __future__ import annotations

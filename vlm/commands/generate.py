@@ -1,9 +1,6 @@
-"""Turning labelled scenes into balanced question/answer records, split by image.
-
-Balancing follows CLEVR (docs/architecture.md, generate_commands): greedy picks image by image (:func:`_pick`),
-then a rejection pass (:func:`_trim`) until no answer dominates in any question key (template plus parameters) or
-command type. Keys whose answer never varies are dropped entirely: a text-only model must not be able to answer
-from the question. Each split's records come in the order of the labels, an image's questions together.
+"""Turning labelled scenes into balanced question/answer records, split by image. Balancing follows CLEVR
+(docs/architecture.md, generate_commands): greedy picks image by image (:func:`_pick`), then a rejection pass
+(:func:`_trim`).
 """
 
 from __future__ import annotations
@@ -187,10 +184,8 @@ def _trim(groups: np.ndarray, answers: np.ndarray, answer_names: list[str], keep
 
 
 class BalancedCommands:
-    """The balanced question records of every split, from scenes read as a stream, never held whole: ``scenes``
-    is called for each read and must give the same scenes in the same order every time. The reads assign the
-    splits, pick questions (keeping of each its image, key, type and answer as small integers, which balancing
-    works on) and, in :meth:`write`, pick the same questions again and write the kept ones as they come."""
+    """The balanced question records of every split, from scenes read as a stream, three times (docs/architecture.md,
+    generate_commands): ``scenes`` is called for each read and must give the same scenes in the same order."""
 
     def __init__(self, scenes: Callable[[], Iterable[Scene]], width: float, height: float, config: CommandsConfig):
         self._scenes, self._width, self._height, self._config = scenes, width, height, config

@@ -52,9 +52,7 @@ class PackConfig:
 
 @dataclass
 class PackRuntime:
-    """How fast ``pack_hdf5`` decodes, never what it writes (params.yaml's ``runtime.pack``, which no stage
-    declares): images come back in order and the statistics are exact integer sums, so any worker count and chunk
-    size write the same bytes."""
+    """How fast ``pack_hdf5`` decodes, never what it writes (``runtime.pack``: docs/architecture.md, Speed settings)."""
 
     workers: int = 2  # decoding processes; 0: one per CPU core, 1: in the calling process
     chunksize: int = 16  # images per task sent to a worker

@@ -1,7 +1,5 @@
-"""The ``generate_scenes`` stage: synthetic scenes rendered in parallel, or a BDD100K folder read, into one folder
-replaced atomically: ``labels.json`` (det_20, one frame per line), ``source.json`` (where the images are, their
-size) and, for the synthetic source, ``images/*.jpg``. BDD100K images are read in place; their content digest in
-``source.json`` makes the folder change when one of them does, so the stages after re-run too.
+"""The ``generate_scenes`` stage (docs/architecture.md): synthetic scenes rendered in parallel, or a BDD100K folder
+read (its images in place, their content digest in ``source.json``), into one folder replaced atomically.
 """
 
 from __future__ import annotations
@@ -72,8 +70,7 @@ class ScenesConfig:
 
 @dataclass
 class ScenesRuntime:
-    """How fast ``generate_scenes`` renders, never what (params.yaml's ``runtime.scenes``, which no stage declares):
-    every scene is rendered from its own seed, so any worker count writes the same bytes."""
+    """How fast ``generate_scenes`` renders, never what (``runtime.scenes``; docs/architecture.md, "Speed settings")."""
 
     workers: int = 0  # render processes; 0: one per CPU core
 

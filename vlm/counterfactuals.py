@@ -27,8 +27,7 @@ from vlm.scenes.edits import EDITS, Pair, make_pairs
 from vlm.scenes.generate import ScenesConfig, load_raw
 
 FIELDS = ("image_id", "command", "template")  # what is read of a commands record
-# What :func:`run` reads of the scenes and commands params (dvc.yaml declares exactly these): how the scenes were
-# rendered, to render them again, and what the question templates may ask about.
+# what :func:`run` reads of the scenes and commands params (dvc.yaml declares exactly these)
 SCENES_KEYS = ("seed", "width", "height", "max_count", "jpeg_quality")
 COMMANDS_KEYS = ("detection_categories", "counting_categories", "spatial_categories", "more_than", "max_count")
 

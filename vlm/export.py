@@ -126,11 +126,9 @@ def hf_config(config: VLMConfig) -> dict[str, Any]:
 
 
 def hf_tokenizer(vocab: Mapping[str, int]) -> Tokenizer:
-    """The ``tokenizers.Tokenizer`` of ``vocab`` (token -> id, vlm/tokenizer.py's): NFKC, lower case, ``? . , !``
-    tokens of their own, whitespace between words; "yes", "no", "maybe" are the ids of [YES], [NO], [MAYBE]
-    (tokens named by their word, so they decode to it); a line break is [SEP]. The special tokens (and the image
-    placeholder on reserved id 8) match only as written and are skipped when decoding. Alone it encodes a
-    question as ``[SOS] words [SEP]``, as ``encode_question``."""
+    """The ``tokenizers.Tokenizer`` of ``vocab`` (token -> id): vlm/tokenizer.py's words, "yes", "no", "maybe" the
+    ids of [YES], [NO], [MAYBE] (named by their word, so they decode to it), a line break [SEP]; the special tokens
+    match only as written and are skipped when decoding. Alone it encodes a question as ``encode_question`` does."""
     words = {token: i for token, i in vocab.items() if i >= FIRST_WORD_ID and token not in ANSWER_TOKEN_WORDS}
     table = {name: i for i, name in SPECIAL.items()} | ANSWER_TOKEN_WORDS | words
     tokenizer = Tokenizer(models.WordLevel(table, unk_token=SPECIAL[UNK]))

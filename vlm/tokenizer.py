@@ -36,8 +36,7 @@ FIRST_WORD_ID = 10
 
 # The answer words that are single special tokens rather than vocabulary words.
 ANSWER_TOKEN_WORDS = {"yes": YES, "no": NO, "maybe": MAYBE}
-# The rest of the normalised answer set of the commands contract: always in the vocabulary, so
-# every answer of any split has ids even when the train split happens to miss one.
+# the rest of the commands contract's answers: always in the vocabulary, even when the train split misses one
 CONTRACT_ANSWER_WORDS = ("red", "yellow", "green", *(str(n) for n in range(10)))
 
 PUNCTUATION = ("?", ".", ",", "!")

@@ -27,8 +27,7 @@ from vlm.scenes.schema import CATEGORIES, Scene
 class CommandsConfig:
     seed: int = 0
     questions_per_image: int = 8
-    # The train split's own mix (val and test keep the above, so their numbers stay comparable): questions per
-    # image (None = questions_per_image) and the share of its slots each type gets (weights; unnamed types 1).
+    # the train split's own mix (README, params): questions per image (None: the above), type weights (unnamed: 1)
     train_questions_per_image: int | None = None
     train_type_weights: dict = field(default_factory=dict)
     splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
@@ -39,9 +38,8 @@ class CommandsConfig:
     spatial_categories: list[str] = field(default_factory=lambda: ["car", "pedestrian", "truck", "bus"])
     more_than: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     max_count: int = 9
-    # A held-out combination (CLEVR-CoGenT style), e.g. {timeofday: night, weather: rainy}: the frames with
-    # every one of these attributes form the test split and no other split; train and val share the rest in
-    # the proportion of their fractions. Empty = off (a random test split).
+    # a held-out combination (CLEVR-CoGenT), e.g. {timeofday: night}: its frames are the test split and in no
+    # other (train and val share the rest in proportion); {}: off, a random test split
     holdout: dict = field(default_factory=dict)
 
     def validate(self, prefix: str = "commands") -> None:

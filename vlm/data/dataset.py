@@ -185,9 +185,8 @@ class TrafficVQADataset(Dataset):
             samples.append(sample)
         return samples
 
-    # The image copies below use numpy on purpose: numpy copies run on the calling thread, while
-    # torch's intra-op threads contend with the training step (num_workers=0) and get several
-    # times slower on a loaded 2-core machine.
+    # The image copies below use numpy on purpose: numpy copies run on the calling thread, while torch's intra-op
+    # threads contend with the training step (num_workers=0) and get several times slower on a loaded machine.
 
     def _read_images(self, rows: np.ndarray) -> np.ndarray:
         """uint8 ``[len(rows), 3, S, W]`` (C-contiguous) of the images at ``rows``."""

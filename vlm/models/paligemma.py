@@ -57,9 +57,7 @@ class PaliGemmaConfig:
     vision: Literal["siglip", "none"] = "siglip"
     connector: Literal["linear", "qformer"] = "linear"
     pixel_shuffle: int = 1  # linear connector: r x r neighbouring patches -> one image token (1 = PaliGemma)
-    # One decoder row per image (vlm.models.packing): the image tokens attend to each other only, not to the
-    # question as in PaliGemma's prefix, so that all of an image's questions share them. False = PaliGemma.
-    pack_questions: bool = False
+    pack_questions: bool = False  # one decoder row per image (vlm.models.packing; departure 8). False = PaliGemma
     vision_checkpoint: str | None = None  # a saved HF SigLIP (or PaliGemma) folder: the encoder starts from it
     decoder_checkpoint: str | None = None  # a saved HF GemmaForCausalLM (or PaliGemma) folder: the decoder too
     siglip: SiglipVisionConfig = field(default_factory=SiglipVisionConfig)
@@ -194,8 +192,7 @@ def _pretrained_config(key: str, checkpoint: Any, read: Callable[[str], Any]) ->
 @dataclass
 class VLMOutput:
     logits: torch.Tensor  # [B, L, V] at the text positions; [B, A, V] at the answer's with answer_only
-    # With batch.labels: "answer", the mean cross-entropy over the answer tokens, and, with batch.targets too,
-    # the extension's losses by name; training weights them (``PaliGemma.loss_weights``) and sums them.
+    # with batch.labels: "answer" (the mean cross-entropy over the answer tokens); with batch.targets, the extension's
     losses: dict[str, torch.Tensor] = field(default_factory=dict)
 
 

@@ -28,9 +28,8 @@ from vlm.scenes.schema import Scene, scene_from_frame, scene_to_frame
 
 @dataclass
 class BDD100KConfig:
-    # The dataset folder, a dependency of generate_scenes in dvc.yaml: a changed label or image under it
-    # re-runs the pipeline. images and labels are relative to it (BDD100K's own layout by default): a path
-    # outside it would not be tracked.
+    # the dataset folder, a dependency of generate_scenes in dvc.yaml; images and labels are relative to it (a path
+    # outside it would not be tracked)
     root: str = "data/bdd100k"
     images: str = "images/100k/train"
     labels: str = "labels/det_20/det_train.json"

@@ -1,5 +1,4 @@
-"""``Batch``: the tensors the loader hands to the model (docs/architecture.md, data path), each distinct image once.
-"""
+"""``Batch``: the tensors the loader hands to the model (docs/architecture.md, data path), each distinct image once."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The ``evaluate`` stage: the VLM and its blind baseline on the test split, side by side (the headline metrics, the
-slices, the details, tables and pictures: docs/architecture.md, evaluate).
-"""
+slices, the details, tables and pictures: docs/architecture.md, evaluate)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Every picture the project draws (the measuring code hands it the numbers): matplotlib figures, drawn without
-pyplot and loaded by the first figure (a stage drawing only PIL contact sheets never loads it), and contact sheets.
-"""
+pyplot and loaded by the first figure (a stage drawing only PIL contact sheets never loads it), and contact sheets."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@
 Images of any size and format are preprocessed exactly as in training (JPEG draft downscale, squash
 to the packed size, the packing's resampling filter); the answer is constrained decoding over the
 model's answer set, printed with its probability. Words the model never saw become [UNK], with a
-warning naming them.
-"""
+warning naming them."""
 
 from __future__ import annotations
 

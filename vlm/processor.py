@@ -1,7 +1,6 @@
 """The processor: images and questions (and answers) -> a :class:`vlm.batch.Batch`. As HuggingFace's
 ``PaliGemmaProcessor``, :class:`Processor` pairs the packing's image decode with the tokenizer; :func:`make_batch`
-lays out the token sequences, for the training collate and the processor alike (docs/architecture.md, data path).
-"""
+lays out the token sequences, for the training collate and the processor alike (docs/architecture.md, data path)."""
 
 from __future__ import annotations
 

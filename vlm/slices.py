@@ -1,7 +1,6 @@
 """Robustness slices: the conditions each test question was asked under (a value per dimension that applies to it,
 ``None`` where none does; the dimensions: docs/architecture.md, evaluate), from the scene labels only, so that
-synthetic and BDD100K frames go through the same code.
-"""
+synthetic and BDD100K frames go through the same code."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Word-level tokenizer for traffic commands and the vocabulary it is built from: the commands come from a few
 hundred templates, so a closed word vocabulary of the train split covers them (no sub-word merges). The fixed ids,
-the normalisation and ``vocab.json``: docs/architecture.md (build_vocab).
-"""
+the normalisation and ``vocab.json``: docs/architecture.md (build_vocab)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Read it top to bottom in :func:`train`: :func:`setup` (inputs checked, data, model, optimizer), :func:`resume`,
 :func:`train_epoch` and :func:`end_epoch` for each epoch, :func:`finish`. What a run writes, how it resumes and how
-it runs under ``torchrun``: docs/architecture.md (train, and Training).
-"""
+it runs under ``torchrun``: docs/architecture.md (train, and Training)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Turning labelled scenes into balanced question/answer records, split by image. Balancing follows CLEVR
 (docs/architecture.md, generate_commands): greedy picks image by image (:func:`_pick`), then a rejection pass
-(:func:`_trim`).
-"""
+(:func:`_trim`)."""
 
 from __future__ import annotations
 

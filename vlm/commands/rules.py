@@ -1,8 +1,7 @@
 """Every answer rule in one place, computed from a normalised :class:`~vlm.scenes.Scene` only.
 
 The same rules answer questions about synthetic scenes and real BDD100K frames, so nothing here may
-look at pixels. Geometry is expressed as fractions of the image size.
-"""
+look at pixels. Geometry is expressed as fractions of the image size."""
 
 from __future__ import annotations
 

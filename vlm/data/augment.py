@@ -1,7 +1,6 @@
 """Training augmentation (docs/architecture.md, data path): an image's draw comes from a generator seeded by
 ``(seed, epoch, image_row)``, never the global or worker RNG, so 0 or N DataLoader workers yield identical batches;
-a horizontal flip swaps "left" and "right" in the question and the answer too.
-"""
+a horizontal flip swaps "left" and "right" in the question and the answer too."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """``TrafficVQADataset``: one sample per question over a split's commands and its packed images; text tokenised once
-at construction, each distinct image of a batch read and augmented once (docs/architecture.md, data path).
-"""
+at construction, each distinct image of a batch read and augmented once (docs/architecture.md, data path)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The ``pack_hdf5`` stage: the JPEGs of each split decoded and resized (docs/architecture.md, pack_hdf5) into one
 HDF5 file per split. Decoding runs in a process pool; results come back in order, a bounded number of chunks in
-flight, and are streamed to disk, so memory does not grow with the number of images.
-"""
+flight, and are streamed to disk, so memory does not grow with the number of images."""
 
 from __future__ import annotations
 

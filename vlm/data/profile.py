@@ -1,6 +1,5 @@
 """The ``profile_dataloader`` stage (docs/architecture.md): samples/s of the naive loader and ours (``ours_hdf5``,
-``ours_ram``), interleaved and repeated (``rounds``, the best counts) so that machine noise hits all alike.
-"""
+``ours_ram``), interleaved and repeated (``rounds``, the best counts) so that machine noise hits all alike."""
 
 from __future__ import annotations
 

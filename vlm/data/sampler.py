@@ -1,7 +1,6 @@
 """A batch sampler that keeps the questions of an image together (the image is encoded once). Per epoch the images
 are shuffled by ``(seed, epoch)`` and packed greedily into batches; under DDP rank r takes part r of the batches one
-process at ``world_size * batch_size`` would train on (docs/architecture.md, Training).
-"""
+process at ``world_size * batch_size`` would train on (docs/architecture.md, Training)."""
 
 from __future__ import annotations
 

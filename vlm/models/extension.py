@@ -1,7 +1,6 @@
 """The one interface through which a task adds to the PaliGemma core (:mod:`vlm.models.paligemma`): its three
 optional points, **adapt** the pixels, **read** the encoder's patch features and **learn** from ``Batch.targets``, are
-described in docs/architecture.md ("Where it departs from PaliGemma"); its parameters live under ``extension.*``.
-"""
+described in docs/architecture.md ("Where it departs from PaliGemma"); its parameters live under ``extension.*``."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Attention masks are boolean ``[B, 1, Q, K]`` (True = may attend), built once per forward by :func:`prefix_lm_mask` and
 shared by all layers. Tokens live in *slots* (their index in the key sequence or the cache) and have *positions* (their
-RoPE index); the two differ only when several continuations share one prefix (see ``PaliGemma.answer``).
-"""
+RoPE index); the two differ only when several continuations share one prefix (see ``PaliGemma.answer``)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,7 @@ the same layout, so that nothing but the edit differs (occlusion is measured aga
 - ``night_to_day``, ``toggle_fog`` (fog on a clear scene, off a foggy one) and ``mirror`` (labels mirrored too).
 
 An edit that cannot apply to a scene (no light to switch, a rainy scene for fog, no free place for a pedestrian)
-returns None.
-"""
+returns None."""
 
 from __future__ import annotations
 

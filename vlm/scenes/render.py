@@ -9,8 +9,7 @@ and removes those hidden ambiguously (a few to a fifth of their pixels) or almos
 
 Geometry is a pinhole camera over a flat road: a point at ground depth ``z`` metres projects to the
 row ``y = horizon + s * (H - horizon)`` with ``s = Z_BOTTOM / z``, and a width of ``w`` metres at that
-depth spans ``w * PX_PER_M * s`` pixels.
-"""
+depth spans ``w * PX_PER_M * s`` pixels."""
 
 from __future__ import annotations
 

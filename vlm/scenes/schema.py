@@ -1,7 +1,6 @@
 """The normalised scene record every downstream stage sees, and its BDD100K det_20 serialisation:
 :func:`scene_from_frame` reads both BDD100K dialects (2018 and det_20; docs/architecture.md, generate_scenes),
-:func:`scene_to_frame` always writes det_20.
-"""
+:func:`scene_to_frame` always writes det_20."""
 
 from __future__ import annotations
 

@@ -46,8 +46,7 @@ class CounterfactualsConfig:
         check(self.batch_size >= 1, f"{prefix}.batch_size", f"must be >= 1, got {self.batch_size}")
         check(self.sheet_examples >= 0, f"{prefix}.sheet_examples", "must be >= 0")
         unknown = [e for e in self.edits if e not in EDITS]
-        check(not unknown and self.edits, f"{prefix}.edits",
-              f"must name some of {', '.join(EDITS)}, got {self.edits}")
+        check(not unknown and self.edits, f"{prefix}.edits", f"must name some of {', '.join(EDITS)}, got {self.edits}")
 
 
 def pair_questions(pair: Pair, width: float, height: float, options: TemplateOptions, asked: set,

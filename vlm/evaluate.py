@@ -149,8 +149,7 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
     text_only = predictions_table(blind, dataset, config.batch_size, device)
     table = ours.assign(blind_prediction=text_only["prediction"], blind_probability=text_only["probability"],
                         blind_correct=text_only["correct"])
-    metrics = {"split": config.split, "questions": len(table), "vlm": summarize(ours),
-               "blind": summarize(text_only)}
+    metrics = {"split": config.split, "questions": len(table), "vlm": summarize(ours), "blind": summarize(text_only)}
     metrics["gain_from_vision"] = {
         "accuracy": round(metrics["vlm"]["accuracy"] - metrics["blind"]["accuracy"], 4),
         "per_type": {t: round(metrics["vlm"]["per_type"][t] - metrics["blind"]["per_type"].get(t, 0.0), 4)

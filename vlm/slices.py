@@ -76,6 +76,5 @@ def slice_accuracy(table: pd.DataFrame, correct_columns: dict[str, str]) -> tupl
             continue
         counts[dimension] = {str(value): int(len(group)) for value, group in groups}
         for model, column in correct_columns.items():
-            accuracy[model][dimension] = {str(value): round(float(group[column].mean()), 4)
-                                          for value, group in groups}
+            accuracy[model][dimension] = {str(value): round(float(group[column].mean()), 4) for value, group in groups}
     return accuracy, counts

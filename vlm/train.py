@@ -174,8 +174,7 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.O
     decay = [p for name, p in named if p.dim() >= 2 and name not in hidden]
     no_decay = [p for _, p in named if p.dim() < 2]
     adamw = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                               {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95),
-                              fused=True)
+                               {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95), fused=True)
     if not hidden:
         return adamw
     muon = torch.optim.Muon([p for name, p in named if name in hidden], lr=config.lr,

@@ -106,8 +106,7 @@ def split_images(image_ids: list[str], fractions: dict, seed: int) -> dict[str, 
 def pick_images(image_ids: list[str], n: int = 16, seed: int = 0) -> list[str]:
     """``n`` of the sorted ``image_ids`` picked at random (seeded), in id order: the images of the contact sheet."""
     ids = sorted(image_ids)
-    return [ids[i] for i in sorted(np.random.default_rng(seed).choice(len(ids), size=min(n, len(ids)),
-                                                                      replace=False))]
+    return [ids[i] for i in sorted(np.random.default_rng(seed).choice(len(ids), size=min(n, len(ids)), replace=False))]
 
 
 def _deficit(counts: Counter, answer: str) -> int:
@@ -286,8 +285,7 @@ class BalancedCommands:
         collected: dict[str, tuple[str, list[dict]]] = {}
         position_in_split: Counter = Counter()
         with contextlib.ExitStack() as stack:
-            writers = {split: stack.enter_context(json_list_writer(Path(folder) / f"{split}.json"))
-                       for split in SPLITS}
+            writers = {split: stack.enter_context(json_list_writer(Path(folder) / f"{split}.json")) for split in SPLITS}
             for split, _, scene, slot, c, phrasing in self._pick_all(self._pickers()):
                 position_in_split[split] += 1
                 if not self._keep[split][position_in_split[split] - 1]:

@@ -103,8 +103,7 @@ class QFormerLayer(nn.Module):
 class QFormerEncoder(nn.Module):
     def __init__(self, config: QFormerConfig, vision_hidden_size: int):
         super().__init__()
-        self.layer = nn.ModuleList(QFormerLayer(config, i, vision_hidden_size)
-                                   for i in range(config.num_hidden_layers))
+        self.layer = nn.ModuleList(QFormerLayer(config, i, vision_hidden_size) for i in range(config.num_hidden_layers))
 
     def forward(self, queries: torch.Tensor, image_features: torch.Tensor) -> torch.Tensor:
         for layer in self.layer:

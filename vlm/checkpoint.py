@@ -113,8 +113,7 @@ class LoadedModel:
 
 def load_model(path: str | os.PathLike, vocab_path: str | os.PathLike | None = None,
                device: str | torch.device = "cpu") -> LoadedModel:
-    """Rebuild a trained model in eval mode from ``path``; ``vocab_path``'s sha256 must be the one it was trained
-    with."""
+    """Rebuild a trained model in eval mode from ``path``; ``vocab_path`` must be the vocabulary it was trained with."""
     path = Path(path)
     payload = read(path)
     missing = [key for key in REQUIRED if key not in payload]

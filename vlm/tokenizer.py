@@ -107,10 +107,9 @@ class TrafficCommandTokenizer:
     @classmethod
     def build_vocab(cls, commands: Sequence[dict], min_freq: int = 1, max_vocab_size: int = 1000,
                     max_length: int = 32, source: str = "commands") -> TrafficCommandTokenizer:
-        """Build the vocabulary from command records (``command`` and ``answer`` fields; ``source`` names them in
-        errors). Words are ordered by frequency (commands and answers counted together), ties alphabetically. Kept
-        whatever their count: the punctuation marks, the contract answer words (colours, digits) and every answer
-        word of ``commands``; other words need ``min_freq`` occurrences and are cut, least frequent first, to fit."""
+        """Build the vocabulary from command records (``command`` and ``answer``; ``source`` names them in errors),
+        ordered as docs/architecture.md (build_vocab) says. Every answer word stays whatever its count; other words
+        need ``min_freq`` occurrences and are cut, least frequent first, to fit."""
         VocabConfig(min_freq, max_vocab_size, max_length).validate("vocab")
         check_commands(commands, source, _TEXT_FIELDS)
         counts: Counter[str] = Counter()

@@ -212,9 +212,8 @@ class Optimizers(torch.optim.Optimizer):
 
 
 def compile_layers(model: torch.nn.Module) -> None:
-    """``torch.compile`` each encoder and decoder layer in place (``nn.Module.compile``: the parameter names, so
-    the checkpoints, stay as they are), as torchtitan compiles each transformer block; the code between them
-    (packing, perception, the losses) stays eager. Dynamic shapes: a batch's question lengths vary."""
+    """``torch.compile`` each encoder and decoder layer in place (``nn.Module.compile``: the parameter names, so the
+    checkpoints, stay), as torchtitan does; the code between them stays eager. Dynamic: question lengths vary."""
     for module in model.modules():
         if isinstance(module, (SiglipEncoderLayer, GemmaDecoderLayer)):
             module.compile(dynamic=True)
@@ -508,8 +507,7 @@ def optimizer_step(run: Run) -> None:
 
 class StepWindow:
     """Means over the forward passes of one optimizer step, for its record: the training loss, each loss of the
-    model's loss dict and the accuracy (under DDP, means over the processes too: every process's part of the
-    step counts, so the curve is the one of one process)."""
+    model's loss dict and the accuracy (under DDP over the processes too, so the curve is the one of one process)."""
 
     def __init__(self):
         self.sums: dict[str, float] = {}

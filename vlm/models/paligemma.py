@@ -271,13 +271,11 @@ class PaliGemma(nn.Module):
                 batch.prefix_lengths + image_tokens.shape[1], losses)
 
     def forward(self, batch: Batch, answer_only: bool = False) -> VLMOutput:
-        """Logits ``[B, L, V]`` for the text positions and, with ``batch.labels``, the losses (the answer's;
-        with ``batch.targets`` too, the extension's).
-
-        ``answer_only`` (training): the last decoder layer and the LM head compute only the A positions that
-        predict the answer tokens (column a of row b: the token at text position ``prefix_lengths[b] + a``),
-        so the logits are ``[B, A, V]``; the loss is the same (labels sit on the answer tokens only).
-        With ``pack_questions`` the decoder reads one row per image (:class:`PackedRows`)."""
+        """Logits ``[B, L, V]`` for the text positions and, with ``batch.labels``, the losses (the answer's; with
+        ``batch.targets`` too, the extension's). ``answer_only`` (training): the last decoder layer and the LM head
+        compute only the A positions that predict the answer tokens (column a of row b: the token at text position
+        ``prefix_lengths[b] + a``), so the logits are ``[B, A, V]``; the loss is the same (labels sit on the answer
+        tokens only). With ``pack_questions`` the decoder reads one row per image (:class:`PackedRows`)."""
         length = batch.input_ids.shape[1]
         if answer_only:
             if batch.labels is None:
@@ -428,8 +426,7 @@ def packed_candidates_mask(key_valid: torch.Tensor, prefix_total: torch.Tensor, 
 def load_pretrained(model: PaliGemma) -> PaliGemma:
     """A freshly built model to train, given the pretrained SigLIP encoder when ``vision_checkpoint`` is set
     (its position grid resampled to ``siglip.grid``) and the pretrained decoder when ``decoder_checkpoint``
-    is (its token embeddings fresh unless its vocabulary is the tokenizer's). A trained model is restored with
-    ``load_state_dict`` instead."""
+    is (its token embeddings fresh unless its vocabulary is the tokenizer's)."""
     config = model.config
     if config.vision == "siglip" and config.vision_checkpoint is not None:
         pretrained = load_pretrained_siglip(config.vision_checkpoint, image_size=config.siglip.image_size,

@@ -36,8 +36,8 @@ class CentreHead(AuxiliaryHead):
     def __init__(self, config, vision: SiglipVisionConfig, width: int = 32):
         super().__init__(config, vision)
         self.channels = channels("heat", "foot")  # of the targets
-        height, width = vision.height_width
-        self.grid = (height // STRIDE, width // STRIDE)  # heatmap cells (rows, columns)
+        rows, columns = vision.height_width
+        self.grid = (rows // STRIDE, columns // STRIDE)  # heatmap cells (rows, columns)
         heat_channels = CHANNELS[self.channels]
         stem = config.stem_channels
         c4, c8, top = stem[1], stem[2], stem[-1]  # strides 4, 8 and the stem's last

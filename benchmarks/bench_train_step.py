@@ -24,6 +24,14 @@ weights and batches:
 
     PYTHONPATH=. python benchmarks/bench_train_step.py --compare before_answer_only_and_fused \
         all_text_positions default_adamw compile_layers channels_last --out metrics/bench_train_tweaks.json
+
+With ``--against PARAMS DATA`` the baseline is another design's run (its params file and packed data, e.g. the
+previous defaults'), and the run of ``--params``/``--data`` joins the comparison as ``params``; each run's
+whole training (its steps per epoch times its epochs) then gives the ratio of training times, step time times
+steps (``training_time_ratio``), what "the new defaults train no longer than the old ones" is measured by:
+
+    PYTHONPATH=. python benchmarks/bench_train_step.py --compare --against old/params.yaml old/data/processed \
+        --check-steps 20 --out metrics/bench_train_step_defaults.json
 """
 
 from __future__ import annotations
@@ -269,11 +277,12 @@ def compare(args, workdir: Path) -> dict[str, object]:
     """Each tweak against the baseline: paired ratios of step time over interleaved rounds (baseline time /
     tweak time, the median round counts), and the per-step losses of ``--check-steps`` steps from the same
     initial weights and batches against the baseline's."""
-    names = ["baseline", *args.compare]
+    names = ["baseline", *(["params"] if args.against else []), *args.compare]
     runs = {}
     for name in names:
-        run = build_run(args.params, args.data, workdir / name, {})
-        if name != "baseline":
+        params, data = args.against if args.against and name == "baseline" else (args.params, args.data)
+        run = build_run(params, Path(data), workdir / name, {})
+        if name in TWEAKS:
             TWEAKS[name](run)
         run.model.train()
         runs[name] = (run, batches(run), [])
@@ -295,6 +304,7 @@ def compare(args, workdir: Path) -> dict[str, object]:
         rows = {row["part"]: row["ms"] for row in profile["rows"]}
         decoder[name] = rows["decoder layers"] / profile["questions_per_step"]
     reference = torch.tensor(runs["baseline"][2])
+    steps = {name: run.config.epochs * len(run.loader) for name, (run, _, _) in runs.items()}  # whole training
     results = {}
     for name in names:
         gap = (torch.tensor(runs[name][2]) - reference).abs()
@@ -302,6 +312,10 @@ def compare(args, workdir: Path) -> dict[str, object]:
                          "speedup": round(statistics.median(ratios[name]), 3),
                          "decoder_ms_per_question": round(decoder[name], 3),
                          "decoder_speedup": round(decoder["baseline"] / decoder[name], 3),
+                         "training_steps": steps[name],
+                         # (step time x steps) / the baseline's: the whole training's time against the baseline's
+                         "training_time_ratio": round(steps[name] / steps["baseline"]
+                                                      / statistics.median(ratios[name]), 3),
                          "speedup_range": [round(min(ratios[name]), 3), round(max(ratios[name]), 3)],
                          "loss_max_abs_diff": float(gap.max()) if len(gap) else 0.0,
                          "loss_last_abs_diff": float(gap[-1]) if len(gap) else 0.0,
@@ -366,14 +380,17 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--steps", type=int, default=40, help="timed steps")
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--top", type=int, default=15, help="operators listed by self time")
-    parser.add_argument("--compare", nargs="+", choices=sorted(TWEAKS), default=None,
+    parser.add_argument("--compare", nargs="*", choices=sorted(TWEAKS), default=None,
                         help="instead of the breakdown: these tweaks against the baseline, interleaved")
+    parser.add_argument("--against", nargs=2, metavar=("PARAMS", "DATA"), default=None,
+                        help="--compare: the baseline is the run of this params file and packed data; the run of "
+                             "--params and --data is compared with it as 'params' (the losses then differ by design)")
     parser.add_argument("--rounds", type=int, default=10, help="--compare: interleaved rounds")
     parser.add_argument("--round-steps", type=int, default=5, help="--compare: steps of each run per round")
     parser.add_argument("--check-steps", type=int, default=200, help="--compare: steps whose losses are compared")
     parser.add_argument("--out", type=Path, default=None, help="JSON report")
     args = parser.parse_args(argv)
-    if args.compare:
+    if args.compare is not None:
         with tempfile.TemporaryDirectory() as workdir:
             report = {"machine": machine(), **compare(args, Path(workdir))}
         if args.out:

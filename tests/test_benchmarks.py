@@ -103,6 +103,20 @@ def test_bench_train_step_compare(tmp_path, tiny_run):
         assert results[name]["decoder_ms_per_question"] > 0
 
 
+@pytest.mark.xdist_group("tiny_project")
+def test_bench_train_step_against_another_design(tmp_path, tiny_run):
+    """--against: the baseline is another params file's run; the ratio of whole trainings counts each one's steps."""
+    longer = yaml.safe_load(open(tiny_run[1], encoding="utf-8"))
+    longer["train"]["epochs"] *= 2
+    (tmp_path / "longer.yaml").write_text(yaml.safe_dump(longer))
+    report = run_benchmark("bench_train_step.py", tmp_path / "against.json", "--params", str(tmp_path / "longer.yaml"),
+                           "--data", tiny_run[3], "--compare", "--against", tiny_run[1], tiny_run[3], "--rounds", "2",
+                           "--round-steps", "1", "--check-steps", "1", "--profile-steps", "1")
+    baseline, new = report["results"]["baseline"], report["results"]["params"]
+    assert new["training_steps"] == 2 * baseline["training_steps"] > 0
+    assert new["training_time_ratio"] == round(2 / new["speedup"], 3) and baseline["training_time_ratio"] == 1
+
+
 def test_bench_memory(tmp_path):
     report = run_benchmark("bench_memory.py", tmp_path / "memory.json", "--sizes", "20", "24",
                            "--variants", "train (2 ranks, HDF5)", "--image-size", "32", "--extrapolate", "240")

@@ -28,7 +28,7 @@ def test_boxes_centres_and_readable_lights_land_in_their_patches():
     hidden = SceneObject(id="3", category="traffic light", box=(700.0, 10.0, 760.0, 80.0), light_color="green",
                          occluded=True)
     t = grounding_targets(scene(car, red, hidden), 1280, 720, grid=4).reshape(4, 4, -1)
-    assert t.shape[-1] == len(CHANNELS) == 41
+    assert t.shape[-1] == len(CHANNELS) == 44
     box = t[..., channel("box/car")]
     np.testing.assert_array_equal(box, [[0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]])
     centre = t[..., channel("centre/car")]
@@ -91,6 +91,10 @@ def test_footpoints_of_pedestrians_and_occluded_road_users():
     for group in ("road_user", "vulnerable", "occluded"):  # a sign is not a road user
         heat = t[..., channel(f"foot/{group}")]
         assert heat[15, 7] == 1 and (heat == 1).sum() == 1, group
+        feet = t[..., channel(f"feet/{group}")]  # the footpoint counted in its cell, nowhere else
+        assert feet[15, 7] == 1 and feet.sum() == 1, group
+    two = scene(walker, SceneObject(id="3", category="pedestrian", box=(610.0, 520.0, 630.0, 700.0)))
+    assert grounding_targets(two, 1280, 720, grid=16).reshape(16, 16, -1)[15, 7, channel("feet/vulnerable")] == 2
 
 
 def test_a_rectangular_grid_puts_each_centre_in_its_cell_and_mirrors_its_columns():

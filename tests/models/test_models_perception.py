@@ -13,6 +13,7 @@ from vlm.models import PaliGemma, SiglipVisionConfig
 from vlm.models.perception import PerceptionConfig, TrafficPerception
 from vlm.models.perception.heads import HEADS, AuxiliaryHead
 from vlm.models.perception.heads.centres import NUM_COUNT_THRESHOLDS, STRIDE
+from vlm.models.perception.heads.counts import MAX_LOG_COUNT
 from vlm.models.perception.heads.grounding import FRAME_LOSS_WEIGHT, NUM_THRESHOLDS
 from vlm.models.perception.targets import CHANNELS, GROUPS, channels
 from vlm.params import ParamError
@@ -69,7 +70,7 @@ def test_perception_needs_vision_and_a_checkpoint_rebuilds_it():
 
 def test_a_head_is_one_file_that_registers_itself(tmp_path):
     """Every module of the heads package is imported and each AuxiliaryHead subclass joins HEADS by its name."""
-    assert {"grounding", "centres"} <= set(HEADS)
+    assert {"grounding", "centres", "counts"} <= set(HEADS)
     assert all(issubclass(cls, AuxiliaryHead) and cls.name == name for name, cls in HEADS.items())
 
     class Probe(AuxiliaryHead):
@@ -239,3 +240,36 @@ def test_the_centre_heads_width_is_its_own_not_the_images(config, image_width):
     widths = {m.out_channels for m in head.modules() if isinstance(m, torch.nn.Conv2d)} - {len(HEAT_CHANNELS), 16}
     assert widths == {32}
     assert head.grid == (vision_config.height_width[0] // STRIDE, vision_config.height_width[1] // STRIDE)
+
+
+def test_counts_are_region_sums_of_a_density_the_losses_and_the_answer_reach(config, make_batch):
+    """The counts head's region sums are its density summed over each channel's regions; its loss falls to the
+    Poisson minimum at the exact counts; the decoder reads them as one token per channel, not detached."""
+    model = build(config, stem_channels=STEM, heads={"grounding": 1.0, "counts": 1.0}, to_decoder=True).train()
+    head = model.extension.heads["counts"]
+    num_channels = len(GROUPS["centre"]) + len(GROUPS["feet"])
+    assert head.token_shape == (num_channels, 3 * NUM_THRESHOLDS)
+    assert model.num_image_tokens == model.config.siglip.num_patches + 1 + num_channels
+    rows, columns = head.grid  # 8 x 8 cells
+    batch = make_batch(model.config)
+    targets = torch.zeros(batch.images.shape[0], rows * columns, len(CHANNELS))
+    car, vulnerable = CHANNELS.index("centre/car"), CHANNELS.index("feet/vulnerable")
+    targets[0, 1 * columns + 0, car] = 2.0  # two cars in one cell of the left third
+    targets[0, 3 * columns + 7, car] = 1.0  # one in the right third
+    targets[1, 6 * columns + 3, vulnerable] = 1.0  # a pedestrian's footpoint, near: the left and straight paths
+    counts = torch.cat([targets[..., channels("centre")], targets[..., channels("feet")]], dim=-1)
+    sums = head.region_sums(counts)  # [N, C, R]
+    car_index, vulnerable_index = GROUPS["centre"].index("centre/car"), num_channels - 2
+    assert sums[0, car_index].tolist() == [3, 2, 1] and sums[1, vulnerable_index].tolist() == [1, 1, 0]
+    assert sums.sum() == 3 + 2 + 1 + 1 + 1  # nothing counted outside the regions
+
+    # at the exact counts (log-density log(count) where there are objects, very low elsewhere) the region term
+    # is the Poisson minimum and every region count is exact
+    perfect = torch.where(counts > 0, counts.clamp(min=1e-9).log(), torch.full_like(counts, -30.0))
+    assert head.exact_counts(perfect, targets).all()
+    assert head.loss(perfect, targets) < head.loss(perfect + 0.5, targets)
+    assert not head.exact_counts(perfect.clamp(max=MAX_LOG_COUNT) + 1.0, targets).all()
+
+    model(replace(batch, targets=targets)).losses["answer"].backward()
+    assert head.out.weight.grad.abs().sum() > 0  # the answer's loss reaches the density
+    assert model.extension.head_tokens["counts"].embedding.grad.abs().sum() > 0

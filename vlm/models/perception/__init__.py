@@ -8,7 +8,9 @@ It plugs into the core through :class:`vlm.models.extension.VisionExtension` (th
   predicts maps of the target channels (:mod:`.targets`) and learns them with its own loss, which the model's
   loss dict carries under the head's name, weighted in training by its ``model.perception.heads`` entry;
 - **what reaches the decoder** (``to_decoder``): the heads' per-patch maps beside the patch features (the
-  connector's input grows by ``patch_width``) and their image summaries projected into one more image token.
+  connector's input grows by ``patch_width``), their image summaries projected into one more image token, and
+  the image tokens of the heads that have their own (``token_shape``: each projected, plus a learned embedding
+  per token).
 
 Adding a head: one file in ``heads/`` with a subclass of :class:`.heads.base.AuxiliaryHead` and its ``name``,
 plus its entry under ``model.perception.heads`` in params.yaml (docs/architecture.md has a worked example).
@@ -77,7 +79,9 @@ class TrafficPerception(VisionExtension):
         self.patch_width = sum(head.patch_width for head in heads)
         num_token_features = sum(head.num_token_features for head in heads)
         self.token_projector = nn.Linear(num_token_features, text_hidden_size) if num_token_features else None
-        self.num_tokens = int(self.token_projector is not None)
+        self.head_tokens = nn.ModuleDict({head.name: HeadTokens(*head.token_shape, text_hidden_size)
+                                          for head in heads if head.token_shape is not None})
+        self.num_tokens = int(self.token_projector is not None) + sum(t.num for t in self.head_tokens.values())
         self.text_hidden_size = text_hidden_size
 
     def targets(self, image_size: int | tuple[int, int], frame_size: tuple[float, float]) -> TargetTransform | None:
@@ -108,12 +112,28 @@ class TrafficPerception(VisionExtension):
                 maps += [] if patch_maps is None else [patch_maps.to(patch_features.dtype)]
                 summaries += [] if summary is None else [summary]
         extra_patch_features = torch.cat(maps, dim=-1) if maps else patch_features.new_zeros(num, patches, 0)
-        tokens = patch_features.new_zeros(num, 0, self.text_hidden_size)
+        tokens = [patch_features.new_zeros(num, 0, self.text_hidden_size)]
         if self.token_projector is not None:
-            tokens = self.token_projector(torch.cat(summaries, dim=-1).to(patch_features.dtype))[:, None]  # [N, 1, D]
+            tokens.append(self.token_projector(torch.cat(summaries, dim=-1).to(patch_features.dtype))[:, None])
+        for name, embed in self.head_tokens.items():
+            tokens.append(embed(self.heads[name].tokens(logits[name]).to(patch_features.dtype)))  # [N, T_h, D]
         losses = {} if targets is None else {name: head.loss(logits[name], targets)
                                              for name, head in self.heads.items()}
-        return ExtensionOutput(extra_patch_features, tokens, losses)
+        return ExtensionOutput(extra_patch_features, torch.cat(tokens, dim=1), losses)
+
+
+class HeadTokens(nn.Module):
+    """A head's own image tokens: its features per token ``[N, T, F]`` projected to the decoder's width, plus a
+    learned embedding per token (which channel it is): ``[N, T, D]``."""
+
+    def __init__(self, num: int, features: int, hidden_size: int):
+        super().__init__()
+        self.num = num
+        self.projector = nn.Linear(features, hidden_size)
+        self.embedding = nn.Parameter(torch.randn(num, hidden_size) * 0.1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.projector(features) + self.embedding
 
 
 __all__ = ["AuxiliaryHead", "PerceptionConfig", "TargetTransform", "TrafficPerception"]

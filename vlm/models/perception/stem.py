@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -35,3 +36,24 @@ class ConvStem(nn.Module):
             if index in self.stage_ends:
                 stages.append(hidden)
         return self.proj(hidden), stages
+
+
+class StemPyramid(nn.Module):
+    """A small feature pyramid over the stem's stage outputs (Lin et al. 2017, "Feature Pyramid Networks"): its
+    last stage brought to stride 8 and added to the stride-8 stage, then up to stride 4 beside that stage:
+    ``[N, width, H/4, W/4]``, what the heads that see objects finer than a patch read."""
+
+    def __init__(self, channels: list[int], width: int):
+        super().__init__()
+        c4, c8, top = channels[1], channels[2], channels[-1]  # strides 4, 8 and the stem's last
+        self.lateral = nn.Conv2d(top, c8, kernel_size=1)
+        self.smooth8 = nn.Sequential(nn.Conv2d(c8, width, 3, padding=1), nn.ReLU())
+        self.smooth4 = nn.Sequential(nn.Conv2d(width + c4, width, 3, padding=1), nn.ReLU(),
+                                     nn.Conv2d(width, width, 3, padding=1), nn.ReLU())
+
+    def forward(self, stem_features: list[torch.Tensor]) -> torch.Tensor:
+        f4, f8, top = stem_features[1], stem_features[2], stem_features[-1]
+        hidden = f8 + F.interpolate(self.lateral(top), size=f8.shape[-2:], mode="nearest")  # [N, c8, H/8, W/8]
+        hidden = self.smooth8(hidden)  # [N, width, H/8, W/8]
+        hidden = F.interpolate(hidden, size=f4.shape[-2:], mode="nearest")  # [N, width, H/4, W/4]
+        return self.smooth4(torch.cat([hidden, f4], dim=1))  # [N, width, H/4, W/4]

@@ -17,6 +17,7 @@ with :func:`channels`):
   sixth of the box's smaller side around it, the maximum where objects meet;
 - ``foot/{group}``: the same around the bottom-centre of the boxes of road users, of pedestrians and riders,
   and of occluded road users: where the safety rule looks;
+- ``feet/{group}``: how many of those bottom-centres fall in the cell (a count, as ``centre``);
 - ``frame/{attribute}`` (night, rain, fog, highway): 1 or 0 as the scene questions' answer, -1 where the
   labels leave it undefined; the same in every cell (the heads predict these once per image).
 
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from itertools import accumulate, chain
 
 import numpy as np
+import torch
 
 from vlm.commands import rules
 from vlm.scenes.schema import CATEGORIES, LIGHT_COLORS, Scene, scene_from_frame
@@ -45,6 +47,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "occluded": ("occluded",),
     "heat": tuple(f"heat/{c}" for c in CATEGORIES),
     "foot": tuple(f"foot/{g}" for g in FOOT_GROUPS),
+    "feet": tuple(f"feet/{g}" for g in FOOT_GROUPS),
     "frame": tuple(f"frame/{a}" for a in rules.FRAME_ATTRIBUTES),
 }
 CHANNELS = tuple(chain.from_iterable(GROUPS.values()))
@@ -63,6 +66,18 @@ def channels(*groups: str) -> slice:
     if names[first:last + 1] != list(groups):
         raise ValueError(f"target groups {groups} are not consecutive in {names}")
     return slice(START[groups[0]], START[groups[-1]] + len(GROUPS[groups[-1]]))
+
+
+def region_masks(regions: Sequence[Sequence[tuple[float, float, float]]], grid: tuple[int, int]) -> torch.Tensor:
+    """bool ``[C, R, rows, columns]``: which cells of ``grid`` (by their centres) lie in each channel's regions,
+    ``regions[c][r]`` = (x from, x to, y from) as fractions of the image (:data:`CENTRE_REGIONS`,
+    :data:`FOOT_REGIONS`)."""
+    rows, columns = grid
+    ys = (torch.arange(rows) + 0.5) / rows  # [rows] cell centres, 0..1
+    xs = (torch.arange(columns) + 0.5) / columns  # [columns]
+    bounds = torch.tensor(regions, dtype=torch.float32)  # [C, R, 3]
+    x0, x1, y0 = (bounds[..., i, None, None] for i in range(3))  # [C, R, 1, 1]
+    return (ys[:, None] >= y0) & (xs[None, :] >= x0) & (xs[None, :] <= x1)
 
 
 def grid_shape(grid: int | tuple[int, int]) -> tuple[int, int]:
@@ -137,9 +152,10 @@ def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[i
         road_user = obj.category in rules.ROAD_USERS
         in_group = {"road_user": road_user, "vulnerable": obj.category in rules.VULNERABLE,
                     "occluded": road_user and obj.occluded}
-        for index, group in enumerate(FOOT_GROUPS, start=START["foot"]):
+        for index, group in enumerate(FOOT_GROUPS):
             if in_group[group]:
-                _splat(targets[:, :, index], centre_x, y2 / height * rows, sigma)
+                _splat(targets[:, :, START["foot"] + index], centre_x, y2 / height * rows, sigma)
+                targets[cell(y2, height, rows), cell((x1 + x2) / 2, width, columns), START["feet"] + index] += 1
     for k, attribute in enumerate(rules.FRAME_ATTRIBUTES, start=START["frame"]):
         answer = rules.scene_attribute(scene, attribute)
         targets[:, :, k] = -1 if answer is None else float(answer == rules.YES)

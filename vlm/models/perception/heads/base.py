@@ -21,13 +21,15 @@ class AuxiliaryHead(nn.Module):
 
     A subclass names itself (``name``: its ``model.perception.heads`` key) and joins :data:`HEADS`; it sets in
     ``__init__`` ``target_stride`` (image pixels per cell of the targets it reads), ``patch_width`` (the
-    per-patch maps :meth:`decoder_features` gives the connector) and ``num_token_features`` (the width of the
-    image summary it gives the decoder's extra token)."""
+    per-patch maps :meth:`decoder_features` gives the connector), ``num_token_features`` (the width of the
+    image summary it gives the decoder's shared extra token) and, for image tokens of its own, ``token_shape``
+    (T tokens of F features each, :meth:`tokens`)."""
 
     name: ClassVar[str]
     target_stride: int
     patch_width: int = 0
     num_token_features: int = 0
+    token_shape: tuple[int, int] | None = None
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -50,4 +52,8 @@ class AuxiliaryHead(nn.Module):
 
     def decoder_features(self, logits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """-> per-patch maps ``[N, P, patch_width]`` and an image summary ``[N, num_token_features]``."""
+        raise NotImplementedError
+
+    def tokens(self, logits: torch.Tensor) -> torch.Tensor:
+        """-> the features of the head's own image tokens ``[N, *token_shape]`` (with ``token_shape``)."""
         raise NotImplementedError

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlm.models.perception.heads.base import AuxiliaryHead
-from vlm.models.perception.targets import CENTRE_REGIONS, CHANNELS, FOOT_REGIONS, GROUPS, channels
+from vlm.models.perception.stem import StemPyramid
+from vlm.models.perception.targets import CENTRE_REGIONS, CHANNELS, FOOT_REGIONS, GROUPS, channels, region_masks
 from vlm.models.siglip import SiglipVisionConfig
 from vlm.params import check
 
@@ -39,17 +40,12 @@ class CentreHead(AuxiliaryHead):
         rows, columns = vision.height_width
         self.grid = (rows // STRIDE, columns // STRIDE)  # heatmap cells (rows, columns)
         heat_channels = CHANNELS[self.channels]
-        stem = config.stem_channels
-        c4, c8, top = stem[1], stem[2], stem[-1]  # strides 4, 8 and the stem's last
-        self.lateral = nn.Conv2d(top, c8, kernel_size=1)
-        self.smooth8 = nn.Sequential(nn.Conv2d(c8, width, 3, padding=1), nn.ReLU())
-        self.smooth4 = nn.Sequential(nn.Conv2d(width + c4, width, 3, padding=1), nn.ReLU(),
-                                     nn.Conv2d(width, width, 3, padding=1), nn.ReLU())
+        self.pyramid = StemPyramid(config.stem_channels, width)
         self.out = nn.Conv2d(width, len(heat_channels), kernel_size=1)
         nn.init.constant_(self.out.bias, math.log(PRIOR / (1 - PRIOR)))
         self.register_buffer("thresholds", torch.arange(NUM_COUNT_THRESHOLDS) + 0.5, persistent=False)
         regions = [CENTRE_REGIONS if name in GROUPS["heat"] else FOOT_REGIONS for name in heat_channels]
-        self.register_buffer("regions", torch.tensor(regions, dtype=torch.float32), persistent=False)  # [C, R, 3]
+        self.register_buffer("masks", region_masks(regions, self.grid), persistent=False)  # [C, R, H/4, W/4]
         self.num_token_features = len(heat_channels) * len(CENTRE_REGIONS) * NUM_COUNT_THRESHOLDS
 
     @classmethod
@@ -59,11 +55,7 @@ class CentreHead(AuxiliaryHead):
 
     def forward(self, patch_features: torch.Tensor, stem_features: list[torch.Tensor]) -> torch.Tensor:
         """Stem stage outputs -> heatmap logits ``[N, H/4 * W/4, C_heat]`` (row-major cells)."""
-        f4, f8, top = stem_features[1], stem_features[2], stem_features[-1]
-        hidden = f8 + F.interpolate(self.lateral(top), size=f8.shape[-2:], mode="nearest")  # [N, c8, H/8, W/8]
-        hidden = self.smooth8(hidden)  # [N, W, H/8, W/8]
-        hidden = F.interpolate(hidden, size=f4.shape[-2:], mode="nearest")  # [N, W, H/4, W/4]
-        logits = self.out(self.smooth4(torch.cat([hidden, f4], dim=1)))  # [N, C_heat, H/4, W/4]
+        logits = self.out(self.pyramid(stem_features))  # [N, C_heat, H/4, W/4]
         return logits.flatten(2).transpose(1, 2)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -81,17 +73,7 @@ class CentreHead(AuxiliaryHead):
         num, _, channels = logits.shape
         prob = logits.detach().float().sigmoid().transpose(1, 2).reshape(num, channels, *self.grid)
         peaks = (prob > PEAK_THRESHOLD) & (prob == F.max_pool2d(prob, 3, stride=1, padding=1))  # [N, C, H/4, W/4]
-        masks = self.region_masks(*self.grid)  # [C, R, H/4, W/4]
-        return (peaks[:, :, None] & masks).sum(dim=(3, 4)).float()
-
-    def region_masks(self, rows: int, columns: int) -> torch.Tensor:
-        """bool ``[C_heat, R, rows, columns]``: which heatmap cells (by their centres) lie in each channel's
-        regions."""
-        device = self.regions.device
-        ys = (torch.arange(rows, device=device) + 0.5) / rows  # [rows] cell centres, 0..1
-        xs = (torch.arange(columns, device=device) + 0.5) / columns  # [columns]
-        x0, x1, y0 = (self.regions[..., i, None, None] for i in range(3))  # [C, R, 1, 1]
-        return (ys[:, None] >= y0) & (xs[None, :] >= x0) & (xs[None, :] <= x1)
+        return (peaks[:, :, None] & self.masks).sum(dim=(3, 4)).float()
 
     def decoder_features(self, logits: torch.Tensor) -> tuple[None, torch.Tensor]:
         """No per-patch maps (the heatmaps are finer than the patches); the peak counts thermometer-coded

@@ -1,0 +1,91 @@
+"""Counts the losses reach: a density map per category and footpoint group, trained on its sums over the
+question regions (density counting: Lempitsky & Zisserman 2010; counting for VQA: Zhang et al. 2018).
+
+The centres head counts the peaks of its heatmaps, thresholded and detached: no loss corrects a count, and two
+objects in one heatmap cell make one peak. This head predicts, at a quarter of the image size, the expected
+number of object centres per cell and category (the ``centre`` targets) and of footpoints per cell and group
+(``feet``). Its loss is Poisson twice: per cell (where the objects are) and per region sum (how many: the image
+and its left and right thirds for the categories, the near part of each manoeuvre's path for the footpoints,
+the regions of :mod:`vlm.models.perception.targets`). The decoder reads the region sums thermometer-coded
+(soft ``sum > k + 0.5``) and not detached, one image token per channel, so the answer's loss reaches the
+counts too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlm.models.perception.heads.base import AuxiliaryHead
+from vlm.models.perception.stem import StemPyramid
+from vlm.models.perception.targets import CENTRE_REGIONS, CHANNELS, FOOT_REGIONS, channels, region_masks
+from vlm.models.siglip import SiglipVisionConfig
+from vlm.params import check
+
+STRIDE = 4  # density cells per image side = its pixels / STRIDE: the stem's second stage
+PRIOR = 1e-3  # initial expected count per cell
+MAX_LOG_COUNT = 4.0  # log-counts are clamped before exp (at most e^4 ~ 55 per cell)
+NUM_THRESHOLDS = 10  # region sums thermometer-coded at 0.5, 1.5, ..., 9.5
+
+
+class CountHead(AuxiliaryHead):
+    name = "counts"
+    target_stride = STRIDE
+
+    def __init__(self, config, vision: SiglipVisionConfig, width: int = 32):
+        super().__init__(config, vision)
+        self.centres, self.feet = channels("centre"), channels("feet")  # of the targets
+        names = CHANNELS[self.centres] + CHANNELS[self.feet]
+        rows, columns = vision.height_width
+        self.grid = (rows // STRIDE, columns // STRIDE)  # density cells (rows, columns)
+        self.pyramid = StemPyramid(config.stem_channels, width)
+        self.out = nn.Conv2d(width, len(names), kernel_size=1)
+        nn.init.constant_(self.out.bias, math.log(PRIOR))
+        regions = [CENTRE_REGIONS if name in CHANNELS[self.centres] else FOOT_REGIONS for name in names]
+        self.register_buffer("masks", region_masks(regions, self.grid).float(), persistent=False)  # [C, R, h, w]
+        self.register_buffer("thresholds", torch.arange(NUM_THRESHOLDS) + 0.5, persistent=False)  # [K]
+        self.token_shape = (len(names), len(CENTRE_REGIONS) * NUM_THRESHOLDS)  # a token per channel
+
+    @classmethod
+    def validate(cls, config, prefix: str) -> None:
+        check(len(config.stem_channels) >= 3, f"{prefix}.heads.counts",
+              f"needs a conv stem of at least 3 stages ({prefix}.stem_channels), got {config.stem_channels}")
+
+    def forward(self, patch_features: torch.Tensor, stem_features: list[torch.Tensor]) -> torch.Tensor:
+        """Stem stage outputs -> log expected counts ``[N, h*w, C]`` (row-major cells, h x w = H/4 x W/4)."""
+        logits = self.out(self.pyramid(stem_features))  # [N, C, h, w]
+        return logits.flatten(2).transpose(1, 2)
+
+    def region_sums(self, counts: torch.Tensor) -> torch.Tensor:
+        """Counts per cell ``[N, h*w, C]`` -> their sums over each channel's regions ``[N, C, R]``."""
+        return torch.einsum("npc,crp->ncr", counts, self.masks.flatten(2))
+
+    def density(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.float().clamp(max=MAX_LOG_COUNT).exp()  # [N, h*w, C]
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Poisson per cell (summed over the cells, averaged over images and channels) plus Poisson per region
+        sum, against the ``centre``/``feet`` counts of targets ``[N, h*w, C_all]``."""
+        counts = torch.cat([targets[..., self.centres], targets[..., self.feet]], dim=-1).float()  # [N, h*w, C]
+        logits = logits.float()
+        per_cell = F.poisson_nll_loss(logits, counts, log_input=True, full=False, reduction="sum")
+        per_cell = per_cell / (logits.shape[0] * logits.shape[2])
+        sums, exact = self.region_sums(self.density(logits)), self.region_sums(counts)  # [N, C, R]
+        per_region = F.poisson_nll_loss(sums, exact, log_input=False, full=False, eps=1e-6)
+        return per_cell + per_region
+
+    def exact_counts(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """bool ``[N, C, R]``: whether the rounded region sum is the labels' count (decoder left out)."""
+        counts = torch.cat([targets[..., self.centres], targets[..., self.feet]], dim=-1).float()
+        return self.region_sums(self.density(logits)).round() == self.region_sums(counts)
+
+    def decoder_features(self, logits: torch.Tensor) -> tuple[None, None]:
+        return None, None
+
+    def tokens(self, logits: torch.Tensor) -> torch.Tensor:
+        """The region sums thermometer-coded, a row per channel: ``[N, C, R * K]``."""
+        sums = self.region_sums(self.density(logits))  # [N, C, R]
+        return torch.sigmoid(4.0 * (sums[..., None] - self.thresholds)).flatten(2)

@@ -230,6 +230,18 @@ def test_the_worked_example_of_docs_architecture_adds_a_head(config, make_batch)
         HEADS.pop("red_light", None)
 
 
+@pytest.mark.parametrize("image_width", [None, 64])
+def test_the_centre_heads_width_is_its_own_not_the_images(config, image_width):
+    """The centre head's convolutions are 32 wide whatever the image's width (a shadowed name once made them as
+    wide as the image: 128 at the defaults, 224 native)."""
+    core = config()
+    vision_config = replace(core.siglip, image_width=image_width)
+    head = HEADS["centres"](PerceptionConfig(stem_channels=STEM, heads={"centres": 1.0}), vision_config)
+    widths = {m.out_channels for m in head.modules() if isinstance(m, torch.nn.Conv2d)} - {len(HEAT_CHANNELS), 16}
+    assert widths == {32}
+    assert head.grid == (vision_config.height_width[0] // STRIDE, vision_config.height_width[1] // STRIDE)
+
+
 def test_counts_are_region_sums_of_a_density_the_losses_and_the_answer_reach(config, make_batch):
     """The counts head's region sums are its density summed over each channel's regions; its loss falls to the
     Poisson minimum at the exact counts; the decoder reads them as one token per channel, not detached."""

@@ -33,7 +33,7 @@ from vlm.data.dataset import TrafficVQADataset
 from vlm.data.h5file import PackedImageReader
 from vlm.data.loader import build_loader, set_epoch
 from vlm.device import autocast, pick_device
-from vlm.inference import predict_dataset
+from vlm.inference import perception_metrics, predict_dataset
 from vlm.io import check_writable, write_json
 from vlm.models import PaliGemma, VLMOutput
 from vlm.models.gemma import GemmaDecoderLayer
@@ -370,10 +370,10 @@ def load_splits(model: PaliGemma, config: TrainConfig, runtime: TrainRuntime, pa
     # the blind model reads no pixel: its images are never worth RAM
     in_memory = model.config.vision != "none" and hold_in_memory(
         runtime, [train_h5, val_h5], int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-        0 if targets is None else targets.bytes_per_image * len(PackedImageReader(train_h5)))
+        0 if targets is None else targets.bytes_per_image * sum(len(PackedImageReader(f)) for f in (train_h5, val_h5)))
     train_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
                                   in_memory=in_memory, seed=config.seed, targets=targets)
-    return train_set, TrafficVQADataset(val_commands, val_h5, tokenizer, in_memory=in_memory)
+    return train_set, TrafficVQADataset(val_commands, val_h5, tokenizer, in_memory=in_memory, targets=targets)
 
 
 def planned_steps(loader: torch.utils.data.DataLoader, config: TrainConfig) -> int:
@@ -442,6 +442,12 @@ def end_epoch(run: Run, state: TrainState) -> None:
     """Val accuracy, the best model so far, early stopping, the resume checkpoint."""
     record = state.history[-1]
     record["val/accuracy"] = accuracy = val_accuracy(run)
+    if run.dist.is_main:  # the perception heads' own measures, the decoder left out (e.g. exact region counts)
+        run.model.eval()
+        with autocast(run.device):
+            measures = perception_metrics(run.model, run.val_set, run.runtime.eval_batch_size, run.device)
+        run.model.train()
+        record.update({f"val/{name}": value for name, value in measures.items()})
     if accuracy > state.best_accuracy:
         state.best_accuracy, state.bad_epochs = accuracy, 0
         state.best = checkpoint.model_payload(run.model, run.model_info,
@@ -603,6 +609,9 @@ def train_metrics(state: TrainState, model: torch.nn.Module) -> dict[str, Any]:
         "train_accuracy": round(float(np.mean([r["train/accuracy"] for r in last_epoch])), 4),
         "steps": state.step,
         "parameters": sum(p.numel() for p in model.parameters()),
+        # the perception heads' own val measures at the last epoch (e.g. val_counts_exact)
+        **{key[4:].replace("/", "_"): round(value, 4) for key, value in (evals[-1] if evals else {}).items()
+           if key.startswith("val/") and key != "val/accuracy"},
     }
 
 

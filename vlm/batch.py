@@ -1,9 +1,4 @@
-"""``Batch``: the tensors the loader hands to the model, and that training and evaluation pass around.
-
-Each distinct image of a batch is stored once (``images``) and every question points at its image through
-``image_index``, so the vision encoder runs once per image. Sequences are ``[SOS] question [SEP] answer [EOS]``,
-right-padded; ``prefix_lengths`` counts the question tokens up to and including ``[SEP]``.
-"""
+"""``Batch``: the tensors the loader hands to the model (docs/architecture.md, data path), each distinct image once."""
 
 from __future__ import annotations
 
@@ -19,9 +14,9 @@ IGNORE_INDEX = -100  # label of positions that carry no loss (HF convention)
 class Batch:
     images: torch.Tensor | None  # uint8 [N_img, 3, H, W]; None for a model without vision
     image_index: torch.Tensor  # [B] row of each question's image in `images`
-    input_ids: torch.Tensor  # [B, L]
+    input_ids: torch.Tensor  # [B, L] [SOS] question [SEP] answer [EOS], right-padded
     attention_mask: torch.Tensor  # [B, L] 1 on tokens, 0 on padding
-    prefix_lengths: torch.Tensor  # [B]
+    prefix_lengths: torch.Tensor  # [B] tokens up to and including [SEP]
     labels: torch.Tensor | None = None  # [B, L] answer tokens, IGNORE_INDEX elsewhere
     targets: torch.Tensor | None = None  # [N_img, Gh*Gw, C] what the perception learns (vlm.models.perception.targets)
     # Per question, for tables and metrics (never moved to a device).

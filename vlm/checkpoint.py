@@ -1,24 +1,5 @@
-"""Model checkpoints: what ``models/vlm.pt`` holds and how it is read back.
-
-A checkpoint is a ``torch.save`` dict::
-
-    format_version  int
-    config          VLMConfig.to_dict()
-    state_dict      the model's weights
-    vocab           the vocab.json content the model was trained with (self-contained)
-    vocab_sha256    sha256 of that vocab.json file
-    answers         the answer set for constrained decoding (normalised answer strings)
-    image_size      the packed image size inputs must be resized to (the height)
-    image_width     their width, None when square (absent from checkpoints written before pack.aspect)
-    frame_size      [width, height] of the frames trained on (absent before pack.aspect; None when unknown)
-    resample        the resampling filter the images were packed with
-    metrics         what training measured (epoch, step, val accuracy, ...)
-
-Training state for resuming (optimizer, scheduler, :class:`vlm.train.TrainState`) lives in separate
-files (``models/checkpoints/{name}-{fingerprint}.pt``, one per run, removed when it finishes): :func:`save_resume`
-and :func:`read_resume`.
-Every checkpoint file is written and read here.
-"""
+"""Every checkpoint file is written and read here: the model (``models/vlm.pt``, a ``torch.save`` dict whose keys
+docs/architecture.md lists, train) and the resume state (:func:`save_resume`, :func:`read_resume`)."""
 
 from __future__ import annotations
 
@@ -53,11 +34,8 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def save(path: str | os.PathLike, payload: dict[str, Any]) -> None:
-    """``torch.save`` atomically: a killed run never leaves a truncated file that looks valid.
-
-    Serialised in memory first: the archive does not record the temporary file's random name (same payload,
-    same bytes), and a full disk surfaces as the ``OSError`` of a plain write (naming ``path``), not as the
-    ``RuntimeError`` torch's archive writer turns it into."""
+    """``torch.save`` atomically, serialised in memory first: the archive then does not record the temporary file's
+    random name (same payload, same bytes), and a full disk is the ``OSError`` of a plain write (naming ``path``)."""
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
@@ -135,10 +113,7 @@ class LoadedModel:
 
 def load_model(path: str | os.PathLike, vocab_path: str | os.PathLike | None = None,
                device: str | torch.device = "cpu") -> LoadedModel:
-    """Rebuild a trained model in eval mode from ``path``.
-
-    With ``vocab_path``, that vocabulary must be the one the model was trained with (same sha256).
-    """
+    """Rebuild a trained model in eval mode from ``path``; ``vocab_path`` must be the vocabulary it was trained with."""
     path = Path(path)
     payload = read(path)
     missing = [key for key in REQUIRED if key not in payload]

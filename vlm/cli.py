@@ -36,10 +36,8 @@ def relaunch_distributed(nproc: int, module: str, argv: Sequence[str]) -> None:
 
 
 def in_repository(path: str | os.PathLike) -> Path:
-    """``path`` (relative to the stage's folder) in the repository DVC runs the stage for: a queued or ``--temp``
-    experiment runs in a temporary copy under ``.dvc/tmp/exps``, deleted when the run ends, killed or not, so what
-    must outlive the run (resume checkpoints) goes to ``DVC_ROOT``, the experiment's repository, at the same place.
-    In the workspace, by hand, or for an absolute ``path``: ``path`` as it is."""
+    """``path`` (relative to the stage's folder) in ``DVC_ROOT``, the repository DVC runs the stage for, when the
+    stage runs in a temporary copy (a queued or ``--temp`` experiment; docs/architecture.md, train), else as it is."""
     path, root = Path(path), os.environ.get("DVC_ROOT")
     here = Path.cwd().resolve()
     copy = next((folder for folder in (here, *here.parents) if (folder / ".dvc").is_dir()), None)

@@ -1,12 +1,5 @@
-"""Counterfactual consistency: change one thing in a test scene, and check that the model's answers change
-exactly where the answer rules say they must.
-
-Seeded test scenes are re-rendered from their seeds, once as stored and once per edit of :mod:`vlm.scenes.edits`,
-and both images reach the model as the packed data would hold them. A question whose rule-derived answer differs
-between the two *must change*, the others *must not*; each pair is asked all its must-change questions seen in
-training and up to ``unchanged_per_pair`` must-not ones. The consistency per edit (right on both) is the headline;
-the rest of the summary and the outputs: docs/architecture.md (counterfactuals).
-"""
+"""Counterfactual consistency: change one thing in a test scene (:mod:`vlm.scenes.edits`), and check that the model's
+answers change exactly where the answer rules say they must (docs/architecture.md, counterfactuals)."""
 
 from __future__ import annotations
 
@@ -33,8 +26,7 @@ from vlm.scenes.edits import EDITS, Pair, make_pairs
 from vlm.scenes.generate import ScenesConfig, load_raw
 
 FIELDS = ("image_id", "command", "template")  # what is read of a commands record
-# What :func:`run` reads of the scenes and commands params (dvc.yaml declares exactly these): how the scenes were
-# rendered, to render them again, and what the question templates may ask about.
+# what :func:`run` reads of the scenes and commands params (dvc.yaml declares exactly these)
 SCENES_KEYS = ("seed", "width", "height", "max_count", "jpeg_quality")
 COMMANDS_KEYS = ("detection_categories", "counting_categories", "spatial_categories", "more_than", "max_count")
 
@@ -54,8 +46,7 @@ class CounterfactualsConfig:
         check(self.batch_size >= 1, f"{prefix}.batch_size", f"must be >= 1, got {self.batch_size}")
         check(self.sheet_examples >= 0, f"{prefix}.sheet_examples", "must be >= 0")
         unknown = [e for e in self.edits if e not in EDITS]
-        check(not unknown and self.edits, f"{prefix}.edits",
-              f"must name some of {', '.join(EDITS)}, got {self.edits}")
+        check(not unknown and self.edits, f"{prefix}.edits", f"must name some of {', '.join(EDITS)}, got {self.edits}")
 
 
 def pair_questions(pair: Pair, width: float, height: float, options: TemplateOptions, asked: set,

@@ -1,10 +1,5 @@
-"""The ``evaluate`` stage: the VLM and its blind baseline on the test split, side by side.
-
-Headline metrics (``metrics/eval.json``, a column each in ``dvc exp show``): exact-match accuracy overall and per
-command type, macro-F1 and the expected calibration error of each model, and the gain from vision. Beside them,
-compared on request (``dvc metrics show/diff --targets``): the slices (accuracy per condition, :mod:`vlm.slices`)
-and the detail; then tables for ``dvc plots`` and pictures. What each file holds: docs/architecture.md (evaluate).
-"""
+"""The ``evaluate`` stage: the VLM and its blind baseline on the test split, side by side (the headline metrics, the
+slices, the details, tables and pictures: docs/architecture.md, evaluate)."""
 
 from __future__ import annotations
 
@@ -154,8 +149,7 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
     text_only = predictions_table(blind, dataset, config.batch_size, device)
     table = ours.assign(blind_prediction=text_only["prediction"], blind_probability=text_only["probability"],
                         blind_correct=text_only["correct"])
-    metrics = {"split": config.split, "questions": len(table), "vlm": summarize(ours),
-               "blind": summarize(text_only)}
+    metrics = {"split": config.split, "questions": len(table), "vlm": summarize(ours), "blind": summarize(text_only)}
     metrics["gain_from_vision"] = {
         "accuracy": round(metrics["vlm"]["accuracy"] - metrics["blind"]["accuracy"], 4),
         "per_type": {t: round(metrics["vlm"]["per_type"][t] - metrics["blind"]["per_type"].get(t, 0.0), 4)

@@ -3,15 +3,8 @@
 the function that writes it): ``python -m vlm.export --checkpoint models/vlm.pt --out models/hf``.
 
 Only the plain design is transformers' PaliGemma: :func:`departures` lists everything else, and the export stops
-with one line naming what to change. The folder is written whole or not at all.
-
-Token layout. Ours is ``[image tokens | [SOS] question [SEP] | answer [EOS]]``; transformers' PaliGemma reads
-``<image> x T`` placeholders (the reserved id 8, ``image_token_index``), which it replaces by the image tokens,
-then the text. ``PaliGemmaProcessor`` writes the prompt ``<image> x T [SOS] question \\n``, the line break ending
-the prefix, so the exported tokenizer maps a line break to [SEP] (the one place where it departs from
-vlm/tokenizer.py, which treats it as any whitespace); alone, it wraps a question in ``[SOS] ... [SEP]``. The
-processor's ``token_type_ids`` (0 on the prefix) give the prefix full attention and the answer causal
-attention, as ours; its positions start at 1 where ours start at 0, the same attention under RoPE.
+with one line naming what to change. The folder is written whole or not at all. How our token layout maps to
+transformers' (the reserved id 8 as ``<image>``, the processor's line break as [SEP]): docs/architecture.md, the model.
 """
 
 from __future__ import annotations
@@ -133,11 +126,9 @@ def hf_config(config: VLMConfig) -> dict[str, Any]:
 
 
 def hf_tokenizer(vocab: Mapping[str, int]) -> Tokenizer:
-    """The ``tokenizers.Tokenizer`` of ``vocab`` (token -> id, vlm/tokenizer.py's): NFKC, lower case, ``? . , !``
-    tokens of their own, whitespace between words; "yes", "no", "maybe" are the ids of [YES], [NO], [MAYBE]
-    (tokens named by their word, so they decode to it); a line break is [SEP]. The special tokens (and the image
-    placeholder on reserved id 8) match only as written and are skipped when decoding. Alone it encodes a
-    question as ``[SOS] words [SEP]``, as ``encode_question``."""
+    """The ``tokenizers.Tokenizer`` of ``vocab`` (token -> id): vlm/tokenizer.py's words, "yes", "no", "maybe" the
+    ids of [YES], [NO], [MAYBE] (named by their word, so they decode to it), a line break [SEP]; the special tokens
+    match only as written and are skipped when decoding. Alone it encodes a question as ``encode_question`` does."""
     words = {token: i for token, i in vocab.items() if i >= FIRST_WORD_ID and token not in ANSWER_TOKEN_WORDS}
     table = {name: i for i, name in SPECIAL.items()} | ANSWER_TOKEN_WORDS | words
     tokenizer = Tokenizer(models.WordLevel(table, unk_token=SPECIAL[UNK]))

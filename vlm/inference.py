@@ -10,6 +10,7 @@ import torch
 from vlm.data.collate import collate_questions
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.sampler import GroupedBatchSampler
+from vlm.models.perception import head_metrics
 from vlm.processor import Processor
 
 
@@ -23,6 +24,22 @@ def predict_dataset(model, dataset: TrafficVQADataset, candidates: list[list[int
         batch = collate_questions(dataset.__getitems__(indices), dataset.pad_token_id).to(device)
         probs[np.asarray(indices)] = model.answer(batch, candidates).float().cpu().numpy()  # [B, C]
     return probs.argmax(1), probs
+
+
+@torch.no_grad()
+def perception_metrics(model, dataset: TrafficVQADataset, batch_size: int, device: torch.device) -> dict[str, float]:
+    """Means over the dataset's images of the perception heads' own measures (the decoder left out, e.g. exact
+    region counts); empty for a model without heads or a dataset without targets."""
+    if model.extension is None or dataset.targets is None:
+        return {}
+    totals: dict[str, float] = {}
+    images = 0
+    for indices in GroupedBatchSampler(dataset.image_rows, batch_size, shuffle=False):
+        batch = collate_questions(dataset.__getitems__(indices), dataset.pad_token_id).to(device)
+        for name, values in head_metrics(model, batch.images, batch.targets).items():
+            totals[name] = totals.get(name, 0.0) + float(values.sum())
+        images += batch.images.shape[0]
+    return {name: total / images for name, total in totals.items()}
 
 
 @torch.no_grad()

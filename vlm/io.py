@@ -104,10 +104,9 @@ def check_writable(*paths: str | os.PathLike) -> None:
 
 def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> None:
     """Write ``obj`` as JSON atomically, keys in insertion order, UTF-8, trailing newline."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=indent, ensure_ascii=False)
-            f.write("\n")
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=indent, ensure_ascii=False)
+        f.write("\n")
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
@@ -126,18 +125,17 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
 def json_list_writer(path: str | os.PathLike) -> Iterator[Callable[[Any], None]]:
     """Yield ``write(item)``: a JSON list written atomically with one compact item per line, one document
     yet diffable, as items come (none is held); the file appears when the block ends without an error."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("[\n")
-            separator = ""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write("[\n")
+        separator = ""
 
-            def write(item: Any) -> None:
-                nonlocal separator
-                f.write(separator + json.dumps(item, ensure_ascii=False))
-                separator = ",\n"
+        def write(item: Any) -> None:
+            nonlocal separator
+            f.write(separator + json.dumps(item, ensure_ascii=False))
+            separator = ",\n"
 
-            yield write
-            f.write("\n]\n")
+        yield write
+        f.write("\n]\n")
 
 
 def write_json_list(path: str | os.PathLike, items: Iterable) -> int:

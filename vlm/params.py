@@ -1,10 +1,6 @@
-"""Reading ``params.yaml`` and validating its sections before any expensive work starts.
-
-``load_params`` returns a read-only :class:`Params` view that records every key the process reads (inside
-``with recording_reads() as reads:``, into ``reads``): tests/test_stage_params.py checks them against the params
-each stage declares in dvc.yaml. The ``runtime`` section holds what changes only how fast a stage runs, which no
-stage declares (:func:`runtime_section`; docs/architecture.md, "Speed settings").
-"""
+"""Reading ``params.yaml`` and validating its sections before any expensive work starts. ``load_params`` returns a
+read-only :class:`Params` view that records every key the process reads (inside ``with recording_reads() as
+reads:``), which tests/test_stage_params.py checks against dvc.yaml (docs/architecture.md, stage contracts)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Every picture the project draws: matplotlib figures of its measurements and contact sheets of images with
-captions. The code that measures computes the numbers and tables and hands them to these functions.
-
-Figures are ``matplotlib.figure.Figure`` objects drawn without pyplot: no backend to pick and no open figure
-to close. matplotlib is loaded by the first figure, so that a stage drawing only contact sheets (PIL:
-``generate_commands``) does not load it.
-"""
+"""Every picture the project draws (the measuring code hands it the numbers): matplotlib figures, drawn without
+pyplot and loaded by the first figure (a stage drawing only PIL contact sheets never loads it), and contact sheets."""
 
 from __future__ import annotations
 
@@ -51,11 +46,8 @@ def save_image(image: Image.Image, path: Path) -> None:
 
 def contact_sheet(tiles: list[tuple[Image.Image, list[Line]]], columns: int = 4, tile_width: int = 400,
                   font_size: int = 13, max_lines: int = 4) -> Image.Image:
-    """A grid of images, each with coloured caption lines underneath.
-
-    ``tiles`` holds ``(image, [(text, rgb), ...])``; images are resized to ``tile_width`` keeping
-    their aspect ratio; captions are clipped to ``max_lines`` lines that fit the tile width.
-    """
+    """A grid of ``tiles``, ``(image, [(text, rgb), ...])``: each image resized to ``tile_width`` (the first one's
+    aspect), its caption lines underneath, clipped to ``max_lines`` lines that fit the tile width."""
     font = ImageFont.load_default(size=font_size)
     line_h = font_size + 4
     first = tiles[0][0]
@@ -151,11 +143,9 @@ def summary_figure(metrics: dict) -> Figure:
         for xi, v in zip(x + offset, values):
             bars.text(xi, v + 0.01, f"{v:.0%}", ha="center", fontsize=8)
     bars.set_xticks(x, [t.replace("_", " ") for t in types])
-    bars.set_ylim(0, 1.22)
-    bars.set_yticks(np.linspace(0, 1, 6))
-    bars.set_ylabel(f"accuracy on {metrics['split']}")
+    bars.set(ylim=(0, 1.22), yticks=np.linspace(0, 1, 6), ylabel=f"accuracy on {metrics['split']}",
+             title="Accuracy per command type")
     bars.legend(loc="upper center", ncol=2, fontsize=8)
-    bars.set_title("Accuracy per command type")
     confusion = metrics["vlm"]["confusion_yes_no_maybe"]
     matrix = np.array(confusion["matrix"])  # [actual, predicted]
     conf.imshow(matrix, cmap="Blues")
@@ -163,9 +153,7 @@ def summary_figure(metrics: dict) -> Figure:
         conf.text(j, i, str(v), ha="center", va="center", color="white" if v > matrix.max() / 2 else "black")
     conf.set_xticks(range(len(confusion["predicted"])), confusion["predicted"])
     conf.set_yticks(range(len(confusion["actual"])), confusion["actual"])
-    conf.set_xlabel("predicted")
-    conf.set_ylabel("actual")
-    conf.set_title("VLM on yes/no/maybe questions")
+    conf.set(xlabel="predicted", ylabel="actual", title="VLM on yes/no/maybe questions")
     fig.tight_layout()
     return fig
 
@@ -210,11 +198,8 @@ def reliability_figure(metrics: dict, bins: int) -> Figure:
         for r in rows:
             ax.text(r["low"] + 0.5 / bins, 0.02, str(r["questions"]), ha="center", fontsize=7, rotation=90,
                     color="white")
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
-        ax.set_xlabel("probability of the answer given")
-        ax.set_ylabel("accuracy")
-        ax.set_title(f"{MODEL_NAMES[model]}: ECE {metrics[model]['ece']:.3f}")
+        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="probability of the answer given", ylabel="accuracy",
+               title=f"{MODEL_NAMES[model]}: ECE {metrics[model]['ece']:.3f}")
         ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
@@ -231,10 +216,9 @@ def counterfactuals_figure(summary: dict[str, dict]) -> Figure:
         values = [summary[e][rate] if summary[e][rate] is not None else np.nan for e in edits]
         ax.bar(x + (k - (len(RATES) - 1) / 2) * width, values, width=width, label=rate.replace("_", " "))
     ax.set_xticks(x, [f"{e.replace('_', ' ')}\n({summary[e]['pairs']} pairs)" for e in edits], fontsize=8)
-    ax.set_ylim(0, 1.15)
-    ax.set_ylabel("fraction of questions")
+    ax.set(ylim=(0, 1.15), ylabel="fraction of questions",
+           title="Counterfactual edits: does the answer change exactly where the rules say it must?")
     ax.legend(ncol=len(RATES), fontsize=8, loc="upper center")
-    ax.set_title("Counterfactual edits: does the answer change exactly where the rules say it must?")
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -260,8 +244,7 @@ def dataloader_figure(metrics: dict[str, Any]) -> Figure:
         for i, (name, table) in enumerate(tables.items()):
             ax.bar(x + (i - (len(tables) - 1) / 2) * width, [table[k] for k in keys], width, label=name)
         ax.set_xticks(x, [k.replace("workers", "w").replace("_batch", "\nb") for k in keys])
-        ax.set_yscale("log")
-        ax.set_title(f"{size}: ours {metrics['speedup'][size]}x naive (best of each)")
+        ax.set(yscale="log", title=f"{size}: ours {metrics['speedup'][size]}x naive (best of each)")
         ax.grid(axis="y", which="both", alpha=0.3)
     axes[0][0].set_ylabel("samples/s")
     handles, labels = axes[0][0].get_legend_handles_labels()

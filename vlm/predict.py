@@ -1,12 +1,7 @@
 """Ask a trained model about any image.
 
-    python -m vlm.predict --checkpoint models/vlm.pt --image street.jpg --question "Is there a bus?"
-
-Images of any size and format are preprocessed exactly as in training (JPEG draft downscale, squash
-to the packed size, the packing's resampling filter); the answer is constrained decoding over the
-model's answer set, printed with its probability. Words the model never saw become [UNK], with a
-warning naming them.
-"""
+Images of any size and format are preprocessed exactly as in training; the answer is constrained decoding over the
+model's answer set, printed with its probability (usage: README). Unknown words become [UNK], with a warning."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The processor: images and questions (and answers) -> a :class:`vlm.batch.Batch`, the model's input.
-
-As HuggingFace's ``PaliGemmaProcessor`` pairs an image processor with a tokenizer, :class:`Processor` pairs
-the packing's image decode (the packed data's size and resampling filter) with the word tokenizer, and
-:func:`make_batch` lays out the token sequences ``[SOS] question [SEP] | answer [EOS]``. The training
-loader's collate hands :func:`make_batch` pre-tokenised ids; ``predict``, the attention sheet and the
-counterfactuals hand :class:`Processor` images and text.
-"""
+"""The processor: images and questions (and answers) -> a :class:`vlm.batch.Batch`. As HuggingFace's
+``PaliGemmaProcessor``, :class:`Processor` pairs the packing's image decode with the tokenizer; :func:`make_batch`
+lays out the token sequences, for the training collate and the processor alike (docs/architecture.md, data path)."""
 
 from __future__ import annotations
 

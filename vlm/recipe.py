@@ -3,8 +3,7 @@
 
     dvc exp run $(python -m vlm.recipe recipes/gpu.yaml)     # what `make gpu` runs
 
-Every key must be one of params.yaml's, so a typo stops here rather than in a stage after hours of work.
-"""
+Every key must be one of params.yaml's, so a typo stops here rather than in a stage after hours of work."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Robustness slices: the conditions each test question was asked under, computed from the scene labels only, so
-that synthetic and BDD100K frames go through the same code.
-
-Every question gets a value per dimension that applies to it (``None`` where it does not): the frame's attributes,
-its labelled objects (:data:`OBJECT_BINS`), for light-dependent questions the governing light (near, far, unreadable
-or none) and whether an occluded light is there, which the rules ignore but a model may read, the category a
-detection or counting question asks about, and for spatial ones whether that category is in both side thirds, one
-or neither (docs/architecture.md, evaluate).
-"""
+"""Robustness slices: the conditions each test question was asked under (a value per dimension that applies to it,
+``None`` where none does; the dimensions: docs/architecture.md, evaluate), from the scene labels only, so that
+synthetic and BDD100K frames go through the same code."""
 
 from __future__ import annotations
 
@@ -71,11 +65,9 @@ def conditions_table(records: list[dict], scenes: dict[str, Scene], width: float
 
 
 def slice_accuracy(table: pd.DataFrame, correct_columns: dict[str, str]) -> tuple[dict, dict]:
-    """Accuracy per (dimension, value) of each model's ``correct`` column, and the questions per slice.
-
-    ``table`` holds the :data:`DIMENSIONS` columns and, per model name, a boolean column named by
-    ``correct_columns``. Returns ``{model: {dimension: {value: accuracy}}}`` and ``{dimension: {value: n}}``.
-    """
+    """Accuracy per (dimension, value) of each model's boolean ``correct_columns[model]`` column of ``table`` (which
+    holds the :data:`DIMENSIONS` columns), and the questions per slice: ``{model: {dimension: {value: accuracy}}}``
+    and ``{dimension: {value: n}}``."""
     accuracy: dict[str, dict] = {model: {} for model in correct_columns}
     counts: dict[str, dict] = {}
     for dimension in DIMENSIONS:
@@ -84,6 +76,5 @@ def slice_accuracy(table: pd.DataFrame, correct_columns: dict[str, str]) -> tupl
             continue
         counts[dimension] = {str(value): int(len(group)) for value, group in groups}
         for model, column in correct_columns.items():
-            accuracy[model][dimension] = {str(value): round(float(group[column].mean()), 4)
-                                          for value, group in groups}
+            accuracy[model][dimension] = {str(value): round(float(group[column].mean()), 4) for value, group in groups}
     return accuracy, counts

@@ -1,14 +1,6 @@
-"""Word-level tokenizer for traffic commands and the vocabulary it is built from.
-
-Traffic commands come from a few hundred templates, so a closed word vocabulary built from the train split covers
-them: no sub-word merges are needed, and an id is a whole word a person can read back. The ids (the contract with
-the model), the normalisation and ``vocab.json`` are in docs/architecture.md (build_vocab)::
-
-    [PAD]=0 [UNK]=1 [SOS]=2 [EOS]=3 [YES]=4 [NO]=5 [MAYBE]=6 [SEP]=7, 8-9 reserved, words from 10
-
-The words "yes", "no" and "maybe" *are* the answer tokens ``[YES]``/``[NO]``/``[MAYBE]``: there is one id for
-each, whether it appears in a question or as an answer.
-"""
+"""Word-level tokenizer for traffic commands and the vocabulary it is built from: the commands come from a few
+hundred templates, so a closed word vocabulary of the train split covers them (no sub-word merges). The fixed ids,
+the normalisation and ``vocab.json``: docs/architecture.md (build_vocab)."""
 
 from __future__ import annotations
 
@@ -43,8 +35,7 @@ FIRST_WORD_ID = 10
 
 # The answer words that are single special tokens rather than vocabulary words.
 ANSWER_TOKEN_WORDS = {"yes": YES, "no": NO, "maybe": MAYBE}
-# The rest of the normalised answer set of the commands contract: always in the vocabulary, so
-# every answer of any split has ids even when the train split happens to miss one.
+# the rest of the commands contract's answers: always in the vocabulary, even when the train split misses one
 CONTRACT_ANSWER_WORDS = ("red", "yellow", "green", *(str(n) for n in range(10)))
 
 PUNCTUATION = ("?", ".", ",", "!")
@@ -116,10 +107,9 @@ class TrafficCommandTokenizer:
     @classmethod
     def build_vocab(cls, commands: Sequence[dict], min_freq: int = 1, max_vocab_size: int = 1000,
                     max_length: int = 32, source: str = "commands") -> TrafficCommandTokenizer:
-        """Build the vocabulary from command records (``command`` and ``answer`` fields; ``source`` names them in
-        errors). Words are ordered by frequency (commands and answers counted together), ties alphabetically. Kept
-        whatever their count: the punctuation marks, the contract answer words (colours, digits) and every answer
-        word of ``commands``; other words need ``min_freq`` occurrences and are cut, least frequent first, to fit."""
+        """Build the vocabulary from command records (``command`` and ``answer``; ``source`` names them in errors),
+        ordered as docs/architecture.md (build_vocab) says. Every answer word stays whatever its count; other words
+        need ``min_freq`` occurrences and are cut, least frequent first, to fit."""
         VocabConfig(min_freq, max_vocab_size, max_length).validate("vocab")
         check_commands(commands, source, _TEXT_FIELDS)
         counts: Counter[str] = Counter()

@@ -1,8 +1,5 @@
 """The project's model: the PaliGemma core (:mod:`vlm.models`) with the traffic perception beside it
-(:mod:`vlm.models.perception`), built from the ``model:`` section of params.yaml.
-
-With ``model.perception`` off (no stem, no head) the model is the plain PaliGemma core.
-"""
+(:mod:`vlm.models.perception`; off: the plain core), built from the ``model:`` section of params.yaml."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """The training loop: AdamW (or Muon), warmup + cosine, clipping, accumulation, checkpoints, resume, DDP.
 
-Read it top to bottom in :func:`train`: :func:`setup` (inputs checked, data, model, optimizer),
-:func:`resume` (the last checkpoint of the same run, if any), :func:`train_epoch` and :func:`end_epoch`
-for each epoch, :func:`finish`. What a run writes (the best model, resume checkpoints named by the run's
-:func:`fingerprint`, dvclive curves, metrics and timing), and why a resumed run ends with the same weights as an
-uninterrupted one: docs/architecture.md (train). Under ``torchrun`` (``WORLD_SIZE`` > 1; ``train.nproc``
-relaunches the stage under it) each process trains on its part of every step's batch (:mod:`vlm.data.sampler`)
-with DistributedDataParallel (NCCL on GPUs, gloo on CPU); rank 0 evaluates and writes every file.
-"""
+Read it top to bottom in :func:`train`: :func:`setup` (inputs checked, data, model, optimizer), :func:`resume`,
+:func:`train_epoch` and :func:`end_epoch` for each epoch, :func:`finish`. What a run writes, how it resumes and how
+it runs under ``torchrun``: docs/architecture.md (train, and Training)."""
 
 from __future__ import annotations
 
@@ -38,7 +33,7 @@ from vlm.data.dataset import TrafficVQADataset
 from vlm.data.h5file import PackedImageReader
 from vlm.data.loader import build_loader, set_epoch
 from vlm.device import autocast, pick_device
-from vlm.inference import predict_dataset
+from vlm.inference import perception_metrics, predict_dataset
 from vlm.io import check_writable, write_json
 from vlm.models import PaliGemma, VLMOutput
 from vlm.models.gemma import GemmaDecoderLayer
@@ -81,26 +76,22 @@ class TrainConfig:
         self.augment.validate(f"{prefix}.augment")
 
 
-# The keys of params.yaml's ``train`` that each stage reads (dvc.yaml declares them): the VLM never reads
-# blind_epochs; the blind baseline reads no pixel, so of the augmentation only the mirror (which swaps left and
-# right in its text) reaches it.
+# The keys of params.yaml's ``train`` that each stage reads, as dvc.yaml declares them (docs/architecture.md, train).
 VLM_TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig) if f.name != "blind_epochs")
 BLIND_TRAIN_KEYS = (*(name for name in VLM_TRAIN_KEYS if name != "augment"), "blind_epochs", "augment.hflip_prob")
 
 
 @dataclass
 class TrainRuntime:
-    """How fast a run goes, never what it learns: params.yaml's ``runtime.train``, which no stage declares and
-    the resume fingerprint leaves out, so changing one neither re-runs training nor discards its checkpoint
-    (``threads`` and ``eval_batch_size`` may still round differently: docs/architecture.md, "Speed settings")."""
+    """How fast a run goes, never what it learns: params.yaml's ``runtime.train`` (docs/architecture.md, "Speed
+    settings"), which the resume fingerprint leaves out."""
 
     threads: int = 0  # torch CPU threads per process; 0 = the cores shared among the processes
     num_workers: int = 0  # DataLoader workers; 0 loads in the training process
     eval_batch_size: int = 256  # questions per batch of the val accuracy
     checkpoint_every: int = 200  # optimizer steps between resume checkpoints (and at each epoch end)
-    # hold the packed train and val images and the heads' targets in RAM; auto: when they fit in_memory_budget_mb
-    # together with the copies of the other processes on this machine, else read the images from the HDF5 files
-    # (the OS page cache then holds one copy for all processes) and build the targets per batch
+    # the train and val images and the heads' targets in RAM; auto: when they fit in_memory_budget_mb, once per
+    # process on this machine (else read from the HDF5 files, targets built per batch)
     in_memory: bool | Literal["auto"] = "auto"
     in_memory_budget_mb: int = 4096
     compile: bool = False  # torch.compile each encoder and decoder layer (dynamic shapes: the rows' lengths vary)
@@ -174,21 +165,16 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
 
 
 def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW with weight decay on matrices only (not on norms and biases), as in nanoGPT; the fused kernel
-    (one pass over all parameters, on CPU and CUDA) is the same update as the default per-parameter loop.
-
-    ``optimizer: muon``: Muon (momentum orthogonalised by Newton-Schulz) on the 2-D matrices inside the encoder's
-    and decoder's layers, with its step scaled to AdamW's update size (``match_rms_adamw``, Liu et al. 2025,
-    "Muon is Scalable for LLM Training"), so the same ``lr`` and ``weight_decay`` apply; AdamW on the rest
-    (embeddings, patch embedding, connector, norms, biases, the perception heads), as Keller Jordan's recipe
-    has it."""
+    """Fused AdamW (the same update as the per-parameter loop) with weight decay on matrices only, as in nanoGPT.
+    ``optimizer: muon``: Muon on the 2-D matrices inside the encoder's and decoder's layers, its step scaled to
+    AdamW's (``match_rms_adamw``, Liu et al. 2025) so that ``lr`` and ``weight_decay`` apply alike; AdamW on the rest
+    (embeddings, connector, norms, biases, the perception heads), as Keller Jordan's recipe has it."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     hidden = {name for name, p in named if config.optimizer == "muon" and p.dim() == 2 and ".layers." in name}
     decay = [p for name, p in named if p.dim() >= 2 and name not in hidden]
     no_decay = [p for _, p in named if p.dim() < 2]
     adamw = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                               {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95),
-                              fused=True)
+                               {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95), fused=True)
     if not hidden:
         return adamw
     muon = torch.optim.Muon([p for name, p in named if name in hidden], lr=config.lr,
@@ -226,26 +212,16 @@ class Optimizers(torch.optim.Optimizer):
 
 
 def compile_layers(model: torch.nn.Module) -> None:
-    """``torch.compile`` each encoder and decoder layer in place (``nn.Module.compile``: the parameter names, so
-    the checkpoints, stay as they are), as torchtitan compiles each transformer block; the code between them
-    (packing, perception, the losses) stays eager. Dynamic shapes: a batch's question lengths vary."""
+    """``torch.compile`` each encoder and decoder layer in place (``nn.Module.compile``: the parameter names, so the
+    checkpoints, stay), as torchtitan does; the code between them stays eager. Dynamic: question lengths vary."""
     for module in model.modules():
         if isinstance(module, (SiglipEncoderLayer, GemmaDecoderLayer)):
             module.compile(dynamic=True)
 
 
-def first_answer_accuracy(logits: torch.Tensor, labels: torch.Tensor, prefix_lengths: torch.Tensor) -> float:
-    """Share of questions whose first answer token is the argmax (the answer itself for one-word answers);
-    ``logits`` ``[B, A, V]`` at the answer positions (``forward(answer_only=True)``)."""
-    rows = torch.arange(len(labels), device=labels.device)
-    return (logits[:, 0].argmax(-1) == labels[rows, prefix_lengths]).float().mean().item()
-
-
 class Curves:
-    """The run's per-step curves through dvclive (rank 0): every record of the history at its optimizer step, in
-    ``{live}/plots/metrics/<name>.tsv``, and the last values in ``{live}/metrics.json``, the summary that
-    ``dvc exp show`` reads while the run goes on. :meth:`update` logs the records not logged yet and rewrites the
-    summary: at every resume checkpoint and epoch end, so a resumed run writes its saved history once, then appends."""
+    """The run's per-step curves through dvclive (rank 0; docs/architecture.md, train): :meth:`update` logs the
+    history's records not logged yet, each at its optimizer step, and rewrites the summary ``metrics.json``."""
 
     def __init__(self, folder: Path):
         self.live = Live(str(folder), dvcyaml=False, save_dvc_exp=False)  # a new run: the folder starts empty
@@ -295,10 +271,8 @@ class Run:
 def train(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPaths, *, blind: bool = False,
           progress: bool = True, frame_size: tuple[float, float] | None = None,
           runtime: TrainRuntime | None = None) -> dict[str, Any]:
-    """Train a VLM (or, with ``blind``, its :func:`blind_baseline`) and return its metrics.
-
-    ``frame_size``: width and height of the original frames, in which the label boxes behind the perception heads'
-    targets are given (needed when the model has heads). ``runtime``: how fast (the defaults when None)."""
+    """Train a VLM (or, with ``blind``, its :func:`blind_baseline`) and return its metrics. ``frame_size``: the
+    frames' width and height, which the label boxes behind the heads' targets are in (needed with heads)."""
     if blind:
         model_params, config = blind_baseline(model_params, config)
     run = setup(model_params, config, paths, frame_size, runtime)
@@ -311,10 +285,8 @@ def train(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
 
 
 def blind_baseline(model_params: Mapping[str, Any], config: TrainConfig) -> tuple[dict[str, Any], TrainConfig]:
-    """The text-only baseline of the VLM ``model_params`` describes: the same decoder (pretrained when the
-    VLM's is), no image, trained ``train.blind_epochs`` epochs. It reads no pixel: of the augmentation only the
-    mirror, which swaps left and right in its questions and answers, is kept (the colour and rotation draws,
-    made all the same, would change nothing it reads)."""
+    """The text-only baseline of the VLM ``model_params`` describes (docs/architecture.md, train and train_blind):
+    the same decoder, no image, ``train.blind_epochs`` epochs, of the augmentation only the mirror."""
     params = {"vision": "none", "gemma": model_params.get("gemma", {}),
               "decoder_checkpoint": model_params.get("decoder_checkpoint")}
     augment = AugmentConfig(hflip_prob=config.augment.hflip_prob, brightness=0.0, contrast=0.0, saturation=0.0,
@@ -398,10 +370,10 @@ def load_splits(model: PaliGemma, config: TrainConfig, runtime: TrainRuntime, pa
     # the blind model reads no pixel: its images are never worth RAM
     in_memory = model.config.vision != "none" and hold_in_memory(
         runtime, [train_h5, val_h5], int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-        0 if targets is None else targets.bytes_per_image * len(PackedImageReader(train_h5)))
+        0 if targets is None else targets.bytes_per_image * sum(len(PackedImageReader(f)) for f in (train_h5, val_h5)))
     train_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
                                   in_memory=in_memory, seed=config.seed, targets=targets)
-    return train_set, TrafficVQADataset(val_commands, val_h5, tokenizer, in_memory=in_memory)
+    return train_set, TrafficVQADataset(val_commands, val_h5, tokenizer, in_memory=in_memory, targets=targets)
 
 
 def planned_steps(loader: torch.utils.data.DataLoader, config: TrainConfig) -> int:
@@ -470,6 +442,12 @@ def end_epoch(run: Run, state: TrainState) -> None:
     """Val accuracy, the best model so far, early stopping, the resume checkpoint."""
     record = state.history[-1]
     record["val/accuracy"] = accuracy = val_accuracy(run)
+    if run.dist.is_main:  # the perception heads' own measures, the decoder left out (e.g. exact region counts)
+        run.model.eval()
+        with autocast(run.device):
+            measures = perception_metrics(run.model, run.val_set, run.runtime.eval_batch_size, run.device)
+        run.model.train()
+        record.update({f"val/{name}": value for name, value in measures.items()})
     if accuracy > state.best_accuracy:
         state.best_accuracy, state.bad_epochs = accuracy, 0
         state.best = checkpoint.model_payload(run.model, run.model_info,
@@ -492,8 +470,7 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
     if run.dist.is_main:
         run.curves.update(state.history)  # a run resumed at its end has logged nothing yet
         checkpoint.save(run.paths.model, state.best)
-        metrics = train_metrics(state, run.model)
-        timing = train_timing(state, run.total_steps)
+        metrics, timing = train_metrics(state, run.model), train_timing(state, run.total_steps)
         write_json(run.paths.metrics, metrics)
         write_json(run.paths.timing, timing)
         metrics = {**metrics, **timing}
@@ -536,15 +513,17 @@ def optimizer_step(run: Run) -> None:
 
 class StepWindow:
     """Means over the forward passes of one optimizer step, for its record: the training loss, each loss of the
-    model's loss dict and the accuracy (under DDP, means over the processes too: every process's part of the
-    step counts, so the curve is the one of one process)."""
+    model's loss dict and the accuracy (under DDP over the processes too, so the curve is the one of one process)."""
 
     def __init__(self):
         self.sums: dict[str, float] = {}
         self.count = 0
 
     def add(self, output: VLMOutput, loss: torch.Tensor, batch: Batch, world_size: int = 1) -> None:
-        accuracy = first_answer_accuracy(output.logits.detach(), batch.labels, batch.prefix_lengths)
+        # the share of questions whose first answer token (the answer of a one-word one) is the argmax
+        rows = torch.arange(len(batch.labels), device=batch.labels.device)
+        first_token = output.logits.detach()[:, 0].argmax(-1)  # [B] (answer_only logits [B, A, V])
+        accuracy = (first_token == batch.labels[rows, batch.prefix_lengths]).float().mean().item()
         named = {"train/loss": loss, **{f"train/{name}_loss": value for name, value in output.losses.items()}}
         values = torch.stack([v.detach().float() for v in named.values()] + [loss.new_tensor(accuracy).float()])
         if world_size > 1:
@@ -630,6 +609,9 @@ def train_metrics(state: TrainState, model: torch.nn.Module) -> dict[str, Any]:
         "train_accuracy": round(float(np.mean([r["train/accuracy"] for r in last_epoch])), 4),
         "steps": state.step,
         "parameters": sum(p.numel() for p in model.parameters()),
+        # the perception heads' own val measures at the last epoch (e.g. val_counts_exact)
+        **{key[4:].replace("/", "_"): round(value, 4) for key, value in (evals[-1] if evals else {}).items()
+           if key.startswith("val/") and key != "val/accuracy"},
     }
 
 

@@ -4,17 +4,19 @@ when it is off."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 import torch
 
 from vlm.models import PaliGemma, SiglipVisionConfig
-from vlm.models.perception import PerceptionConfig, TrafficPerception
+from vlm.models.perception import PerceptionConfig, TrafficPerception, head_metrics
 from vlm.models.perception.heads import HEADS, AuxiliaryHead
 from vlm.models.perception.heads.centres import NUM_COUNT_THRESHOLDS, STRIDE
 from vlm.models.perception.heads.counts import MAX_LOG_COUNT
 from vlm.models.perception.heads.grounding import FRAME_LOSS_WEIGHT, NUM_THRESHOLDS
+from vlm.models.perception.stem import PYRAMID_WIDTH, StemPyramid
 from vlm.models.perception.targets import CHANNELS, GROUPS, channels
 from vlm.params import ParamError
 from vlm.traffic_vlm import VLMConfig, build_vlm
@@ -36,7 +38,8 @@ def vision(model: PaliGemma, images: torch.Tensor):
     """The encoder's patch features and the stem's stage outputs, as the core computes them."""
     pixel_values = torch.addcmul(model.pixel_shift, images.float(), model.pixel_scale)
     residual, stages = model.extension.adapt(pixel_values)
-    return model.vision_tower(pixel_values, patch_residual=residual).last_hidden_state, stages
+    fine = None if model.extension.pyramid is None else model.extension.pyramid(stages)  # the fine heads' input
+    return model.vision_tower(pixel_values, patch_residual=residual).last_hidden_state, fine
 
 
 def test_perception_off_is_the_plain_core(config, make_batch):
@@ -176,14 +179,14 @@ def test_centres_add_heatmaps_their_focal_loss_and_peak_counts(config, make_batc
     assert model.extension.targets(32, (1280, 720)).grid == 32 // STRIDE  # the finest grid any head reads
     targets = torch.zeros(batch.images.shape[0], cells, len(CHANNELS))
     targets[0, 5, CHANNELS.index("heat/car")] = 1.0  # one car centre in image 0
-    features, stages = vision(model, batch.images)
-    heat = centres(features, stages)
+    features, fine = vision(model, batch.images)
+    heat = centres(features, fine)
     assert heat.shape == (batch.images.shape[0], cells, len(HEAT_CHANNELS))
     output = model(replace(batch, targets=targets))
     torch.testing.assert_close(output.losses["centres"], centres.loss(heat, targets))
     assert model.loss_weights == {"answer": 1.0, "grounding": 1.0, "centres": 0.1}
     output.losses["centres"].backward()
-    assert centres.out.weight.grad.abs().sum() > 0
+    assert centres.out.weight.grad.abs().sum() > 0 and model.extension.pyramid.lateral.weight.grad.abs().sum() > 0
 
     # two peaks above 0.5 in the left third of an 8 x 8 heatmap, one in the right third; a lower neighbour
     # of a peak is not a peak
@@ -231,15 +234,18 @@ def test_the_worked_example_of_docs_architecture_adds_a_head(config, make_batch)
 
 
 @pytest.mark.parametrize("image_width", [None, 64])
-def test_the_centre_heads_width_is_its_own_not_the_images(config, image_width):
-    """The centre head's convolutions are 32 wide whatever the image's width (a shadowed name once made them as
-    wide as the image: 128 at the defaults, 224 native)."""
+def test_the_fine_map_is_32_wide_whatever_the_image_and_computed_once(config, image_width):
+    """The stride-4 map the centres and counts heads read is PYRAMID_WIDTH channels wide whatever the image's
+    width (a shadowed name once made the centre head's convolutions as wide as the image), built once for both."""
     core = config()
     vision_config = replace(core.siglip, image_width=image_width)
-    head = HEADS["centres"](PerceptionConfig(stem_channels=STEM, heads={"centres": 1.0}), vision_config)
-    widths = {m.out_channels for m in head.modules() if isinstance(m, torch.nn.Conv2d)} - {len(HEAT_CHANNELS), 16}
-    assert widths == {32}
-    assert head.grid == (vision_config.height_width[0] // STRIDE, vision_config.height_width[1] // STRIDE)
+    perception = TrafficPerception(PerceptionConfig(stem_channels=STEM, heads={"centres": 1.0, "counts": 1.0}),
+                                   vision_config, text_hidden_size=16)
+    widths = {m.out_channels for m in perception.pyramid.modules() if isinstance(m, torch.nn.Conv2d)}
+    assert widths - {STEM[2]} == {PYRAMID_WIDTH}  # the lateral 1x1 projects to the stride-8 stage's channels
+    assert not [m for m in perception.heads.modules() if isinstance(m, StemPyramid)]
+    rows, columns = vision_config.height_width
+    assert perception.heads["centres"].grid == perception.heads["counts"].grid == (rows // STRIDE, columns // STRIDE)
 
 
 def test_counts_are_region_sums_of_a_density_the_losses_and_the_answer_reach(config, make_batch):
@@ -266,10 +272,16 @@ def test_counts_are_region_sums_of_a_density_the_losses_and_the_answer_reach(con
     # at the exact counts (log-density log(count) where there are objects, very low elsewhere) the region term
     # is the Poisson minimum and every region count is exact
     perfect = torch.where(counts > 0, counts.clamp(min=1e-9).log(), torch.full_like(counts, -30.0))
-    assert head.exact_counts(perfect, targets).all()
+    exact = head.metrics(perfect, targets)  # per image: the share of exact region counts, all of them exact
+    assert exact["counts/exact"].tolist() == exact["counts/all_exact"].tolist() == [1.0] * targets.shape[0]
     assert head.loss(perfect, targets) < head.loss(perfect + 0.5, targets)
-    assert not head.exact_counts(perfect.clamp(max=MAX_LOG_COUNT) + 1.0, targets).all()
+    doubled = head.metrics(perfect.clamp(max=MAX_LOG_COUNT) + math.log(2), targets)  # every count twice
+    assert doubled["counts/all_exact"].tolist() == [0.0, 0.0, 1.0]  # image 2 has no object: twice nothing is nothing
+    assert doubled["counts/exact"][0] == pytest.approx(1 - 3 / (num_channels * 3))  # image 0: its 3 car counts off
+    features, fine = vision(model, batch.images)
+    measures = head_metrics(model, batch.images, targets)  # through the core's encoder, the decoder left out
+    torch.testing.assert_close(measures["counts/exact"], head.metrics(head(features, fine), targets)["counts/exact"])
 
     model(replace(batch, targets=targets)).losses["answer"].backward()
-    assert head.out.weight.grad.abs().sum() > 0  # the answer's loss reaches the density
+    assert head.out[-1].weight.grad.abs().sum() > 0  # the answer's loss reaches the density
     assert model.extension.head_tokens["counts"].embedding.grad.abs().sum() > 0

@@ -1,10 +1,6 @@
-"""Turning labelled scenes into balanced question/answer records, split by image.
-
-Balancing follows CLEVR (docs/architecture.md, generate_commands): greedy picks image by image (:func:`_pick`),
-then a rejection pass (:func:`_trim`) until no answer dominates in any question key (template plus parameters) or
-command type. Keys whose answer never varies are dropped entirely: a text-only model must not be able to answer
-from the question. Each split's records come in the order of the labels, an image's questions together.
-"""
+"""Turning labelled scenes into balanced question/answer records, split by image. Balancing follows CLEVR
+(docs/architecture.md, generate_commands): greedy picks image by image (:func:`_pick`), then a rejection pass
+(:func:`_trim`)."""
 
 from __future__ import annotations
 
@@ -30,8 +26,7 @@ from vlm.scenes.schema import CATEGORIES, Scene
 class CommandsConfig:
     seed: int = 0
     questions_per_image: int = 8
-    # The train split's own mix (val and test keep the above, so their numbers stay comparable): questions per
-    # image (None = questions_per_image) and the share of its slots each type gets (weights; unnamed types 1).
+    # the train split's own mix (README, params): questions per image (None: the above), type weights (unnamed: 1)
     train_questions_per_image: int | None = None
     train_type_weights: dict = field(default_factory=dict)
     splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
@@ -42,9 +37,8 @@ class CommandsConfig:
     spatial_categories: list[str] = field(default_factory=lambda: ["car", "pedestrian", "truck", "bus"])
     more_than: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     max_count: int = 9
-    # A held-out combination (CLEVR-CoGenT style), e.g. {timeofday: night, weather: rainy}: the frames with
-    # every one of these attributes form the test split and no other split; train and val share the rest in
-    # the proportion of their fractions. Empty = off (a random test split).
+    # a held-out combination (CLEVR-CoGenT), e.g. {timeofday: night}: its frames are the test split and in no
+    # other (train and val share the rest in proportion); {}: off, a random test split
     holdout: dict = field(default_factory=dict)
 
     def validate(self, prefix: str = "commands") -> None:
@@ -112,8 +106,7 @@ def split_images(image_ids: list[str], fractions: dict, seed: int) -> dict[str, 
 def pick_images(image_ids: list[str], n: int = 16, seed: int = 0) -> list[str]:
     """``n`` of the sorted ``image_ids`` picked at random (seeded), in id order: the images of the contact sheet."""
     ids = sorted(image_ids)
-    return [ids[i] for i in sorted(np.random.default_rng(seed).choice(len(ids), size=min(n, len(ids)),
-                                                                      replace=False))]
+    return [ids[i] for i in sorted(np.random.default_rng(seed).choice(len(ids), size=min(n, len(ids)), replace=False))]
 
 
 def _deficit(counts: Counter, answer: str) -> int:
@@ -187,10 +180,8 @@ def _trim(groups: np.ndarray, answers: np.ndarray, answer_names: list[str], keep
 
 
 class BalancedCommands:
-    """The balanced question records of every split, from scenes read as a stream, never held whole: ``scenes``
-    is called for each read and must give the same scenes in the same order every time. The reads assign the
-    splits, pick questions (keeping of each its image, key, type and answer as small integers, which balancing
-    works on) and, in :meth:`write`, pick the same questions again and write the kept ones as they come."""
+    """The balanced question records of every split, from scenes read as a stream, three times (docs/architecture.md,
+    generate_commands): ``scenes`` is called for each read and must give the same scenes in the same order."""
 
     def __init__(self, scenes: Callable[[], Iterable[Scene]], width: float, height: float, config: CommandsConfig):
         self._scenes, self._width, self._height, self._config = scenes, width, height, config
@@ -294,8 +285,7 @@ class BalancedCommands:
         collected: dict[str, tuple[str, list[dict]]] = {}
         position_in_split: Counter = Counter()
         with contextlib.ExitStack() as stack:
-            writers = {split: stack.enter_context(json_list_writer(Path(folder) / f"{split}.json"))
-                       for split in SPLITS}
+            writers = {split: stack.enter_context(json_list_writer(Path(folder) / f"{split}.json")) for split in SPLITS}
             for split, _, scene, slot, c, phrasing in self._pick_all(self._pickers()):
                 position_in_split[split] += 1
                 if not self._keep[split][position_in_split[split] - 1]:

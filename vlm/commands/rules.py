@@ -1,8 +1,7 @@
 """Every answer rule in one place, computed from a normalised :class:`~vlm.scenes.Scene` only.
 
 The same rules answer questions about synthetic scenes and real BDD100K frames, so nothing here may
-look at pixels. Geometry is expressed as fractions of the image size.
-"""
+look at pixels. Geometry is expressed as fractions of the image size."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ from vlm.scenes.schema import UNDEFINED, Scene, SceneObject
 ROAD_USERS = frozenset({"pedestrian", "rider", "car", "truck", "bus", "train", "motorcycle", "bicycle"})
 VULNERABLE = frozenset({"pedestrian", "rider"})
 
-# A road user is in a manoeuvre's path when its box's bottom-centre (where it touches the road) lies in
-# the manoeuvre's band of columns and below PATH_MIN_Y (near enough to matter).
+# a road user is in a manoeuvre's path when its box's bottom-centre is in its band of columns, below PATH_MIN_Y
 PATHS = {"left": (0.0, 0.5), "straight": (1 / 3, 2 / 3), "right": (0.5, 1.0)}
 PATH_MIN_Y = 0.6
 # "On the left/right side": the box centre lies in the left/right third of the image.
@@ -63,12 +61,7 @@ def in_path(obj: SceneObject, manoeuvre: str, width: float, height: float) -> bo
 
 
 def safety(scene: Scene, manoeuvre: str, width: float, height: float) -> str:
-    """Can the car safely make ``manoeuvre`` ('left' | 'straight' | 'right')?
-
-    NO: the governing light is red, or a pedestrian or rider is in the path.
-    MAYBE: otherwise, the governing light is yellow, or an occluded road user is in the path.
-    YES: otherwise.
-    """
+    """Can the car safely make ``manoeuvre`` ('left' | 'straight' | 'right')? The rule: docs/architecture.md."""
     light = light_color(scene)
     blocking = [o for o in scene.objects if in_path(o, manoeuvre, width, height)]
     if light == "red" or any(o.category in VULNERABLE for o in blocking):

@@ -1,15 +1,6 @@
-"""Training augmentation: deterministic per (seed, epoch, image), mirror-aware text.
-
-The random parameters of an image come from a generator seeded by ``(seed, epoch, image_row)``,
-never from the global or worker RNG, so a DataLoader with 0 or N workers yields identical
-batches, and every question of an image in an epoch sees the same augmented image (the collate
-keeps one copy per image).
-
-A horizontal flip mirrors the scene, so it is only correct together with swapping "left" and
-"right" in the question and the answer ("turn left" becomes "turn right": the obstacles moved
-to the other side). Colour jitter stays modest and hue jitter is capped near zero so a traffic
-light never changes its colour class; rotation is a few degrees.
-"""
+"""Training augmentation (docs/architecture.md, data path): an image's draw comes from a generator seeded by
+``(seed, epoch, image_row)``, never the global or worker RNG, so 0 or N DataLoader workers yield identical batches;
+a horizontal flip swaps "left" and "right" in the question and the answer too."""
 
 from __future__ import annotations
 
@@ -76,13 +67,8 @@ def sample_augment_params(config: AugmentConfig, seed: int, epoch: int, image_ro
 
 @contextlib.contextmanager
 def single_threaded_torch() -> Iterator[None]:
-    """Run torch ops on the calling thread only, restoring the thread count afterwards.
-
-    Augmentation runs per image: in DataLoader workers torch already uses one thread, and doing
-    the same in the main process (``num_workers=0``) keeps reductions (the contrast mean) in the
-    same order, so 0 and N workers give bit-identical images, and avoids waking the intra-op pool
-    for ops too small to profit from it.
-    """
+    """Run torch ops on the calling thread only (as in DataLoader workers), restoring the thread count afterwards:
+    reductions (the contrast mean) then run in the same order, so 0 and N workers give bit-identical images."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -92,10 +78,7 @@ def single_threaded_torch() -> Iterator[None]:
 
 
 def augment_image(image: torch.Tensor, params: AugmentParams) -> torch.Tensor:
-    """uint8 ``[3, S, S]`` -> augmented uint8 ``[3, S, S]`` (torchvision v2 functional ops).
-
-    Call it inside ``single_threaded_torch()`` for results independent of the worker count.
-    """
+    """uint8 ``[3, H, W]`` -> augmented uint8 ``[3, H, W]``; call it inside ``single_threaded_torch()``."""
     if params.hflip:
         image = F.horizontal_flip(image)
     if params.brightness != 1.0:

@@ -1,10 +1,5 @@
-"""``TrafficVQADataset``: one sample per question over a split's commands and its packed images.
-
-Everything textual is done once at construction: each distinct question and answer string is tokenised once into a flat
-id table, so fetching a sample is an image read plus a few slices. Several questions share one stored image;
-``__getitems__`` (the batched fetch DataLoader uses) reads and augments each distinct image of a batch once and hands
-the same tensor to all its questions, which the collate then stores once.
-"""
+"""``TrafficVQADataset``: one sample per question over a split's commands and its packed images; text tokenised once
+at construction, each distinct image of a batch read and augmented once (docs/architecture.md, data path)."""
 
 from __future__ import annotations
 
@@ -57,13 +52,10 @@ class TokenTable:
 
 class TrafficVQADataset(Dataset):
     """Samples: ``image`` uint8 ``[3, S, W]``, ``question_ids`` / ``answer_ids`` int64 tensors, the record's fields
-    and, given a ``targets`` transform (the perception heads'), the image's targets ``[Gh*Gw, C]``.
-
-    ``augment``: an ``AugmentConfig`` for training (deterministic per seed, epoch and image; call ``set_epoch`` each
-    epoch), None for evaluation. ``in_memory``: the whole split and its targets read into RAM once (shared
-    copy-on-write with forked workers); else the HDF5 file is opened lazily in each process and the targets are built
-    per fetch from the stored labels. Questions whose image the pack stage skipped as corrupt are dropped
-    (``num_dropped``); any other question without its image is an error."""
+    and, given a ``targets`` transform (the perception heads'), the image's targets ``[Gh*Gw, C]``. ``augment``: an
+    ``AugmentConfig`` for training (call ``set_epoch`` each epoch), None for evaluation. ``in_memory``: the split and
+    its targets read into RAM once, else read per fetch. Questions whose image the pack stage skipped as corrupt are
+    dropped (``num_dropped``); any other question without its image is an error."""
 
     def __init__(self, commands_path: str | os.PathLike, h5_path: str | os.PathLike, tokenizer: QATokenizer,
                  augment: AugmentConfig | None = None, in_memory: bool = False, seed: int = 0,
@@ -192,9 +184,8 @@ class TrafficVQADataset(Dataset):
             samples.append(sample)
         return samples
 
-    # The image copies below use numpy on purpose: numpy copies run on the calling thread, while
-    # torch's intra-op threads contend with the training step (num_workers=0) and get several
-    # times slower on a loaded 2-core machine.
+    # The image copies below use numpy on purpose: numpy copies run on the calling thread, while torch's intra-op
+    # threads contend with the training step (num_workers=0) and get several times slower on a loaded machine.
 
     def _read_images(self, rows: np.ndarray) -> np.ndarray:
         """uint8 ``[len(rows), 3, S, W]`` (C-contiguous) of the images at ``rows``."""

@@ -1,22 +1,10 @@
-"""The packed-image HDF5 format: one writer, one reader, one place that knows the layout.
+"""The packed-image HDF5 format (its layout: docs/architecture.md, pack_hdf5): one writer, one reader, one place
+that knows the layout.
 
-Layout of ``data/processed/{split}_images.h5`` (``FORMAT_VERSION`` 2)::
-
-    images              uint8 [N, S, W, 3]   RGB, one chunk per image, no filters (W = S unless pack.aspect: native)
-    checksums           uint32 [N]           CRC-32 of each image's bytes, verified on every read
-    image_ids           utf-8 strings [N]    image file name without extension, sorted
-    annotations         utf-8 strings [N]    the image's label frame as compact JSON (sorted keys)
-    skipped_image_ids   utf-8 strings [K]    images of the split left out as corrupt (skip_corrupt)
-    metadata/mean       float32 [3]          per-channel mean of the TRAIN split, 0..1 scale
-    metadata/std        float32 [3]          per-channel std of the TRAIN split, 0..1 scale
-    attrs: image_size (S, the height; the width is the images' shape), format_version, split, resample
-
-Byte-identical output for identical input: no object timestamps, a pinned file-format version,
-fixed chunk shapes and a fixed order of writes. Images are stored as raw chunks
-(``write_direct_chunk``/``read_direct_chunk``), which skips HDF5's selection machinery: a read is
-one ``pread`` into the caller's buffer, then its CRC-32 (about 12 us for 128 px, a fraction of the read):
-a file damaged in the middle fails naming the image instead of serving wrong pixels.
-"""
+Byte-identical output for identical input: no object timestamps, a pinned file-format version, fixed chunk shapes
+and a fixed order of writes. Images are stored as raw chunks (``write_direct_chunk``/``read_direct_chunk``), which
+skips HDF5's selection machinery: a read is one ``pread`` into the caller's buffer, then its CRC-32 (about 12 us
+for 128 px, a fraction of the read)."""
 
 from __future__ import annotations
 
@@ -34,12 +22,8 @@ STRING_DTYPE = h5py.string_dtype("utf-8")
 
 
 class PackedImageWriter:
-    """Streams images into a new packed HDF5 file; ``finish`` writes the ids, annotations and stats.
-
-    Memory stays bounded: each image goes to disk as it is appended, only the (small) id and
-    annotation strings are kept until ``finish``. As a context manager, an error before ``finish``
-    closes the half-written file.
-    """
+    """Streams images into a new packed HDF5 file (only the id and annotation strings are held until ``finish``
+    writes them and the stats); as a context manager, an error before ``finish`` closes the half-written file."""
 
     def __init__(self, path: str | os.PathLike, image_size: int, capacity: int, *, split: str, resample: str,
                  image_width: int | None = None):
@@ -98,13 +82,8 @@ class PackedImageWriter:
 
 
 class PackedImageReader:
-    """Read access to a packed file, safe across ``fork``: the handle is opened lazily per process.
-
-    The header (ids, size, stats) is read once in the constructor with a short-lived handle, so a
-    reader can be built in the parent and then used in DataLoader workers: each process opens its
-    own handle on first use (the pid is remembered) and a handle is never pickled. ``image_size`` is the
-    images' height, ``image_width`` their width.
-    """
+    """Read access to a packed file, safe across ``fork``: the header (ids, ``image_size`` the height,
+    ``image_width``, stats) is read in the constructor; each process opens its own handle on first use."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)

@@ -1,16 +1,6 @@
-"""Pack the JPEGs used by each split into one HDF5 file per split (the ``pack_hdf5`` stage).
-
-Per image: PIL decodes the JPEG with ``draft`` (libjpeg downscales by a power of two inside the
-decoder, which is most of the speed), then one antialiased resample squashes it to ``S x S``
-(no crop, no aspect ratio: left/right-third questions need the whole width, as in PaliGemma), or with
-``pack.aspect: native`` to ``S`` high and the frame's aspect wide (``W x S``, W rounded to what the model's
-patches and pixel shuffle need: 224 x 128 for 1280 x 720 frames at the defaults).
-Decoding runs in a process pool; results come back in order, a bounded number of chunks in
-flight, and are streamed to disk, so memory does not grow with the number of images.
-
-The train split's per-channel mean/std is accumulated from exact integer pixel sums, so it is
-identical whatever the number of workers; val/test files carry the train statistics.
-"""
+"""The ``pack_hdf5`` stage: the JPEGs of each split decoded and resized (docs/architecture.md, pack_hdf5) into one
+HDF5 file per split. Decoding runs in a process pool; results come back in order, a bounded number of chunks in
+flight, and are streamed to disk, so memory does not grow with the number of images."""
 
 from __future__ import annotations
 
@@ -41,9 +31,7 @@ class PackConfig:
     image_size: int = 128  # S: images are stored S x S (squashed), or S high with aspect native
     skip_corrupt: bool = False  # skip (and count) undecodable images instead of failing
     resample: Literal["bilinear", "bicubic", "lanczos"] = "bicubic"  # filter after the JPEG draft downscale
-    # square: S x S; native: S high and as wide as the frames' aspect (source.json's width and height), rounded to
-    # a multiple of the encoder's patch size times model.pixel_shuffle
-    aspect: Literal["square", "native"] = "square"
+    aspect: Literal["square", "native"] = "square"  # native: S high, the frames' aspect wide (image_width)
 
     def validate(self, prefix: str = "pack") -> None:
         check(16 <= self.image_size <= 1024, f"{prefix}.image_size", f"must be in [16, 1024], got {self.image_size}")
@@ -63,9 +51,7 @@ class PackConfig:
 
 @dataclass
 class PackRuntime:
-    """How fast ``pack_hdf5`` decodes, never what it writes (params.yaml's ``runtime.pack``, which no stage
-    declares): images come back in order and the statistics are exact integer sums, so any worker count and chunk
-    size write the same bytes."""
+    """How fast ``pack_hdf5`` decodes, never what it writes (``runtime.pack``: docs/architecture.md, Speed settings)."""
 
     workers: int = 2  # decoding processes; 0: one per CPU core, 1: in the calling process
     chunksize: int = 16  # images per task sent to a worker
@@ -148,11 +134,8 @@ class SplitImages:
 def collect_split_images(labels_path: str | os.PathLike, source_path: str | os.PathLike,
                          commands_dir: str | os.PathLike, splits: tuple[str, ...] = SPLITS,
                          root: str | os.PathLike = ".") -> list[SplitImages]:
-    """Resolve every split's images before any decoding, failing with one clear error.
-
-    Checks: each image id used by a split has a frame in the labels file and a file under the
-    source's ``image_dir``; no image id is used by two splits.
-    """
+    """Resolve every split's images before any decoding: each has a frame in the labels file and a file under the
+    source's ``image_dir``, and no image id is used by two splits (else one clear error)."""
     frames = read_json(labels_path, "labels file")
     if not isinstance(frames, list):
         raise ValueError(f"{labels_path}: expected a list of frames, got {type(frames).__name__}")
@@ -237,11 +220,8 @@ def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackCon
 
 
 def start_decode_pool(workers: int) -> Any:
-    """A process pool whose workers never inherit the parent's threads (tqdm's monitor, pytest-xdist's).
-
-    With forkserver, the server imports this module once and each worker forks from it, so
-    worker start-up costs no imports (and the caller's ``__main__`` is not re-imported).
-    """
+    """A process pool whose workers never inherit the parent's threads (tqdm's monitor, pytest-xdist's); with
+    forkserver, each worker forks from a server that imported this module once (no ``__main__`` re-import)."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([__name__])
@@ -298,10 +278,7 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
 def repack_resized(src_path: str | os.PathLike, dst_path: str | os.PathLike, image_size: int,
                    max_images: int | None = None, resample: str = "bicubic") -> None:
     """Copy a packed file at another image size (the first ``max_images`` images), streamed: ``image_size`` high
-    and as wide as the packed file's aspect (rounded).
-
-    Used to measure the loader at a second resolution without the raw JPEGs.
-    """
+    and as wide as the packed file's aspect (rounded); the loader profile's second resolution."""
     reader = PackedImageReader(src_path)
     count = len(reader) if max_images is None else min(max_images, len(reader))
     annotations = reader.read_annotations()

@@ -1,8 +1,5 @@
-"""The ``profile_dataloader`` stage: samples/s of the naive loader (``vlm.data.naive``) and ours, reading the HDF5
-file (``ours_hdf5``) or the split held in RAM (``ours_ram``), through real DataLoaders over the config's worker
-counts, batch sizes and image sizes. Configurations are interleaved and repeated (``rounds``, the best counts), so
-that a noisy machine affects all loaders alike; each measurement warms up, then times a fixed number of batches.
-"""
+"""The ``profile_dataloader`` stage (docs/architecture.md): samples/s of the naive loader and ours (``ours_hdf5``,
+``ours_ram``), interleaved and repeated (``rounds``, the best counts) so that machine noise hits all alike."""
 
 from __future__ import annotations
 

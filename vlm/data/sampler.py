@@ -1,11 +1,6 @@
-"""A batch sampler that keeps the questions of an image together (the image is encoded once).
-
-Per epoch the images are shuffled with a generator seeded by ``(seed, epoch)`` and their question groups are packed
-greedily into batches of at most ``batch_size`` questions. Under DDP (``world_size`` W) the packing is that of one
-process with batch ``W * batch_size``, each global batch cut into W consecutive parts of equal question counts
-(within one), rank r taking part r: W processes at batch b train on exactly the questions one process at batch
-W * b trains on, step for step. An image whose questions straddle a cut is read by both ranks.
-"""
+"""A batch sampler that keeps the questions of an image together (the image is encoded once). Per epoch the images
+are shuffled by ``(seed, epoch)`` and packed greedily into batches; under DDP rank r takes part r of the batches one
+process at ``world_size * batch_size`` would train on (docs/architecture.md, Training)."""
 
 from __future__ import annotations
 

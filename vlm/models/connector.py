@@ -1,10 +1,5 @@
-"""The linear connector: PaliGemma's multi-modal projector, with optional pixel shuffle.
-
-With ``pixel_shuffle`` r > 1, each r x r block of neighbouring patch features is concatenated into
-one token before the projection (the "pixel shuffle" of Idefics3 / SmolVLM / nanoVLM): the decoder
-then reads r^2 times fewer image tokens, each carrying the features of r^2 patches. r = 1 is
-PaliGemma's one-token-per-patch projector.
-"""
+"""The linear connector: PaliGemma's multi-modal projector, with optional pixel shuffle (each r x r block of
+neighbouring patch features concatenated into one token; r = 1 is PaliGemma's; docs/architecture.md, departure 4)."""
 
 from __future__ import annotations
 

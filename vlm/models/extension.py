@@ -1,11 +1,6 @@
-"""The one interface through which a task adds to the PaliGemma core (:mod:`vlm.models.paligemma`).
-
-The core runs SigLIP -> connector -> Gemma and knows no more of a :class:`VisionExtension` than its three optional
-points: it may **adapt** the pixels (a residual added to SigLIP's patch embedding), **read** the encoder's patch
-features (features the connector reads beside SigLIP's, image tokens after the connector's, losses) and **learn**
-from ``Batch.targets``, built by the transform it declares, its losses weighted by ``loss_weights`` beside the
-answer's. Without an extension the model is PaliGemma; an extension's parameters live under ``extension.*``.
-"""
+"""The one interface through which a task adds to the PaliGemma core (:mod:`vlm.models.paligemma`): its three
+optional points, **adapt** the pixels, **read** the encoder's patch features and **learn** from ``Batch.targets``, are
+described in docs/architecture.md ("Where it departs from PaliGemma"); its parameters live under ``extension.*``."""
 
 from __future__ import annotations
 

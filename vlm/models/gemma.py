@@ -2,8 +2,7 @@
 
 Attention masks are boolean ``[B, 1, Q, K]`` (True = may attend), built once per forward by :func:`prefix_lm_mask` and
 shared by all layers. Tokens live in *slots* (their index in the key sequence or the cache) and have *positions* (their
-RoPE index); the two differ only when several continuations share one prefix (see ``PaliGemma.answer``).
-"""
+RoPE index); the two differ only when several continuations share one prefix (see ``PaliGemma.answer``)."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ class GemmaConfig:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "rms_norm_eps", "rope_theta", "initializer_range"):
             check(getattr(self, name) > 0, f"{prefix}.{name}", f"must be positive, got {getattr(self, name)}")
-        check(self.head_dim is not None, f"{prefix}.hidden_size",
-              f"must be divisible by {prefix}.num_attention_heads "
+        check(self.head_dim is not None, f"{prefix}.hidden_size", f"must be divisible by {prefix}.num_attention_heads "
               f"({self.hidden_size} % {self.num_attention_heads} = {self.hidden_size % self.num_attention_heads}) "
               f"unless {prefix}.head_dim is set")
         check(self.num_attention_heads % self.num_key_value_heads == 0, f"{prefix}.num_attention_heads",

@@ -1,17 +1,6 @@
-"""One decoder row per image: an image's questions packed after its image tokens.
-
-Row n of the decoder input::
-
-    [image tokens of image n | q1 a1 | q2 a2 | ... | padding]
-
-Every question sees the image tokens and its own tokens (prefix-LM: the question in full, the answer
-causally), never another question's, and takes the RoPE positions it would have alone after the image
-(T, T + 1, ...); the image tokens see each other only. So each question gets the logits, loss and gradients
-it would get alone in a row ``[image | q a]`` ("Efficient Sequence Packing without Cross-contamination",
-Krell et al. 2021), while the decoder computes each image's tokens once rather than once per question, and
-no padding sits between questions. Image tokens that ignore the question are what makes them shareable:
-PaliGemma's own prefix attends in full, image tokens to the text too (``PaliGemmaConfig.pack_questions``).
-"""
+"""One decoder row per image, ``[image tokens of image n | q1 a1 | q2 a2 | ... | padding]`` (``pack_questions``;
+docs/architecture.md, departure 8): every question sees the image tokens and its own tokens only (prefix-LM), at the
+RoPE positions it would have alone after the image (T, T + 1, ...); the image tokens see each other only."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
-"""The PaliGemma core: a vision-language model (SigLIP -> connector -> Gemma, prefix-LM) and nothing else.
+"""The PaliGemma core: SigLIP -> connector -> Gemma, prefix-LM, and nothing else (docs/architecture.md, the model,
+has its parameter names and the blind baseline, ``vision: none``).
 
-Sequence layout per question: ``[image tokens | [SOS] question [SEP] | answer [EOS] | padding]``.
-The image tokens and the question form the prefix, attended in full; the answer is causal. Image tokens
-come from the connector (``linear``: one per patch, or per r x r patches with ``pixel_shuffle`` r;
-``qformer``: ``num_query_tokens``) and enter the decoder as they are, while text embeddings carry
-Gemma's ``sqrt(hidden_size)`` scale: that is
-PaliGemma's merge (it divides the image features by ``sqrt(hidden_size)`` before a decoder that scales
-every input embedding by it). ``vision: none`` is the blind baseline: the same decoder, no image tokens.
-
-Parameter layout follows HuggingFace PaliGemma: ``vision_tower.*`` (SigLIP), ``multi_modal_projector.*``,
-``language_model.model.*`` and the tied ``language_model.lm_head.weight``. Task-specific additions reach the
-core through one interface, a :class:`vlm.models.extension.VisionExtension` given to it (parameters under
-``extension.*``); without one the model is the PaliGemma design above, and its state dict is transformers'
-``PaliGemmaForConditionalGeneration``'s (the tied LM head aside).
-"""
+Sequence layout per question: ``[image tokens | [SOS] question [SEP] | answer [EOS] | padding]``, the prefix
+attended in full, the answer causally. Image tokens enter the decoder as they are, text embeddings with Gemma's
+``sqrt(hidden_size)`` scale (PaliGemma's merge). A task adds to the core only through a
+:class:`vlm.models.extension.VisionExtension` (parameters under ``extension.*``)."""
 
 from __future__ import annotations
 
@@ -65,9 +56,7 @@ class PaliGemmaConfig:
     vision: Literal["siglip", "none"] = "siglip"
     connector: Literal["linear", "qformer"] = "linear"
     pixel_shuffle: int = 1  # linear connector: r x r neighbouring patches -> one image token (1 = PaliGemma)
-    # One decoder row per image (vlm.models.packing): the image tokens attend to each other only, not to the
-    # question as in PaliGemma's prefix, so that all of an image's questions share them. False = PaliGemma.
-    pack_questions: bool = False
+    pack_questions: bool = False  # one decoder row per image (vlm.models.packing; departure 8). False = PaliGemma
     vision_checkpoint: str | None = None  # a saved HF SigLIP (or PaliGemma) folder: the encoder starts from it
     decoder_checkpoint: str | None = None  # a saved HF GemmaForCausalLM (or PaliGemma) folder: the decoder too
     siglip: SiglipVisionConfig = field(default_factory=SiglipVisionConfig)
@@ -202,8 +191,7 @@ def _pretrained_config(key: str, checkpoint: Any, read: Callable[[str], Any]) ->
 @dataclass
 class VLMOutput:
     logits: torch.Tensor  # [B, L, V] at the text positions; [B, A, V] at the answer's with answer_only
-    # With batch.labels: "answer", the mean cross-entropy over the answer tokens, and, with batch.targets too,
-    # the extension's losses by name; training weights them (``PaliGemma.loss_weights``) and sums them.
+    # with batch.labels: "answer" (the mean cross-entropy over the answer tokens); with batch.targets, the extension's
     losses: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -265,12 +253,10 @@ class PaliGemma(nn.Module):
         return self.num_image_tokens if self.config.pack_questions else 0
 
     def _embed(self, batch: Batch, prefix_only: bool):
-        """Image tokens (each distinct image encoded once, gathered per question) followed by the text.
-
-        Returns ``inputs_embeds`` ``[B, T + L, D]``, ``key_valid`` ``[B, T + L]`` (False on padding, and
-        after the prefix when ``prefix_only``), ``prefix_total`` ``[B]`` = T + prefix length and, given
-        ``batch.targets``, the extension's losses.
-        """
+        """Image tokens (each distinct image encoded once, gathered per question) followed by the text:
+        ``inputs_embeds`` ``[B, T + L, D]``, ``key_valid`` ``[B, T + L]`` (False on padding, and after the prefix
+        when ``prefix_only``), ``prefix_total`` ``[B]`` = T + prefix length and, given ``batch.targets``, the
+        extension's losses."""
         text_embeds = self.language_model.model.embed_tokens(batch.input_ids)  # [B, L, D]
         text_valid = batch.attention_mask.bool()  # [B, L]
         if prefix_only:
@@ -285,13 +271,11 @@ class PaliGemma(nn.Module):
                 batch.prefix_lengths + image_tokens.shape[1], losses)
 
     def forward(self, batch: Batch, answer_only: bool = False) -> VLMOutput:
-        """Logits ``[B, L, V]`` for the text positions and, with ``batch.labels``, the losses (the answer's;
-        with ``batch.targets`` too, the extension's).
-
-        ``answer_only`` (training): the last decoder layer and the LM head compute only the A positions that
-        predict the answer tokens (column a of row b: the token at text position ``prefix_lengths[b] + a``),
-        so the logits are ``[B, A, V]``; the loss is the same (labels sit on the answer tokens only).
-        With ``pack_questions`` the decoder reads one row per image (:class:`PackedRows`)."""
+        """Logits ``[B, L, V]`` for the text positions and, with ``batch.labels``, the losses (the answer's; with
+        ``batch.targets`` too, the extension's). ``answer_only`` (training): the last decoder layer and the LM head
+        compute only the A positions that predict the answer tokens (column a of row b: the token at text position
+        ``prefix_lengths[b] + a``), so the logits are ``[B, A, V]``; the loss is the same (labels sit on the answer
+        tokens only). With ``pack_questions`` the decoder reads one row per image (:class:`PackedRows`)."""
         length = batch.input_ids.shape[1]
         if answer_only:
             if batch.labels is None:
@@ -354,12 +338,8 @@ class PaliGemma(nn.Module):
 
     @torch.no_grad()
     def answer(self, batch: Batch, candidates: list[list[int]]) -> torch.Tensor:
-        """Constrained decoding: probabilities ``[B, C]`` over the candidate answers (each a token-id list such
-        as ``encode_answer`` gives, [EOS] included), the softmax of their total log-likelihoods.
-
-        One decoder pass: the prefix once, then all candidates packed after it, each candidate's tokens
-        seeing the prefix and their own earlier tokens only, at the positions they would have if alone.
-        """
+        """Constrained decoding (docs/architecture.md, the model): probabilities ``[B, C]`` over the candidate
+        answers (token-id lists as ``encode_answer`` gives them), in one decoder pass."""
         if not candidates or any(len(c) == 0 for c in candidates):
             raise ValueError("answer(): candidates must be a non-empty list of non-empty token-id lists")
         inputs_embeds, key_valid, prefix_total, _ = self._embed(batch.without_labels(), prefix_only=True)
@@ -402,10 +382,8 @@ class PaliGemma(nn.Module):
         inputs_embeds, key_valid, prefix_total, _ = self._embed(batch.without_labels(), prefix_only=True)
         num, length, _ = inputs_embeds.shape
         slots = torch.arange(length, device=inputs_embeds.device).expand(num, length)
-        _, attentions = self.language_model.model(inputs_embeds, slots,
-                                                  prefix_lm_mask(key_valid, slots, prefix_total,
-                                                                 self.isolated_image_tokens),
-                                                  output_attentions=True)
+        mask = prefix_lm_mask(key_valid, slots, prefix_total, self.isolated_image_tokens)
+        _, attentions = self.language_model.model(inputs_embeds, slots, mask, output_attentions=True)
         rows = torch.arange(num, device=inputs_embeds.device)
         return torch.stack([layer[rows, :, prefix_total - 1, :self.num_image_tokens] for layer in attentions], dim=1)
 
@@ -448,8 +426,7 @@ def packed_candidates_mask(key_valid: torch.Tensor, prefix_total: torch.Tensor, 
 def load_pretrained(model: PaliGemma) -> PaliGemma:
     """A freshly built model to train, given the pretrained SigLIP encoder when ``vision_checkpoint`` is set
     (its position grid resampled to ``siglip.grid``) and the pretrained decoder when ``decoder_checkpoint``
-    is (its token embeddings fresh unless its vocabulary is the tokenizer's). A trained model is restored with
-    ``load_state_dict`` instead."""
+    is (its token embeddings fresh unless its vocabulary is the tokenizer's)."""
     config = model.config
     if config.vision == "siglip" and config.vision_checkpoint is not None:
         pretrained = load_pretrained_siglip(config.vision_checkpoint, image_size=config.siglip.image_size,

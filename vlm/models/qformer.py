@@ -1,14 +1,7 @@
-"""Q-Former connector (BLIP-2 / XrayGPT): learnable queries that read the image through cross-attention.
-
-``num_query_tokens`` learned query vectors pass through BERT-style (post-LayerNorm) layers: self-attention
-among the queries, cross-attention to the vision features in every ``cross_attention_freq``-th layer
-(layers 0, f, 2f, ...), and a GELU MLP; the result is projected to the decoder's hidden size, so the
-decoder sees ``num_query_tokens`` image tokens whatever the image resolution.
-
-Parameter names follow HuggingFace BLIP-2 (``query_tokens``, ``qformer.layernorm``,
-``qformer.encoder.layer.N.{attention, crossattention, intermediate_query, output_query}``,
-``language_projection``), so ``QFormerModel`` loads a ``Blip2QFormerModel`` state_dict (without text input).
-"""
+"""Q-Former connector (BLIP-2 / XrayGPT): ``num_query_tokens`` learned queries pass through BERT-style
+(post-LayerNorm) layers, self-attention among them, cross-attention to the vision features in every
+``cross_attention_freq``-th layer (layers 0, f, 2f, ...) and a GELU MLP, then are projected to the decoder's width.
+Parameter names are HuggingFace BLIP-2's, so ``QFormerModel`` loads a ``Blip2QFormerModel`` state_dict."""
 
 from __future__ import annotations
 
@@ -110,8 +103,7 @@ class QFormerLayer(nn.Module):
 class QFormerEncoder(nn.Module):
     def __init__(self, config: QFormerConfig, vision_hidden_size: int):
         super().__init__()
-        self.layer = nn.ModuleList(QFormerLayer(config, i, vision_hidden_size)
-                                   for i in range(config.num_hidden_layers))
+        self.layer = nn.ModuleList(QFormerLayer(config, i, vision_hidden_size) for i in range(config.num_hidden_layers))
 
     def forward(self, queries: torch.Tensor, image_features: torch.Tensor) -> torch.Tensor:
         for layer in self.layer:

@@ -1,12 +1,5 @@
-"""SigLIP vision encoder (ViT without CLS token), parameter-compatible with HuggingFace.
-
-Parameter names are those of ``transformers.SiglipVisionModel`` (``vision_use_head=False``) as of the
-pinned transformers 5.x: ``embeddings.patch_embedding``, ``embeddings.position_embedding``,
-``encoder.layers.N.{layer_norm1, self_attn.{q,k,v,out}_proj, layer_norm2, mlp.fc1, mlp.fc2}``,
-``post_layernorm``. A HuggingFace state_dict therefore loads with ``strict=True``; checkpoint files
-written by older transformers (keys under ``vision_model.``) go through
-:func:`load_pretrained_siglip`, which strips that prefix exactly as transformers does.
-"""
+"""SigLIP vision encoder (ViT without CLS token) with the parameter names of the pinned transformers'
+``SiglipVisionModel`` (``vision_use_head=False``; docs/architecture.md, the model): its state_dict loads strictly."""
 
 from __future__ import annotations
 
@@ -215,10 +208,7 @@ def init_vit_weights(module: nn.Module, std: float = 0.02) -> None:
         nn.init.zeros_(module.bias)
 
 
-# ---------------------------------------------------------------------------------------------
 # Pretrained checkpoints on disk
-# ---------------------------------------------------------------------------------------------
-
 # transformers' SiglipVisionConfig defaults: config.json files only list values that differ from them.
 _HF_VISION_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
                        "num_attention_heads": 12, "num_channels": 3, "image_size": 224, "patch_size": 16,
@@ -238,17 +228,11 @@ def siglip_config_from_pretrained(path: str | os.PathLike, num_attention_heads: 
 def load_pretrained_siglip(path: str | os.PathLike, image_size: int | None = None,
                            num_attention_heads: int | None = None, image_width: int | None = None
                            ) -> SiglipVisionModel:
-    """Build a :class:`SiglipVisionModel` from a HuggingFace checkpoint on disk.
-
-    ``path``: a folder holding ``config.json`` and ``model.safetensors`` or ``pytorch_model.bin`` (e.g. a
-    download of ``google/siglip-base-patch16-224``), or one such weights file (its sizes then come from a
-    ``config.json`` beside it, or from the tensor shapes plus ``num_attention_heads``). The vision weights
-    are found whatever the layout (``vision_model.`` of SigLIP, ``vision_tower.[vision_model.]`` of
-    PaliGemma, or bare), the text tower and pooling head are dropped, and the rest loads with
-    ``strict=True``. An ``image_size`` (the height; ``image_width`` the width, None: square) other than the
-    checkpoint's resamples its square position grid once (bicubic) to ``H / patch x W / patch``, so the
-    encoder then runs natively at that size.
-    """
+    """Build a :class:`SiglipVisionModel` from a HuggingFace checkpoint on disk: a folder (``config.json`` and
+    ``model.safetensors`` or ``pytorch_model.bin``) or one weights file (sizes from a ``config.json`` beside it, else
+    from the tensor shapes plus ``num_attention_heads``). The vision weights, found whatever their prefix (text tower
+    and pooling head dropped), load strictly; an ``image_size`` (the height; ``image_width``, None: square) other
+    than the checkpoint's resamples its position grid once (bicubic) to ``H / patch x W / patch``."""
     path = Path(path)
     state_dict = _vision_state_dict(path)
     config = _config_from_json(path) or _config_from_shapes(state_dict, num_attention_heads, path)

@@ -1,17 +1,5 @@
-"""Edits of a rendered scene: one thing changes, the rest of the layout is drawn again as it was.
-
-A synthetic scene is re-rendered from its own seed (the same pixels as the stored image), then once per edit from
-the same layout, so that nothing but the edit differs (occlusion is measured again):
-
-- ``remove_category``: every object of one category present (car, truck, bus, pedestrian, traffic light or sign);
-- ``add_pedestrian``: a pedestrian stands in the path of one manoeuvre (left, straight or right);
-- ``switch_light``: the lights of the governing colour switch (red -> green, green -> red, yellow -> red);
-- ``move_left_to_right``: a car, truck, bus or pedestrian in the left third moves to the mirrored column;
-- ``night_to_day``, ``toggle_fog`` (fog on a clear scene, off a foggy one) and ``mirror`` (labels mirrored too).
-
-An edit that cannot apply to a scene (no light to switch, a rainy scene for fog, no free place for a pedestrian)
-returns None.
-"""
+"""Edits of a rendered scene: one thing changes, the rest of the layout is drawn again as it was (occlusion is
+measured again). What each edit does: docs/architecture.md (counterfactuals); one that cannot apply returns None."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The ``generate_scenes`` stage: synthetic scenes rendered in parallel, or a BDD100K folder read, into one folder
-replaced atomically: ``labels.json`` (det_20, one frame per line), ``source.json`` (where the images are, their
-size) and, for the synthetic source, ``images/*.jpg``. BDD100K images are read in place; their content digest in
-``source.json`` makes the folder change when one of them does, so the stages after re-run too.
-"""
+"""The ``generate_scenes`` stage (docs/architecture.md): synthetic scenes rendered in parallel, or a BDD100K folder
+read (its images in place, their content digest in ``source.json``), into one folder replaced atomically."""
 
 from __future__ import annotations
 
@@ -30,9 +27,8 @@ from vlm.scenes.schema import Scene, scene_from_frame, scene_to_frame
 
 @dataclass
 class BDD100KConfig:
-    # The dataset folder, a dependency of generate_scenes in dvc.yaml: a changed label or image under it
-    # re-runs the pipeline. images and labels are relative to it (BDD100K's own layout by default): a path
-    # outside it would not be tracked.
+    # the dataset folder, a dependency of generate_scenes in dvc.yaml; images and labels are relative to it (a path
+    # outside it would not be tracked)
     root: str = "data/bdd100k"
     images: str = "images/100k/train"
     labels: str = "labels/det_20/det_train.json"
@@ -72,8 +68,7 @@ class ScenesConfig:
 
 @dataclass
 class ScenesRuntime:
-    """How fast ``generate_scenes`` renders, never what (params.yaml's ``runtime.scenes``, which no stage declares):
-    every scene is rendered from its own seed, so any worker count writes the same bytes."""
+    """How fast ``generate_scenes`` renders, never what (``runtime.scenes``; docs/architecture.md, "Speed settings")."""
 
     workers: int = 0  # render processes; 0: one per CPU core
 

@@ -1,17 +1,15 @@
-"""Procedural traffic scenes: a road in perspective seen from a car, with labelled road users.
+"""Procedural traffic scenes: a road in perspective seen from a car, with labelled road users (what is drawn:
+docs/architecture.md, generate_scenes).
 
-A scene is drawn in three steps. :func:`sample_layout` draws everything random from a ``numpy`` generator: time
-of day, weather, city street or highway, the road geometry and the objects (vehicles, bikes with riders,
-pedestrians, traffic lights and signs) with their size, colour and position; nothing after it is random, so a seed
-fixes the image. :func:`settle_occlusion` draws the objects' silhouettes far to near to measure how much of each
-nearer ones hide, and removes those hidden ambiguously (a few to a fifth of their pixels) or almost entirely until
-none is, so the ``occluded`` flag is crisp. :func:`render_layout` paints the image: sky, ground, buildings or
-highway verges, road markings, objects far to near, lights, then fog and rain.
+A scene is drawn in three steps. :func:`sample_layout` draws everything random from a ``numpy`` generator (the
+scene's attributes, the road and the objects); nothing after it is random, so a seed fixes the image.
+:func:`settle_occlusion` draws the objects' silhouettes far to near to measure how much of each nearer ones hide,
+and removes those hidden ambiguously (a few to a fifth of their pixels) or almost entirely until none is, so the
+``occluded`` flag is crisp. :func:`render_layout` paints the image far to near, then fog and rain.
 
 Geometry is a pinhole camera over a flat road: a point at ground depth ``z`` metres projects to the
 row ``y = horizon + s * (H - horizon)`` with ``s = Z_BOTTOM / z``, and a width of ``w`` metres at that
-depth spans ``w * PX_PER_M * s`` pixels.
-"""
+depth spans ``w * PX_PER_M * s`` pixels."""
 
 from __future__ import annotations
 
@@ -31,9 +29,7 @@ OCCLUDED_MIN = 0.2  # hidden fraction from which an object is labelled occluded
 AMBIGUOUS = (0.04, 0.2)  # hidden fractions removed so the occluded flag is unambiguous
 HIDDEN_MAX = 0.7  # objects hidden more than this are removed
 TRUNCATED_MIN_VISIBLE = 0.4  # objects with less of their silhouette inside the image are removed
-# Labelled objects stand at most this far (metres), and traffic lights and signs are drawn about
-# twice life size, so that every labelled object still spans several pixels in the packed 128 px image.
-MAX_Z = 20.0
+MAX_Z = 20.0  # metres: labelled objects stand at most this far (lights and signs drawn twice life size)
 
 RGB = tuple[int, int, int]
 
@@ -165,7 +161,13 @@ def sample_layout(rng: np.random.Generator, config: RenderConfig) -> Layout:
              "hills": [float(v) for v in rng.uniform(0.0, 1.0, size=8)]}
     layout = Layout(timeofday, weather, scene, horizon, vanish_x, lanes_left, lanes_right, crosswalk_z,
                     cross_street_z, [], decor, {})
-    _sample_objects(rng, layout, cam, config)
+    # every labelled object, each step drawing from rng in a fixed order, so the seed fixes every object
+    cars_crossing = _sample_lane_vehicles(rng, layout, cam, config)
+    _sample_crossing_vehicles(rng, layout, cam, cars_crossing)
+    _sample_two_wheelers(rng, layout, cam)
+    _sample_pedestrians(rng, layout, cam, config)
+    _sample_traffic_lights(rng, layout, cam)
+    _sample_traffic_signs(rng, layout, cam)
     return layout
 
 
@@ -215,17 +217,6 @@ def pedestrian(rng: np.random.Generator, cam: Camera, z: float, lateral: float) 
                   "skin": _choice(rng, SKIN), "stride": float(rng.uniform(0.0, 0.35)),
                   "bag": rng.random() < 0.3,
                   "hair": _choice(rng, ((30, 20, 10), (90, 60, 30), (200, 170, 90), (20, 20, 20)))})
-
-
-def _sample_objects(rng: np.random.Generator, layout: Layout, cam: Camera, config: RenderConfig) -> None:
-    """Append every labelled object to ``layout.things`` and set ``layout.targets``. The steps run in this
-    order and each draws from ``rng`` in a fixed order, so the seed fixes every object."""
-    cars_crossing = _sample_lane_vehicles(rng, layout, cam, config)
-    _sample_crossing_vehicles(rng, layout, cam, cars_crossing)
-    _sample_two_wheelers(rng, layout, cam)
-    _sample_pedestrians(rng, layout, cam, config)
-    _sample_traffic_lights(rng, layout, cam)
-    _sample_traffic_signs(rng, layout, cam)
 
 
 def _sample_lane_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera, config: RenderConfig) -> int:
@@ -633,11 +624,8 @@ def _silhouette(t: Thing, origin: tuple[int, int], size: tuple[int, int], mask: 
 
 
 def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
-    """Fraction of each thing's silhouette hidden by nearer things of other groups.
-
-    ``things`` are sorted far to near. Only things whose box meets a nearer thing's box, or leaves the
-    image, need their silhouettes drawn; the rest are fully visible.
-    """
+    """Fraction of each thing's silhouette (``things`` far to near) hidden by nearer things of other groups; only
+    things whose box meets a nearer thing's box, or leaves the image, need their silhouettes drawn."""
     boxes = np.array([t.box for t in things], dtype=np.float64).reshape(-1, 4)
     hidden = []
     for k, t in enumerate(things):
@@ -673,10 +661,8 @@ def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
 
 def settle_occlusion(things: list[Thing], width: int, height: int, targets: dict[str, int] | None = None
                      ) -> list[tuple[Thing, float]]:
-    """Remove things that are almost hidden or ambiguously occluded; return (thing, hidden fraction).
-
-    ``targets`` caps the number of things kept per category: the farthest surplus goes.
-    """
+    """Remove things that are almost hidden or ambiguously occluded, and per category the farthest beyond its
+    ``targets`` cap; return (thing, hidden fraction)."""
     things = sorted(things, key=lambda t: t.depth)
     while True:
         hidden = _visibility(things, width, height)

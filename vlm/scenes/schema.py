@@ -1,10 +1,6 @@
-"""The normalised scene record every downstream stage sees, and its BDD100K det_20 serialisation.
-
-BDD100K ships labels in two dialects. The 2018 release says ``person``/``bike``/``motor`` and colours
-``red``/``green``/``yellow``/``none``; det_20 says ``pedestrian``/``bicycle``/``motorcycle`` and
-``R``/``G``/``Y``/``NA``, allows ``labels: null`` and sometimes capitalises attribute keys (``Occluded``).
-:func:`scene_from_frame` accepts both and produces one :class:`Scene`; :func:`scene_to_frame` always writes det_20.
-"""
+"""The normalised scene record every downstream stage sees, and its BDD100K det_20 serialisation:
+:func:`scene_from_frame` reads both BDD100K dialects (2018 and det_20; docs/architecture.md, generate_scenes),
+:func:`scene_to_frame` always writes det_20."""
 
 from __future__ import annotations
 

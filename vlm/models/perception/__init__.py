@@ -26,7 +26,7 @@ from torch import nn
 
 from vlm.models.extension import ExtensionOutput, VisionExtension
 from vlm.models.perception.heads import HEADS, AuxiliaryHead
-from vlm.models.perception.stem import ConvStem
+from vlm.models.perception.stem import PYRAMID_WIDTH, ConvStem, StemPyramid
 from vlm.models.perception.targets import TargetTransform
 from vlm.models.siglip import SiglipVisionConfig
 from vlm.params import check
@@ -73,6 +73,9 @@ class TrafficPerception(VisionExtension):
         self.config = config
         self.stem = ConvStem(vision.num_channels, config.stem_channels, vision.hidden_size) \
             if config.stem_channels else None
+        # the stride-4 map of the stem's stages, computed once for every head that reads it
+        self.pyramid = StemPyramid(config.stem_channels, PYRAMID_WIDTH) \
+            if any(HEADS[name].reads_fine for name in config.active_heads) else None
         self.heads = nn.ModuleDict({name: HEADS[name](config, vision) for name in config.active_heads})
         self.loss_weights = {name: float(config.heads[name]) for name in config.active_heads}
         heads = list(self.heads.values()) if config.to_decoder else []
@@ -104,7 +107,8 @@ class TrafficPerception(VisionExtension):
         """``patch_features`` ``[N, P, Dv]``, the stem's stage outputs and ``targets`` ``[N, Gh*Gw, C]`` (for the
         losses, unweighted, by head name)."""
         num, patches, _ = patch_features.shape
-        logits = {name: head(patch_features, stem_features) for name, head in self.heads.items()}
+        fine = None if self.pyramid is None else self.pyramid(stem_features)  # [N, PYRAMID_WIDTH, H/4, W/4]
+        logits = {name: head(patch_features, fine) for name, head in self.heads.items()}
         maps, summaries = [], []
         if self.config.to_decoder:
             for name, head in self.heads.items():
@@ -122,6 +126,20 @@ class TrafficPerception(VisionExtension):
         return ExtensionOutput(extra_patch_features, torch.cat(tokens, dim=1), losses)
 
 
+@torch.no_grad()
+def head_metrics(model: nn.Module, images: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The perception heads' own measures per image ``[N]`` (:meth:`AuxiliaryHead.metrics`), for uint8 images
+    ``[N, 3, H, W]`` and their targets, through the core's encoder as the model computes it; the decoder is left
+    out."""
+    extension = model.extension
+    pixel_values = torch.addcmul(model.pixel_shift, images.float(), model.pixel_scale)  # [N, 3, H, W]
+    residual, state = extension.adapt(pixel_values)
+    features = model.vision_tower(pixel_values, patch_residual=residual).last_hidden_state  # [N, P, Dv]
+    fine = None if extension.pyramid is None else extension.pyramid(state)
+    return {name: values for head in extension.heads.values()
+            for name, values in head.metrics(head(features, fine), targets).items()}
+
+
 class HeadTokens(nn.Module):
     """A head's own image tokens: its features per token ``[N, T, F]`` projected to the decoder's width, plus a
     learned embedding per token (which channel it is): ``[N, T, D]``."""
@@ -136,4 +154,4 @@ class HeadTokens(nn.Module):
         return self.projector(features) + self.embedding
 
 
-__all__ = ["AuxiliaryHead", "PerceptionConfig", "TargetTransform", "TrafficPerception"]
+__all__ = ["AuxiliaryHead", "PerceptionConfig", "TargetTransform", "TrafficPerception", "head_metrics"]

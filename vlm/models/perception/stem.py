@@ -38,6 +38,9 @@ class ConvStem(nn.Module):
         return self.proj(hidden), stages
 
 
+PYRAMID_WIDTH = 32  # channels of the stride-4 map the fine heads read
+
+
 class StemPyramid(nn.Module):
     """A small feature pyramid over the stem's stage outputs (Lin et al. 2017, "Feature Pyramid Networks"): its
     last stage brought to stride 8 and added to the stride-8 stage, then up to stride 4 beside that stage:

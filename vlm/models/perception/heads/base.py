@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from vlm.models.siglip import SiglipVisionConfig
+from vlm.params import check
 
 if TYPE_CHECKING:
     from vlm.models.perception import PerceptionConfig
@@ -19,13 +20,17 @@ class AuxiliaryHead(nn.Module):
     """One head: reads the encoder's patch features (and the conv stem's stage outputs), predicts maps of
     target channels (:mod:`vlm.models.perception.targets`) and learns them with its loss.
 
-    A subclass names itself (``name``: its ``model.perception.heads`` key) and joins :data:`HEADS`; it sets in
+    A head reads the patch features, or with ``reads_fine`` the stride-4 feature map the perception computes once
+    from the conv stem's stages (:class:`~vlm.models.perception.stem.StemPyramid`, ``PYRAMID_WIDTH`` channels) for
+    the heads that see objects finer than a patch. A subclass names itself (``name``: its ``model.perception.heads``
+    key) and joins :data:`HEADS`; it sets in
     ``__init__`` ``target_stride`` (image pixels per cell of the targets it reads), ``patch_width`` (the
     per-patch maps :meth:`decoder_features` gives the connector), ``num_token_features`` (the width of the
     image summary it gives the decoder's shared extra token) and, for image tokens of its own, ``token_shape``
     (T tokens of F features each, :meth:`tokens`)."""
 
     name: ClassVar[str]
+    reads_fine: ClassVar[bool] = False
     target_stride: int
     patch_width: int = 0
     num_token_features: int = 0
@@ -41,9 +46,13 @@ class AuxiliaryHead(nn.Module):
     @classmethod
     def validate(cls, config: PerceptionConfig, prefix: str) -> None:
         """Raise a ``ParamError`` naming the key when ``config`` cannot give this head what it reads."""
+        if cls.reads_fine:
+            check(len(config.stem_channels) >= 3, f"{prefix}.heads.{cls.name}",
+                  f"needs a conv stem of at least 3 stages ({prefix}.stem_channels), got {config.stem_channels}")
 
-    def forward(self, patch_features: torch.Tensor, stem_features: list[torch.Tensor] | None) -> torch.Tensor:
-        """-> the head's logits."""
+    def forward(self, patch_features: torch.Tensor, fine_features: torch.Tensor | None) -> torch.Tensor:
+        """Patch features ``[N, P, Dv]`` and, for a head that ``reads_fine``, the stride-4 map
+        ``[N, PYRAMID_WIDTH, H/4, W/4]`` (else None) -> the head's logits."""
         raise NotImplementedError
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -57,3 +66,8 @@ class AuxiliaryHead(nn.Module):
     def tokens(self, logits: torch.Tensor) -> torch.Tensor:
         """-> the features of the head's own image tokens ``[N, *token_shape]`` (with ``token_shape``)."""
         raise NotImplementedError
+
+    def metrics(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-image measures ``[N]`` of what the head gets right against targets ``[N, G*G, C]``, the decoder left
+        out (validation); none by default."""
+        return {}

@@ -19,10 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlm.models.perception.heads.base import AuxiliaryHead
-from vlm.models.perception.stem import StemPyramid
+from vlm.models.perception.stem import PYRAMID_WIDTH
 from vlm.models.perception.targets import CENTRE_REGIONS, CHANNELS, FOOT_REGIONS, GROUPS, channels, region_masks
 from vlm.models.siglip import SiglipVisionConfig
-from vlm.params import check
 
 STRIDE = 4  # heatmap cells per image side = its pixels / STRIDE: the stem's second stage
 PEAK_THRESHOLD = 0.5
@@ -34,29 +33,24 @@ class CentreHead(AuxiliaryHead):
     name = "centres"
     target_stride = STRIDE
 
-    def __init__(self, config, vision: SiglipVisionConfig, width: int = 32):
+    reads_fine = True
+
+    def __init__(self, config, vision: SiglipVisionConfig):
         super().__init__(config, vision)
         self.channels = channels("heat", "foot")  # of the targets
         rows, columns = vision.height_width
         self.grid = (rows // STRIDE, columns // STRIDE)  # heatmap cells (rows, columns)
         heat_channels = CHANNELS[self.channels]
-        self.pyramid = StemPyramid(config.stem_channels, width)
-        self.out = nn.Conv2d(width, len(heat_channels), kernel_size=1)
+        self.out = nn.Conv2d(PYRAMID_WIDTH, len(heat_channels), kernel_size=1)
         nn.init.constant_(self.out.bias, math.log(PRIOR / (1 - PRIOR)))
         self.register_buffer("thresholds", torch.arange(NUM_COUNT_THRESHOLDS) + 0.5, persistent=False)
         regions = [CENTRE_REGIONS if name in GROUPS["heat"] else FOOT_REGIONS for name in heat_channels]
         self.register_buffer("masks", region_masks(regions, self.grid), persistent=False)  # [C, R, H/4, W/4]
         self.num_token_features = len(heat_channels) * len(CENTRE_REGIONS) * NUM_COUNT_THRESHOLDS
 
-    @classmethod
-    def validate(cls, config, prefix: str) -> None:
-        check(len(config.stem_channels) >= 3, f"{prefix}.heads.centres",
-              f"needs a conv stem of at least 3 stages ({prefix}.stem_channels), got {config.stem_channels}")
-
-    def forward(self, patch_features: torch.Tensor, stem_features: list[torch.Tensor]) -> torch.Tensor:
-        """Stem stage outputs -> heatmap logits ``[N, H/4 * W/4, C_heat]`` (row-major cells)."""
-        logits = self.out(self.pyramid(stem_features))  # [N, C_heat, H/4, W/4]
-        return logits.flatten(2).transpose(1, 2)
+    def forward(self, patch_features: torch.Tensor, fine_features: torch.Tensor) -> torch.Tensor:
+        """The stride-4 map -> heatmap logits ``[N, H/4 * W/4, C_heat]`` (row-major cells)."""
+        return self.out(fine_features).flatten(2).transpose(1, 2)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """CenterNet's focal loss (alpha 2, beta 4) per object against the ``heat``/``foot`` channels of targets

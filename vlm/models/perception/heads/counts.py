@@ -20,10 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlm.models.perception.heads.base import AuxiliaryHead
-from vlm.models.perception.stem import StemPyramid
+from vlm.models.perception.stem import PYRAMID_WIDTH
 from vlm.models.perception.targets import CENTRE_REGIONS, CHANNELS, FOOT_REGIONS, channels, region_masks
 from vlm.models.siglip import SiglipVisionConfig
-from vlm.params import check
 
 STRIDE = 4  # density cells per image side = its pixels / STRIDE: the stem's second stage
 PRIOR = 1e-3  # initial expected count per cell
@@ -35,29 +34,25 @@ class CountHead(AuxiliaryHead):
     name = "counts"
     target_stride = STRIDE
 
-    def __init__(self, config, vision: SiglipVisionConfig, width: int = 32):
+    reads_fine = True
+
+    def __init__(self, config, vision: SiglipVisionConfig):
         super().__init__(config, vision)
         self.centres, self.feet = channels("centre"), channels("feet")  # of the targets
         names = CHANNELS[self.centres] + CHANNELS[self.feet]
         rows, columns = vision.height_width
         self.grid = (rows // STRIDE, columns // STRIDE)  # density cells (rows, columns)
-        self.pyramid = StemPyramid(config.stem_channels, width)
-        self.out = nn.Conv2d(width, len(names), kernel_size=1)
-        nn.init.constant_(self.out.bias, math.log(PRIOR))
+        self.out = nn.Sequential(nn.Conv2d(PYRAMID_WIDTH, PYRAMID_WIDTH, 3, padding=1), nn.ReLU(),
+                                 nn.Conv2d(PYRAMID_WIDTH, len(names), kernel_size=1))
+        nn.init.constant_(self.out[-1].bias, math.log(PRIOR))
         regions = [CENTRE_REGIONS if name in CHANNELS[self.centres] else FOOT_REGIONS for name in names]
         self.register_buffer("masks", region_masks(regions, self.grid).float(), persistent=False)  # [C, R, h, w]
         self.register_buffer("thresholds", torch.arange(NUM_THRESHOLDS) + 0.5, persistent=False)  # [K]
         self.token_shape = (len(names), len(CENTRE_REGIONS) * NUM_THRESHOLDS)  # a token per channel
 
-    @classmethod
-    def validate(cls, config, prefix: str) -> None:
-        check(len(config.stem_channels) >= 3, f"{prefix}.heads.counts",
-              f"needs a conv stem of at least 3 stages ({prefix}.stem_channels), got {config.stem_channels}")
-
-    def forward(self, patch_features: torch.Tensor, stem_features: list[torch.Tensor]) -> torch.Tensor:
-        """Stem stage outputs -> log expected counts ``[N, h*w, C]`` (row-major cells, h x w = H/4 x W/4)."""
-        logits = self.out(self.pyramid(stem_features))  # [N, C, h, w]
-        return logits.flatten(2).transpose(1, 2)
+    def forward(self, patch_features: torch.Tensor, fine_features: torch.Tensor) -> torch.Tensor:
+        """The stride-4 map -> log expected counts ``[N, h*w, C]`` (row-major cells, h x w = H/4 x W/4)."""
+        return self.out(fine_features).flatten(2).transpose(1, 2)
 
     def region_sums(self, counts: torch.Tensor) -> torch.Tensor:
         """Counts per cell ``[N, h*w, C]`` -> their sums over each channel's regions ``[N, C, R]``."""
@@ -77,10 +72,12 @@ class CountHead(AuxiliaryHead):
         per_region = F.poisson_nll_loss(sums, exact, log_input=False, full=False, eps=1e-6)
         return per_cell + per_region
 
-    def exact_counts(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """bool ``[N, C, R]``: whether the rounded region sum is the labels' count (decoder left out)."""
+    def metrics(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per image: the fraction of its region counts (channels x regions) whose rounded sum is the labels'
+        count (``counts/exact``), and whether all of them are (``counts/all_exact``)."""
         counts = torch.cat([targets[..., self.centres], targets[..., self.feet]], dim=-1).float()
-        return self.region_sums(self.density(logits)).round() == self.region_sums(counts)
+        exact = self.region_sums(self.density(logits)).round() == self.region_sums(counts)  # [N, C, R]
+        return {"counts/exact": exact.float().mean(dim=(1, 2)), "counts/all_exact": exact.flatten(1).all(1).float()}
 
     def decoder_features(self, logits: torch.Tensor) -> tuple[None, None]:
         return None, None

@@ -50,7 +50,7 @@ class GroundingHead(AuxiliaryHead):
     def num_patch(self) -> int:
         return self.linear.out_features
 
-    def forward(self, features: torch.Tensor, stem_features: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, fine_features: torch.Tensor | None = None) -> torch.Tensor:
         """Patch features ``[N, P, Dv]`` -> logits ``[N, P, C_head]`` (the patch channels, log-rates for the
         count channels, then the frame channels, whose logits are the same in every patch)."""
         patches = self.linear(features)  # [N, P, C_patch]

@@ -610,7 +610,7 @@ def train_metrics(state: TrainState, model: torch.nn.Module) -> dict[str, Any]:
         "steps": state.step,
         "parameters": sum(p.numel() for p in model.parameters()),
         # the perception heads' own val measures at the last epoch (e.g. val_counts_exact)
-        **{key[4:].replace("/", "_"): round(value, 4) for key, value in (evals[-1] if evals else {}).items()
+        **{key.replace("/", "_"): round(value, 4) for key, value in (evals[-1] if evals else {}).items()
            if key.startswith("val/") and key != "val/accuracy"},
     }
 

@@ -50,7 +50,7 @@ class TrainConfig:
     """What a run learns: params.yaml's ``train`` (how fast it goes is :class:`TrainRuntime`)."""
 
     seed: int = 0
-    epochs: int = 8
+    epochs: int = 7
     blind_epochs: int | None = 1  # epochs of the blind baseline (train_blind); None = epochs
     batch_size: int = 64  # questions per forward pass (per process under DDP)
     grad_accum: int = 1  # forward passes per optimizer step

@@ -59,7 +59,7 @@ def test_one_sample_per_question_with_shapes_and_dtypes(project, tokenizer):
         assert sample["answer_ids"].tolist() == tokenizer.encode_answer(record["answer"])
         for key in ("question_id", "image_id", "command", "answer", "command_type", "metadata"):
             assert sample[key] == record[key]
-    assert data.image_size == PACK_SIZE and data.mean.shape == (3,) and data.std.shape == (3,)
+    assert data.images.image_size == PACK_SIZE and data.images.mean.shape == (3,) and data.images.std.shape == (3,)
 
 
 def test_in_memory_gives_the_same_samples(project, tokenizer):

@@ -228,7 +228,7 @@ def test_pack_config_errors_name_the_key():
 def test_stage_script_writes_files_and_metrics(project, monkeypatch):
     from stages.pack_hdf5 import main
 
-    (project.root / "params.yaml").write_text(yaml.safe_dump({"pack": {"image_size": PACK_SIZE},
+    (project.root / "params.yaml").write_text(yaml.safe_dump({"pack": {"image_size": PACK_SIZE, "aspect": "square"},
                                                                      "model": {"siglip": {"patch_size": 8}},
                                                                      "runtime": {"pack": {"workers": 1}}}))
     monkeypatch.chdir(project.root)

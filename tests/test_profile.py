@@ -28,7 +28,7 @@ def test_naive_loader_yields_what_ours_yields_in_float(project):
     tokenizer = project.tokenizer()
     naive = NaiveTrafficVQADataset(project.commands("train"), project.h5("train"), tokenizer)
     ours = TrafficVQADataset(project.commands("train"), project.h5("train"), tokenizer)
-    mean, std = torch.from_numpy(ours.mean)[:, None, None], torch.from_numpy(ours.std)[:, None, None]
+    mean, std = torch.from_numpy(ours.images.mean)[:, None, None], torch.from_numpy(ours.images.std)[:, None, None]
     for index in (0, 9):
         expected = (ours[index]["image"].float() / 255 - mean) / std
         torch.testing.assert_close(naive[index]["image"], expected)

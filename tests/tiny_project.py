@@ -120,7 +120,7 @@ class TinyProject:
 
     def pack(self, *, workers: int = 1, chunksize: int = 16, side_multiple: int = 1, **config) -> dict:
         return pack_dataset(self.labels, self.source, self.commands_dir, self.processed,
-                            PackConfig(**{"image_size": PACK_SIZE} | config), root=self.root,
+                            PackConfig(**{"image_size": PACK_SIZE, "aspect": "square"} | config), root=self.root,
                             runtime=PackRuntime(workers=workers, chunksize=chunksize), side_multiple=side_multiple)
 
     def pack_native(self) -> dict:

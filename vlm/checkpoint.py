@@ -26,11 +26,8 @@ REQUIRED = ("format_version", "config", "state_dict", "vocab", "vocab_sha256", "
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def save(path: str | os.PathLike, payload: dict[str, Any]) -> None:

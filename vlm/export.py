@@ -14,6 +14,7 @@ import json
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -171,79 +172,21 @@ def generation_config(loaded: LoadedModel) -> dict[str, Any]:
 
 
 def model_card(loaded: LoadedModel, source: str, folder: str) -> str:
-    """README.md: what the model was trained on, its sizes and params, its metrics, and how to ask it."""
+    """README.md: what the model was trained on, its sizes and params, its metrics, and how to ask it (the text:
+    vlm/templates/model_card.md)."""
     config, payload = loaded.model.config, loaded.checkpoint
-    siglip, gemma = config.siglip, config.gemma
     statistics = payload["vocab"].get("statistics", {})
-    parameters = sum(p.numel() for p in loaded.model.parameters())  # the tied LM head once
     metrics = "\n".join(f"| {key} | {_number(value)} |" for key, value in payload.get("metrics", {}).items())
     started = [f"the {part} from `{path}`" for part, path in (("encoder", config.vision_checkpoint),
                                                                ("decoder", config.decoder_checkpoint)) if path]
-    start = "starting " + " and ".join(started) if started else "from scratch"
-    return f"""---
-library_name: transformers
-pipeline_tag: image-text-to-text
-tags: [paligemma, vqa, traffic]
----
-
-# traffic-vlm PaliGemma
-
-A small PaliGemma (SigLIP encoder, linear projector, Gemma decoder) trained {start} by the traffic-vlm DVC
-pipeline to answer questions about traffic scenes, exported from `{source}` by `python -m vlm.export`.
-
-```python
-from PIL import Image
-from transformers import AutoProcessor, PaliGemmaForConditionalGeneration
-
-model = PaliGemmaForConditionalGeneration.from_pretrained("{folder}")
-processor = AutoProcessor.from_pretrained("{folder}")
-inputs = processor(images=Image.open("street.jpg"), text="<image>Is there a bus?", return_tensors="pt")
-print(processor.decode(model.generate(**inputs)[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
-```
-
-## Data
-
-- Questions: {statistics.get("num_commands", "?")} training questions, a word vocabulary of {gemma.vocab_size} ids
-  ({statistics.get("coverage_pct", "?")}% of the training tokens covered); words outside it are [UNK].
-- Answers: {len(loaded.answers)}, one word each: {", ".join(loaded.answers)}.
-- Images: squashed (not cropped) to {loaded.image_size} x {loaded.image_size} px ({loaded.resample}), normalised
-  with the training split's per-channel mean {_numbers(config.image_mean)} and std {_numbers(config.image_std)}.
-
-## Model
-
-{parameters:,} parameters.
-
-| part | layers | width | heads | |
-|---|---:|---:|---:|---|
-| SigLIP encoder | {siglip.num_hidden_layers} | {siglip.hidden_size} | {siglip.num_attention_heads} | \
-patch {siglip.patch_size}: {config.num_image_tokens} image tokens |
-| linear projector | | {siglip.hidden_size} -> {gemma.hidden_size} | | |
-| Gemma decoder | {gemma.num_hidden_layers} | {gemma.hidden_size} | {gemma.num_attention_heads} | \
-{gemma.num_key_value_heads} key-value heads of {gemma.head_dim}, vocabulary {gemma.vocab_size} |
-
-Its config (params.yaml's `model:` and what the data fixes: vocabulary, image size, mean and std):
-
-```json
-{json.dumps(config.to_dict(), indent=2)}
-```
-
-## Metrics
-
-Of the saved epoch (the best on the validation split):
-
-| metric | value |
-|---|---|
-{metrics}
-
-## Differences from the project's own `vlm.predict`
-
-- `vlm.predict` answers by constrained decoding (the most likely of the {len(loaded.answers)} answers);
-  `generate` decodes greedily over the whole vocabulary.
-- `vlm.predict` decodes a JPEG at a reduced size first (PIL's draft mode) before resizing; the image processor
-  resizes the full image. On images of exactly {loaded.image_size} x {loaded.image_size} px the inputs are the same.
-- Pass the processor's `token_type_ids` (it returns them) to the model: they make the image and the question one
-  block of full attention and the answer causal, as in training.
-"""
+    template = resources.files("vlm").joinpath("templates", "model_card.md").read_text(encoding="utf-8")
+    return template.format(
+        start="starting " + " and ".join(started) if started else "from scratch", source=source, folder=folder,
+        questions=statistics.get("num_commands", "?"), coverage=statistics.get("coverage_pct", "?"),
+        num_answers=len(loaded.answers), answers=", ".join(loaded.answers), loaded=loaded, config=config,
+        mean=_numbers(config.image_mean), std=_numbers(config.image_std), siglip=config.siglip, gemma=config.gemma,
+        parameters=sum(p.numel() for p in loaded.model.parameters()),  # the tied LM head once
+        config_json=json.dumps(config.to_dict(), indent=2), metrics=metrics)
 
 
 def _number(value: Any) -> str:

@@ -67,18 +67,15 @@ def load_params(path: str | os.PathLike = "params.yaml") -> Params:
             params = yaml.safe_load(f) or {}
         except yaml.YAMLError as e:
             raise ParamError(f"{path}: invalid YAML: {e}") from e
-    if not isinstance(params, dict):
-        raise ParamError(f"{path}: top level must be a mapping of sections")
+    check(isinstance(params, dict), str(path), "top level must be a mapping of sections")
     return Params(params, reads=_recorders[-1] if _recorders else None)
 
 
 def section(params: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     """Return ``params[name]``, raising a clear error when it is missing or not a mapping."""
-    if name not in params:
-        raise ParamError(f"params.yaml: missing section '{name}'")
+    check(name in params, "params.yaml", f"missing section '{name}'")
     value = params[name]
-    if not isinstance(value, Mapping):
-        raise ParamError(f"params.yaml: section '{name}' must be a mapping, got {type(value).__name__}")
+    check(isinstance(value, Mapping), "params.yaml", f"section '{name}' must be a mapping, got {type(value).__name__}")
     return value
 
 
@@ -90,8 +87,8 @@ def runtime_section(params: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     write; ``{}`` (the defaults) when params.yaml has none."""
     runtime = section(params, RUNTIME) if RUNTIME in params else {}
     value = runtime.get(name, {})
-    if not isinstance(value, Mapping):
-        raise ParamError(f"params.yaml: section '{RUNTIME}.{name}' must be a mapping, got {type(value).__name__}")
+    check(isinstance(value, Mapping), "params.yaml",
+          f"section '{RUNTIME}.{name}' must be a mapping, got {type(value).__name__}")
     return value
 
 
@@ -174,22 +171,19 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
                     errors.append(e)
         raise errors[0]
     if origin is typing.Literal:
-        if value not in args:
-            raise ParamError(f"{key}: must be one of {', '.join(map(repr, args))}, got {value!r}")
+        check(value in args, key, f"must be one of {', '.join(map(repr, args))}, got {value!r}")
         return value
     if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ParamError(f"{key}: must be a list, got {value!r}")
+        check(isinstance(value, (list, tuple)), key, f"must be a list, got {value!r}")
         inner = args[0] if args else Any
         items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ParamError(f"{key}: must be a mapping, got {value!r}")
+        check(isinstance(value, Mapping), key, f"must be a mapping, got {value!r}")
         return dict(value)
     if hint in _SCALARS:
         accepted, what = _SCALARS[hint]
-        if not isinstance(value, accepted) or (isinstance(value, bool) and hint is not bool):
-            raise ParamError(f"{key}: must be {what}, got {value!r}")
+        check(isinstance(value, accepted) and not (isinstance(value, bool) and hint is not bool), key,
+              f"must be {what}, got {value!r}")
         return float(value) if hint is float else value
     return value

@@ -15,15 +15,14 @@ from typing import Any
 
 import yaml
 
-from vlm.params import ParamError, load_params
+from vlm.params import check, load_params
 
 
 def overrides(recipe: Mapping[str, Any], params: Mapping[str, Any], source: str, prefix: str = "") -> dict[str, Any]:
     """``recipe``'s values by dotted key (a mapping is a value where params.yaml holds a value, not a section)."""
     values = {}
     for key, value in recipe.items():
-        if key not in params:
-            raise ParamError(f"{source}: {prefix}{key}: not a key of params.yaml")
+        check(key in params, f"{source}: {prefix}{key}", "not a key of params.yaml")
         if isinstance(value, Mapping) and isinstance(params[key], Mapping) and params[key]:
             values |= overrides(value, params[key], source, f"{prefix}{key}.")
         else:
@@ -39,8 +38,8 @@ def flags(recipe_path: str | Path, params_path: str | Path = "params.yaml") -> l
     out = []
     for key, value in values.items():
         text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-        if any(c.isspace() for c in text):
-            raise ParamError(f"{recipe_path}: {key}: a value with blanks cannot pass through $(...): {text!r}")
+        check(not any(c.isspace() for c in text), f"{recipe_path}: {key}",
+              f"a value with blanks cannot pass through $(...): {text!r}")
         out.append(f"--set-param={key}={text}")
     return out
 

@@ -50,7 +50,7 @@ class TrainConfig:
     """What a run learns: params.yaml's ``train`` (how fast it goes is :class:`TrainRuntime`)."""
 
     seed: int = 0
-    epochs: int = 8
+    epochs: int = 7
     blind_epochs: int | None = 1  # epochs of the blind baseline (train_blind); None = epochs
     batch_size: int = 64  # questions per forward pass (per process under DDP)
     grad_accum: int = 1  # forward passes per optimizer step
@@ -610,7 +610,7 @@ def train_metrics(state: TrainState, model: torch.nn.Module) -> dict[str, Any]:
         "steps": state.step,
         "parameters": sum(p.numel() for p in model.parameters()),
         # the perception heads' own val measures at the last epoch (e.g. val_counts_exact)
-        **{key[4:].replace("/", "_"): round(value, 4) for key, value in (evals[-1] if evals else {}).items()
+        **{key.replace("/", "_"): round(value, 4) for key, value in (evals[-1] if evals else {}).items()
            if key.startswith("val/") and key != "val/accuracy"},
     }
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from vlm.models import GemmaConfig, GemmaForCausalLM, KVCache, prefix_lm_mask
 from vlm.models.gemma import GemmaRMSNorm
@@ -18,6 +19,16 @@ def decoder(num_heads=4, num_kv_heads=2, seed=0) -> GemmaForCausalLM:
     torch.manual_seed(seed)
     return GemmaForCausalLM(GemmaConfig(**SMALL, num_attention_heads=num_heads,
                                         num_key_value_heads=num_kv_heads)).eval()
+
+
+def causal_lm(model: GemmaForCausalLM, ids, mask=None, output_attentions=False):
+    """Causal-LM logits ``[B, S, V]`` over right-padded ``ids`` (``mask`` 1 = token; None: all) and the per-layer
+    attention probabilities, run as PaliGemma runs the decoder: ``model.model`` over a mask, then the LM head."""
+    slots = torch.arange(ids.shape[1]).expand(ids.shape)  # [B, S]
+    valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    hidden, attentions = model.model(model.model.embed_tokens(ids), slots, prefix_lm_mask(valid, slots),
+                                     output_attentions=output_attentions)
+    return model.lm_head(hidden), attentions
 
 
 def padded_prompts(lengths=(5, 3, 7), seed=0):
@@ -60,10 +71,10 @@ def test_prefix_lm_mask():
 def test_explicit_attention_path_matches_fused(num_heads, num_kv_heads):
     model = decoder(num_heads, num_kv_heads)
     ids, mask, _ = padded_prompts()
-    fused = model(ids, mask)
-    explicit = model(ids, mask, output_attentions=True)
-    torch.testing.assert_close(explicit.logits, fused.logits, atol=1e-5, rtol=0)
-    for weights in explicit.attentions:
+    fused, _ = causal_lm(model, ids, mask)
+    explicit, attentions = causal_lm(model, ids, mask, output_attentions=True)
+    torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=0)
+    for weights in attentions:
         assert weights.shape == (3, num_heads, 7, 7)
         torch.testing.assert_close(weights.sum(-1), torch.ones(3, num_heads, 7), atol=1e-5, rtol=0)
         assert (weights.triu(1) == 0).all()  # causal
@@ -72,9 +83,9 @@ def test_explicit_attention_path_matches_fused(num_heads, num_kv_heads):
 def test_padding_invariance():
     model = decoder()
     ids, mask, lengths = padded_prompts()
-    batched = model(ids, mask).logits
+    batched, _ = causal_lm(model, ids, mask)
     for b, n in enumerate(lengths.tolist()):
-        alone = model(ids[b:b + 1, :n]).logits[0]
+        alone = causal_lm(model, ids[b:b + 1, :n])[0][0]
         torch.testing.assert_close(batched[b, :n], alone, atol=1e-5, rtol=0)
 
 
@@ -121,7 +132,8 @@ def test_gradient_reaches_every_parameter():
     model = decoder().train()
     ids, mask, _ = padded_prompts()
     labels = ids.masked_fill(mask == 0, -100)
-    model(ids, mask, labels=labels).loss.backward()
+    logits, _ = causal_lm(model, ids, mask)  # position t predicts token t + 1
+    F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
     assert model.lm_head.weight is model.model.embed_tokens.weight
@@ -179,13 +191,11 @@ def test_matches_hf_gemma_for_causal_lm(transformers, num_heads, num_kv_heads, h
     assert ours.model.layers[0].self_attn.q_proj.weight.shape == (num_heads * head_dim, 32)
     ours.load_state_dict(hf.state_dict(), strict=True)
     ids, mask, lengths = padded_prompts()
-    labels = ids.masked_fill(mask == 0, -100)
     with torch.no_grad():
-        expected = hf(input_ids=ids, attention_mask=mask, labels=labels)
-        got = ours(ids, mask, labels=labels)
+        expected = hf(input_ids=ids, attention_mask=mask).logits
+        got, _ = causal_lm(ours, ids, mask)
     for b, n in enumerate(lengths.tolist()):
-        torch.testing.assert_close(got.logits[b, :n], expected.logits[b, :n], atol=1e-4, rtol=0)
-    torch.testing.assert_close(got.loss, expected.loss, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got[b, :n], expected[b, :n], atol=1e-4, rtol=0)
 
 
 def test_output_slots_compute_only_those_tokens():
@@ -218,7 +228,7 @@ def test_a_saved_hf_gemma_loads_into_the_decoder(transformers, tmp_path, safe_se
     ours = load_pretrained_gemma(tmp_path).eval()
     ids, mask, lengths = padded_prompts()
     with torch.no_grad():
-        expected, got = hf(input_ids=ids, attention_mask=mask).logits, ours(ids, mask).logits
+        expected, got = hf(input_ids=ids, attention_mask=mask).logits, causal_lm(ours, ids, mask)[0]
     for b, n in enumerate(lengths.tolist()):
         torch.testing.assert_close(got[b, :n], expected[b, :n], atol=1e-4, rtol=0)
 

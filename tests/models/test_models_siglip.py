@@ -69,14 +69,11 @@ def test_truncated_normal_init():
     assert (model.post_layernorm.weight == 1).all()
 
 
-def test_other_resolution_needs_interpolation():
-    model = encoder()
-    with pytest.raises(ValueError, match="interpolate_pos_encoding"):
-        model(pixels(1, 48))
-    assert model(pixels(1, 48), interpolate_pos_encoding=True).last_hidden_state.shape == (1, 36, 32)
-    x = pixels(1, 32)
-    torch.testing.assert_close(model(x, interpolate_pos_encoding=True).last_hidden_state,
-                               model(x).last_hidden_state)
+def test_other_resolution_is_a_clear_error():
+    """Another resolution's positions come from load_pretrained_siglip(image_size=...) (tested against transformers'
+    interpolate_pos_encoding below)."""
+    with pytest.raises(ValueError, match="image of 48x48 px gives 36 patches but the encoder has 16 positions"):
+        encoder()(pixels(1, 48))
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -116,11 +113,6 @@ def test_matches_hf_siglip_vision_model(transformers, num_heads):
         expected = hf(pixel_values=x).last_hidden_state
         torch.testing.assert_close(ours(x).last_hidden_state, expected, atol=1e-5, rtol=0)
         torch.testing.assert_close(ours(x, output_attentions=True).last_hidden_state, expected, atol=1e-5, rtol=0)
-        # other resolutions: bicubic interpolation of the position grid, as in transformers
-        x48 = pixels(2, 48)
-        torch.testing.assert_close(ours(x48, interpolate_pos_encoding=True).last_hidden_state,
-                                   hf(pixel_values=x48, interpolate_pos_encoding=True).last_hidden_state,
-                                   atol=1e-5, rtol=0)
 
 
 def test_loads_a_saved_hf_siglip_checkpoint_folder(transformers, tmp_path):
@@ -183,8 +175,6 @@ def test_a_rectangular_image_has_a_rectangular_patch_grid():
     assert out.last_hidden_state.shape == (2, 28, 32)
     with pytest.raises(ValueError, match="gives 16 patches but the encoder has 28 positions"):
         model(pixels(1, 32))
-    resized = model(torch.randn(1, 3, 64, 56), interpolate_pos_encoding=True)  # 8 x 7 from the 4 x 7 grid
-    assert resized.last_hidden_state.shape == (1, 56, 32)
     with pytest.raises(ParamError, match="image_width: must be divisible by"):
         SiglipVisionConfig(image_size=32, image_width=60, patch_size=8).validate()
 

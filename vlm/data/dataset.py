@@ -118,19 +118,6 @@ class TrafficVQADataset(Dataset):
         self.targets.check(annotations, str(self.images.path))
         return None, annotations
 
-    @property
-    def image_size(self) -> int:
-        return self.images.image_size
-
-    @property
-    def mean(self) -> np.ndarray:
-        """float32 [3], train-split pixel mean on the 0..1 scale (for the model's normalisation)."""
-        return self.images.mean
-
-    @property
-    def std(self) -> np.ndarray:
-        return self.images.std
-
     def set_epoch(self, epoch: int) -> None:
         """Selects the augmentation draw; call before iterating each epoch (with non-persistent workers)."""
         self.epoch = epoch

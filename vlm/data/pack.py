@@ -31,7 +31,7 @@ class PackConfig:
     image_size: int = 128  # S: images are stored S x S (squashed), or S high with aspect native
     skip_corrupt: bool = False  # skip (and count) undecodable images instead of failing
     resample: Literal["bilinear", "bicubic", "lanczos"] = "bicubic"  # filter after the JPEG draft downscale
-    aspect: Literal["square", "native"] = "square"  # native: S high, the frames' aspect wide (image_width)
+    aspect: Literal["square", "native"] = "native"  # native: S high, the frames' aspect wide (image_width)
 
     def validate(self, prefix: str = "pack") -> None:
         check(16 <= self.image_size <= 1024, f"{prefix}.image_size", f"must be in [16, 1024], got {self.image_size}")

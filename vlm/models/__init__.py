@@ -4,7 +4,7 @@ beside it in :mod:`vlm.models.perception`, which this package never imports."""
 
 from vlm.models.connector import LinearConnector
 from vlm.models.extension import ExtensionOutput, VisionExtension
-from vlm.models.gemma import CausalLMOutput, GemmaConfig, GemmaForCausalLM, GemmaModel, KVCache, prefix_lm_mask
+from vlm.models.gemma import GemmaConfig, GemmaForCausalLM, GemmaModel, KVCache, prefix_lm_mask
 from vlm.models.paligemma import PaliGemma, PaliGemmaConfig, VLMOutput, load_pretrained
 from vlm.models.qformer import QFormerConfig, QFormerConnector, QFormerModel
 from vlm.models.siglip import (
@@ -16,8 +16,8 @@ from vlm.models.siglip import (
 )
 
 __all__ = [
-    "CausalLMOutput", "ExtensionOutput", "GemmaConfig", "GemmaForCausalLM", "GemmaModel", "KVCache",
-    "LinearConnector", "PaliGemma", "PaliGemmaConfig", "QFormerConfig", "QFormerConnector", "QFormerModel",
-    "SiglipVisionConfig", "SiglipVisionModel", "SiglipVisionOutput", "VLMOutput", "VisionExtension",
-    "load_pretrained", "load_pretrained_siglip", "prefix_lm_mask", "siglip_config_from_pretrained",
+    "ExtensionOutput", "GemmaConfig", "GemmaForCausalLM", "GemmaModel", "KVCache", "LinearConnector", "PaliGemma",
+    "PaliGemmaConfig", "QFormerConfig", "QFormerConnector", "QFormerModel", "SiglipVisionConfig", "SiglipVisionModel",
+    "SiglipVisionOutput", "VLMOutput", "VisionExtension", "load_pretrained", "load_pretrained_siglip",
+    "prefix_lm_mask", "siglip_config_from_pretrained",
 ]

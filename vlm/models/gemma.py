@@ -57,13 +57,6 @@ class GemmaConfig:
               f"must be positive and even for rotary embeddings, got {self.head_dim}")
 
 
-@dataclass
-class CausalLMOutput:
-    logits: torch.Tensor  # [B, S, V]
-    loss: torch.Tensor | None = None  # mean cross-entropy over labelled tokens
-    attentions: tuple[torch.Tensor, ...] | None = None  # per layer [B, H, S, K], explicit path only
-
-
 def prefix_lm_mask(key_valid: torch.Tensor, query_slots: torch.Tensor,
                    prefix_lengths: torch.Tensor | None = None, isolated: int = 0) -> torch.Tensor:
     """Boolean attention mask ``[B, 1, Q, K]``: a query sees every valid key at or before its own slot,
@@ -248,6 +241,8 @@ class GemmaModel(nn.Module):
 
 
 class GemmaForCausalLM(nn.Module):
+    """The decoder (``model``) and its tied LM head, which PaliGemma runs itself; :meth:`generate` decodes."""
+
     def __init__(self, config: GemmaConfig):
         super().__init__()
         config.validate()
@@ -256,25 +251,6 @@ class GemmaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.apply(partial(init_decoder_weights, std=config.initializer_range))
         self.lm_head.weight = self.model.embed_tokens.weight
-
-    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                output_attentions: bool = False) -> CausalLMOutput:
-        """Causal language modelling over right-padded ``input_ids`` ``[B, S]`` (or ``inputs_embeds``)
-        with padding mask ``attention_mask`` ``[B, S]`` (1 = token). ``labels`` follow the HuggingFace
-        convention: logits at t predict token t+1, ``-100`` is ignored."""
-        if inputs_embeds is None:
-            inputs_embeds = self.model.embed_tokens(input_ids)  # [B, S, D]
-        batch, length, _ = inputs_embeds.shape
-        slots = torch.arange(length, device=inputs_embeds.device).expand(batch, length)  # [B, S]
-        key_valid = (torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)
-                     if attention_mask is None else attention_mask.bool())
-        hidden, attentions = self.model(inputs_embeds, slots, prefix_lm_mask(key_valid, slots),
-                                        output_attentions=output_attentions)
-        logits = self.lm_head(hidden)
-        loss = None if labels is None else F.cross_entropy(  # logits at t against the token at t + 1
-            logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutput(logits=logits, loss=loss, attentions=attentions)
 
     @torch.no_grad()
     def generate(self, inputs_embeds: torch.Tensor, key_valid: torch.Tensor, lengths: torch.Tensor,

@@ -110,13 +110,11 @@ class PaliGemmaConfig:
         values = dict(model_section or {})
         hints = typing.get_type_hints(cls)
         for sub in (f.name for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])):
-            if not isinstance(values.get(sub, {}), Mapping):
-                raise ParamError(f"model.{sub}: must be a mapping")
+            check(isinstance(values.get(sub, {}), Mapping), f"model.{sub}", "must be a mapping")
             values[sub] = dict(values.get(sub, {}))
         for path, source in _FROM_DATA.items():
             where = values[path[0]] if len(path) == 2 else values
-            if path[-1] in where:
-                raise ParamError(f"model.{'.'.join(path)}: set from {source}, not in params.yaml")
+            check(path[-1] not in where, f"model.{'.'.join(path)}", f"set from {source}, not in params.yaml")
 
         checkpoint = values.get("vision_checkpoint")
         if checkpoint is not None and values.get("vision", "siglip") == "siglip":
@@ -180,8 +178,7 @@ def image_side_multiple(model_section: Mapping[str, Any]) -> int:
 
 def _pretrained_config(key: str, checkpoint: Any, read: Callable[[str], Any]) -> Any:
     """``read(checkpoint)``: the config of the checkpoint that ``model.{key}`` names, or a ``ParamError``."""
-    if not isinstance(checkpoint, str):
-        raise ParamError(f"model.{key}: must be a path or null, got {checkpoint!r}")
+    check(isinstance(checkpoint, str), f"model.{key}", f"must be a path or null, got {checkpoint!r}")
     try:
         return read(checkpoint)
     except (OSError, ValueError) as e:

@@ -70,19 +70,16 @@ class SiglipVisionOutput:
     attentions: tuple[torch.Tensor, ...] | None = None  # per layer [N, H, P, P], explicit path only
 
 
-def resize_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[int, int],
-                               source: tuple[int, int] | None = None) -> torch.Tensor:
-    """Bicubically resample a grid of learned positions ``[gh*gw, D]``, ``source`` = ``(gh, gw)`` (None: square),
-    to ``grid`` = ``(h, w)`` -> ``[h*w, D]``."""
+def resize_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """Bicubically resample a square grid of learned positions ``[g*g, D]`` to ``grid`` = ``(h, w)`` -> ``[h*w, D]``
+    (as transformers' ``interpolate_pos_encoding``)."""
     num_positions, dim = position_embeddings.shape
-    if source is None:
-        side = math.isqrt(num_positions)
-        if side * side != num_positions:
-            raise ValueError(f"position embeddings do not form a square grid: {num_positions} positions")
-        source = (side, side)
-    if tuple(source) == tuple(grid):
+    side = math.isqrt(num_positions)
+    if side * side != num_positions:
+        raise ValueError(f"position embeddings do not form a square grid: {num_positions} positions")
+    if (side, side) == tuple(grid):
         return position_embeddings
-    table = position_embeddings.reshape(1, *source, dim).permute(0, 3, 1, 2)  # [1, D, gh, gw]
+    table = position_embeddings.reshape(1, side, side, dim).permute(0, 3, 1, 2)  # [1, D, g, g]
     table = F.interpolate(table, size=grid, mode="bicubic", align_corners=False)  # [1, D, h, w]
     return table.permute(0, 2, 3, 1).reshape(grid[0] * grid[1], dim)
 
@@ -90,14 +87,11 @@ def resize_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[in
 class SiglipVisionEmbeddings(nn.Module):
     def __init__(self, config: SiglipVisionConfig):
         super().__init__()
-        self.patch_size = config.patch_size
-        self.grid = config.grid
         self.patch_embedding = nn.Conv2d(config.num_channels, config.hidden_size,
                                          kernel_size=config.patch_size, stride=config.patch_size)
         self.position_embedding = nn.Embedding(config.num_patches, config.hidden_size)
 
-    def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False,
-                patch_residual: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, pixel_values: torch.Tensor, patch_residual: torch.Tensor | None = None) -> torch.Tensor:
         """-> embeddings ``[N, P, D]``; ``patch_residual`` ``[N, D, h, w]`` (a vision adapter's output, see
         :mod:`vlm.models.extension`) is added to the patch embedding before the positions."""
         _, _, height, width = pixel_values.shape
@@ -106,12 +100,9 @@ class SiglipVisionEmbeddings(nn.Module):
             patch_embeds = patch_embeds + patch_residual
         embeddings = patch_embeds.flatten(2).transpose(1, 2)  # [N, h*w, D]
         positions = self.position_embedding.weight  # [P, D]
-        if interpolate_pos_encoding:
-            positions = resize_position_embeddings(positions, (height // self.patch_size, width // self.patch_size),
-                                                   self.grid)
-        elif embeddings.shape[1] != positions.shape[0]:
+        if embeddings.shape[1] != positions.shape[0]:
             raise ValueError(f"image of {height}x{width} px gives {embeddings.shape[1]} patches but the encoder "
-                             f"has {positions.shape[0]} positions; pass interpolate_pos_encoding=True")
+                             f"has {positions.shape[0]} positions")
         return embeddings + positions
 
 
@@ -187,12 +178,11 @@ class SiglipVisionModel(nn.Module):
         self.apply(init_vit_weights)
 
     def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False,
-                interpolate_pos_encoding: bool = False, patch_residual: torch.Tensor | None = None
-                ) -> SiglipVisionOutput:
+                patch_residual: torch.Tensor | None = None) -> SiglipVisionOutput:
         """``pixel_values`` float ``[N, C, H, W]`` already normalised; ``output_attentions`` takes the
         explicit softmax path and returns each layer's attention probabilities; ``patch_residual``: see
         :meth:`SiglipVisionEmbeddings.forward`."""
-        hidden_states = self.embeddings(pixel_values, interpolate_pos_encoding, patch_residual)  # [N, P, D]
+        hidden_states = self.embeddings(pixel_values, patch_residual)  # [N, P, D]
         hidden_states, attentions = self.encoder(hidden_states, output_attentions)
         return SiglipVisionOutput(self.post_layernorm(hidden_states), attentions)
 

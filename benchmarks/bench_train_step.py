@@ -31,7 +31,9 @@ whole training (its steps per epoch times its epochs) then gives the ratio of tr
 steps (``training_time_ratio``), what "the new defaults train no longer than the old ones" is measured by:
 
     PYTHONPATH=. python benchmarks/bench_train_step.py --compare --against old/params.yaml old/data/processed \
-        --check-steps 20 --out metrics/bench_train_step_defaults.json
+        --check-steps 20
+
+Without ``--compare``, ``--against`` adds that comparison to the breakdown's report (``against``).
 """
 
 from __future__ import annotations
@@ -383,8 +385,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--compare", nargs="*", choices=sorted(TWEAKS), default=None,
                         help="instead of the breakdown: these tweaks against the baseline, interleaved")
     parser.add_argument("--against", nargs=2, metavar=("PARAMS", "DATA"), default=None,
-                        help="--compare: the baseline is the run of this params file and packed data; the run of "
-                             "--params and --data is compared with it as 'params' (the losses then differ by design)")
+                        help="the baseline of --compare is the run of this params file and packed data, and the run of "
+                             "--params and --data is compared with it as 'params' (the losses then differ by design); "
+                             "without --compare the breakdown's report adds that comparison as 'against'")
     parser.add_argument("--rounds", type=int, default=10, help="--compare: interleaved rounds")
     parser.add_argument("--round-steps", type=int, default=5, help="--compare: steps of each run per round")
     parser.add_argument("--check-steps", type=int, default=200, help="--compare: steps whose losses are compared")
@@ -421,6 +424,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "matmul_peak_size": peak["size"],
         "mfu": round(achieved / peak["flops_per_s"], 4),
     }
+    if args.against:  # the run against another design's, interleaved (--compare --against's report)
+        args.compare = []
+        with tempfile.TemporaryDirectory() as workdir:
+            report["against"] = {"params": args.against[0], **compare(args, Path(workdir))}
     print(f"{report['questions_per_s']} questions/s, {report['ms_per_step']} ms per step of "
           f"{report['batch_questions']:.0f} questions on {report['machine']['device']} "
           f"({report['machine']['threads']} threads)")

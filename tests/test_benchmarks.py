@@ -105,14 +105,17 @@ def test_bench_train_step_compare(tmp_path, tiny_run):
 
 @pytest.mark.xdist_group("tiny_project")
 def test_bench_train_step_against_another_design(tmp_path, tiny_run):
-    """--against: the baseline is another params file's run; the ratio of whole trainings counts each one's steps."""
+    """--against: the baseline is another params file's run; the ratio of whole trainings counts each one's steps
+    (here beside the breakdown; with --compare alone)."""
     longer = yaml.safe_load(open(tiny_run[1], encoding="utf-8"))
     longer["train"]["epochs"] *= 2
     (tmp_path / "longer.yaml").write_text(yaml.safe_dump(longer))
     report = run_benchmark("bench_train_step.py", tmp_path / "against.json", "--params", str(tmp_path / "longer.yaml"),
-                           "--data", tiny_run[3], "--compare", "--against", tiny_run[1], tiny_run[3], "--rounds", "2",
-                           "--round-steps", "1", "--check-steps", "1", "--profile-steps", "1")
-    baseline, new = report["results"]["baseline"], report["results"]["params"]
+                           "--data", tiny_run[3], "--against", tiny_run[1], tiny_run[3], "--rounds", "2", "--warmup",
+                           "1", "--steps", "1", "--round-steps", "1", "--check-steps", "1", "--profile-steps", "1")
+    assert report["questions_per_s"] > 0  # the breakdown of --params' run, and beside it the comparison
+    assert report["against"]["params"] == tiny_run[1]
+    baseline, new = report["against"]["results"]["baseline"], report["against"]["results"]["params"]
     assert new["training_steps"] == 2 * baseline["training_steps"] > 0
     assert new["training_time_ratio"] == pytest.approx(2 / new["speedup"], abs=2e-3)  # speedup is rounded
     assert baseline["training_time_ratio"] == 1

@@ -153,7 +153,7 @@ def test_model_card(exported):
 @pytest.mark.parametrize("section, reason, overrides", [
     (TINY_MODEL, "the traffic perception is on (model.perception: conv stem and heads)",
      "dvc exp run -S model.perception.heads.grounding=0 -S model.perception.heads.centres=0 "
-     "-S model.perception.to_decoder=false -S 'model.perception.stem_channels=[]'"),
+     "-S model.perception.heads.counts=0 -S model.perception.to_decoder=false -S 'model.perception.stem_channels=[]'"),
     ({**PLAIN_MODEL, "pixel_shuffle": 2}, "model.pixel_shuffle is 2 (PaliGemma's projector reads one patch per "
                                           "image token)", "dvc exp run -S model.pixel_shuffle=1"),
     ({**PLAIN_MODEL, "connector": "qformer"}, "its connector is 'qformer' (PaliGemma's is linear)",

@@ -87,7 +87,7 @@ def test_training_reduces_the_loss(processed, tmp_path, saved):
     for record in history:
         weighted = sum(weight * record[f"train/{name}_loss"] for name, weight in weights.items())
         assert record["train/loss"] == pytest.approx(weighted)
-    for head in ("grounding", "centres"):
+    for head in ("grounding", "centres", "counts"):
         assert history[-1][f"train/{head}_loss"] < 0.8 * history[0][f"train/{head}_loss"]
 
 

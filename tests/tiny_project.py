@@ -38,7 +38,8 @@ from vlm.tokenizer import TrafficCommandTokenizer
 from vlm.train import TrainConfig, TrainPaths, TrainRuntime
 
 TINY_MODEL = {
-    "perception": {"stem_channels": [4, 8, 8], "heads": {"grounding": 1.0, "centres": 0.1}, "to_decoder": True},
+    "perception": {"stem_channels": [4, 8, 8], "heads": {"grounding": 1.0, "centres": 0.1, "counts": 0.1},
+                   "to_decoder": True},
     "siglip": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                "patch_size": 8},
     "gemma": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,

@@ -79,8 +79,8 @@ def test_bench_train_step(tmp_path, tiny_run):
     report = run_benchmark("bench_train_step.py", tmp_path / "step.json", *tiny_run, "--warmup", "1", "--steps", "2",
                            "--profile-steps", "2")
     rows = {row["part"]: row for row in report["profile"]["rows"]}
-    for part in ("vision: conv stem", "vision: encoder layers", "heads: centre head", "heads: grounding head",
-                 "connector", "decoder layers"):
+    for part in ("vision: conv stem", "vision: encoder layers", "heads: stride-4 map", "heads: centre head",
+                 "heads: counts head", "heads: grounding head", "connector", "decoder layers"):
         assert rows[part]["forward_ms"] > 0 and rows[part]["backward_ms"] > 0, part
     assert rows["data (loader, targets, to device)"]["ms"] > 0 and rows["optimizer (clip, AdamW, schedule)"]["ms"] > 0
     assert abs(sum(row["share"] for row in rows.values()) - 1) < 1e-3

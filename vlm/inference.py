@@ -37,7 +37,8 @@ def perception_metrics(model, dataset: TrafficVQADataset, batch_size: int, devic
     for indices in GroupedBatchSampler(dataset.image_rows, batch_size, shuffle=False):
         batch = collate_questions(dataset.__getitems__(indices), dataset.pad_token_id).to(device)
         for name, values in head_metrics(model, batch.images, batch.targets).items():
-            totals[name] = totals.get(name, 0.0) + float(values.sum())
+            # float64 sums of float32 values: exact, so the batch size cannot change the mean's last digits
+            totals[name] = totals.get(name, 0.0) + float(values.double().sum())
         images += batch.images.shape[0]
     return {name: total / images for name, total in totals.items()}
 

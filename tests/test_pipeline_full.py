@@ -37,6 +37,7 @@ def test_repro_then_experiment(reproduced, tmp_path):
     evaluation = project.json("metrics/eval.json")
     assert {"vlm", "blind", "gain_from_vision"} <= set(evaluation)
     assert project.json("metrics/train.json")["epochs"] == 1
+    baseline_steps = project.json("metrics/train.json")["steps"]
     assert "up to date" in project.run("dvc", "status").stdout
     _check_headline_metrics(project)
     project.run("git", "add", "-A")
@@ -50,13 +51,15 @@ def test_repro_then_experiment(reproduced, tmp_path):
         for rev in experiment["revs"]:
             runs[rev["name"]] = rev["data"]
     assert set(runs) == {"baseline", "two-epochs"}
+    steps = {name: data["metrics"]["dvclive/vlm/metrics.json"]["data"]["step"] for name, data in runs.items()}
     for name, data in runs.items():
-        epochs = data["params"]["params.yaml"]["data"]["train"]["epochs"]
-        assert data["metrics"]["metrics/train.json"]["data"]["epochs"] == epochs == (1 if name == "baseline" else 2)
+        assert data["params"]["params.yaml"]["data"]["train"]["epochs"] == (1 if name == "baseline" else 2)
         assert 0 <= data["metrics"]["metrics/eval.json"]["data"]["vlm"]["accuracy"] <= 1
+    assert steps["baseline"] == baseline_steps < steps["two-epochs"]  # dvclive's step: the optimizer steps
     # `dvc exp run` leaves the experiment's results in the workspace: metrics diff against HEAD shows them.
     diff = json.loads(project.run("dvc", "metrics", "diff", "--json").stdout)
-    assert diff["metrics/train.json"]["epochs"] == {"old": 1, "new": 2, "diff": 1}
+    assert diff["dvclive/vlm/metrics.json"]["step"]["old"] == steps["baseline"]
+    assert diff["dvclive/vlm/metrics.json"]["step"]["new"] == steps["two-epochs"]
     for command in (("dvc", "metrics", "show"), ("dvc", "metrics", "diff")):  # every declared metric parses
         stderr = project.run(*command).stderr
         assert stderr.strip() == "", (command, stderr)

@@ -13,9 +13,10 @@ import torch
 from vlm.models import PaliGemma, SiglipVisionConfig
 from vlm.models.perception import PerceptionConfig, TrafficPerception, head_metrics
 from vlm.models.perception.heads import HEADS, AuxiliaryHead
-from vlm.models.perception.heads.centres import NUM_COUNT_THRESHOLDS, STRIDE
+from vlm.models.perception.heads.centres import NUM_COUNT_THRESHOLDS
 from vlm.models.perception.heads.counts import MAX_LOG_COUNT
 from vlm.models.perception.heads.grounding import FRAME_LOSS_WEIGHT, NUM_THRESHOLDS
+from vlm.models.perception.stem import FINE_STRIDE as STRIDE
 from vlm.models.perception.stem import PYRAMID_WIDTH, StemPyramid
 from vlm.models.perception.targets import CHANNELS, GROUPS, channels
 from vlm.params import ParamError

@@ -39,6 +39,7 @@ class ConvStem(nn.Module):
 
 
 PYRAMID_WIDTH = 32  # channels of the stride-4 map the fine heads read
+FINE_STRIDE = 4  # image pixels per cell of that map: the stem's second stage
 
 
 class StemPyramid(nn.Module):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
+from vlm.models.perception.stem import FINE_STRIDE
 from vlm.models.siglip import SiglipVisionConfig
 from vlm.params import check
 
@@ -24,7 +25,8 @@ class AuxiliaryHead(nn.Module):
     from the conv stem's stages (:class:`~vlm.models.perception.stem.StemPyramid`, ``PYRAMID_WIDTH`` channels) for
     the heads that see objects finer than a patch. A subclass names itself (``name``: its ``model.perception.heads``
     key) and joins :data:`HEADS`; it sets in
-    ``__init__`` ``target_stride`` (image pixels per cell of the targets it reads), ``patch_width`` (the
+    ``__init__`` ``target_stride`` (image pixels per cell of the targets it reads; a head that ``reads_fine`` has
+    the map's, and its cells ``grid``, set here), ``patch_width`` (the
     per-patch maps :meth:`decoder_features` gives the connector), ``num_token_features`` (the width of the
     image summary it gives the decoder's shared extra token) and, for image tokens of its own, ``token_shape``
     (T tokens of F features each, :meth:`tokens`)."""
@@ -42,6 +44,10 @@ class AuxiliaryHead(nn.Module):
 
     def __init__(self, config: PerceptionConfig, vision: SiglipVisionConfig):
         super().__init__()
+        if self.reads_fine:
+            rows, columns = vision.height_width
+            self.target_stride = FINE_STRIDE
+            self.grid = (rows // FINE_STRIDE, columns // FINE_STRIDE)  # the stride-4 map's cells (rows, columns)
 
     @classmethod
     def validate(cls, config: PerceptionConfig, prefix: str) -> None:

@@ -23,7 +23,6 @@ from vlm.models.perception.stem import PYRAMID_WIDTH
 from vlm.models.perception.targets import CENTRE_REGIONS, CHANNELS, FOOT_REGIONS, GROUPS, channels, region_masks
 from vlm.models.siglip import SiglipVisionConfig
 
-STRIDE = 4  # heatmap cells per image side = its pixels / STRIDE: the stem's second stage
 PEAK_THRESHOLD = 0.5
 PRIOR = 0.1  # initial heatmap probability (CenterNet's bias init -2.19)
 NUM_COUNT_THRESHOLDS = 10  # peak counts thermometer-coded: > 0, > 1, ..., > 9
@@ -31,15 +30,11 @@ NUM_COUNT_THRESHOLDS = 10  # peak counts thermometer-coded: > 0, > 1, ..., > 9
 
 class CentreHead(AuxiliaryHead):
     name = "centres"
-    target_stride = STRIDE
-
-    reads_fine = True
+    reads_fine = True  # heatmap cells: the stride-4 map's (self.grid)
 
     def __init__(self, config, vision: SiglipVisionConfig):
         super().__init__(config, vision)
         self.channels = channels("heat", "foot")  # of the targets
-        rows, columns = vision.height_width
-        self.grid = (rows // STRIDE, columns // STRIDE)  # heatmap cells (rows, columns)
         heat_channels = CHANNELS[self.channels]
         self.out = nn.Conv2d(PYRAMID_WIDTH, len(heat_channels), kernel_size=1)
         nn.init.constant_(self.out.bias, math.log(PRIOR / (1 - PRIOR)))

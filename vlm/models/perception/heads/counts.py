@@ -24,7 +24,6 @@ from vlm.models.perception.stem import PYRAMID_WIDTH
 from vlm.models.perception.targets import CENTRE_REGIONS, CHANNELS, FOOT_REGIONS, channels, region_masks
 from vlm.models.siglip import SiglipVisionConfig
 
-STRIDE = 4  # density cells per image side = its pixels / STRIDE: the stem's second stage
 PRIOR = 1e-3  # initial expected count per cell
 MAX_LOG_COUNT = 4.0  # log-counts are clamped before exp (at most e^4 ~ 55 per cell)
 NUM_THRESHOLDS = 10  # region sums thermometer-coded at 0.5, 1.5, ..., 9.5
@@ -32,16 +31,12 @@ NUM_THRESHOLDS = 10  # region sums thermometer-coded at 0.5, 1.5, ..., 9.5
 
 class CountHead(AuxiliaryHead):
     name = "counts"
-    target_stride = STRIDE
-
-    reads_fine = True
+    reads_fine = True  # density cells: the stride-4 map's (self.grid)
 
     def __init__(self, config, vision: SiglipVisionConfig):
         super().__init__(config, vision)
         self.centres, self.feet = channels("centre"), channels("feet")  # of the targets
         names = CHANNELS[self.centres] + CHANNELS[self.feet]
-        rows, columns = vision.height_width
-        self.grid = (rows // STRIDE, columns // STRIDE)  # density cells (rows, columns)
         self.out = nn.Sequential(nn.Conv2d(PYRAMID_WIDTH, PYRAMID_WIDTH, 3, padding=1), nn.ReLU(),
                                  nn.Conv2d(PYRAMID_WIDTH, len(names), kernel_size=1))
         nn.init.constant_(self.out[-1].bias, math.log(PRIOR))
@@ -54,6 +49,10 @@ class CountHead(AuxiliaryHead):
         """The stride-4 map -> log expected counts ``[N, h*w, C]`` (row-major cells, h x w = H/4 x W/4)."""
         return self.out(fine_features).flatten(2).transpose(1, 2)
 
+    def counts(self, targets: torch.Tensor) -> torch.Tensor:
+        """The ``centre`` and ``feet`` channels of targets ``[N, h*w, C_all]``: counts per cell ``[N, h*w, C]``."""
+        return torch.cat([targets[..., self.centres], targets[..., self.feet]], dim=-1).float()
+
     def region_sums(self, counts: torch.Tensor) -> torch.Tensor:
         """Counts per cell ``[N, h*w, C]`` -> their sums over each channel's regions ``[N, C, R]``."""
         return torch.einsum("npc,crp->ncr", counts, self.masks.flatten(2))
@@ -64,7 +63,7 @@ class CountHead(AuxiliaryHead):
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Poisson per cell (summed over the cells, averaged over images and channels) plus Poisson per region
         sum, against the ``centre``/``feet`` counts of targets ``[N, h*w, C_all]``."""
-        counts = torch.cat([targets[..., self.centres], targets[..., self.feet]], dim=-1).float()  # [N, h*w, C]
+        counts = self.counts(targets)
         logits = logits.float()
         per_cell = F.poisson_nll_loss(logits, counts, log_input=True, full=False, reduction="sum")
         per_cell = per_cell / (logits.shape[0] * logits.shape[2])
@@ -75,7 +74,7 @@ class CountHead(AuxiliaryHead):
     def metrics(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per image: the fraction of its region counts (channels x regions) whose rounded sum is the labels'
         count (``counts/exact``), and whether all of them are (``counts/all_exact``)."""
-        counts = torch.cat([targets[..., self.centres], targets[..., self.feet]], dim=-1).float()
+        counts = self.counts(targets)
         exact = self.region_sums(self.density(logits)).round() == self.region_sums(counts)  # [N, C, R]
         return {"counts/exact": exact.float().mean(dim=(1, 2)), "counts/all_exact": exact.flatten(1).all(1).float()}
 

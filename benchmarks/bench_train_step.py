@@ -353,12 +353,13 @@ def count_flops(run: Run, source) -> dict[str, float]:
     return {"forward_flops_per_question": forward / len(batch), "train_flops_per_question": total / len(batch)}
 
 
-def matmul_peak(device: torch.device, sizes=(256, 512, 1024, 2048), repeats: int = 5) -> dict[str, float]:
-    """The best fp32 matmul FLOP/s over square sizes: the machine's practical peak at these threads."""
+def matmul_peak(device: torch.device, sizes=(256, 512, 1024, 2048), repeats: int = 5,
+                dtype: torch.dtype = torch.float32) -> dict[str, float]:
+    """The best matmul FLOP/s over square sizes: the machine's practical peak at these threads."""
     best = {"flops_per_s": 0.0, "size": 0}
     for size in sizes:
-        a = torch.randn(size, size, device=device)
-        b = torch.randn(size, size, device=device)
+        a = torch.randn(size, size, device=device, dtype=dtype)
+        b = torch.randn(size, size, device=device, dtype=dtype)
         torch.mm(a, b)  # warm up
         synchronize(device)
         for _ in range(repeats):

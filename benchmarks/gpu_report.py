@@ -1,0 +1,95 @@
+"""One pipeline run's GPU numbers, from the run's own files and measured in the same process: the stages' wall
+time, training questions/s, FLOPs per question, the matmul peak of this device (bf16 on CUDA, fp32 on a CPU)
+and the training's MFU against it, the test accuracy overall and per type.
+
+    PYTHONPATH=. python benchmarks/gpu_report.py --name default --wall-s 212.4 --out metrics/gpu/default.json
+
+Run in the project after ``dvc repro`` (``benchmarks/gpu_session.sh`` does both on a GPU machine). The MFU is
+the training's whole-run rate (``metrics/train_timing.json``: every step, the data, the per-epoch validation
+and the checkpoints) times the FLOPs of one forward and backward pass per question (counted on a batch of the
+run's own data, as ``bench_train_step.py`` counts them), over the peak of one large square matmul.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.bench_train_step import batches, build_run, count_flops, matmul_peak
+from vlm.io import write_json
+from vlm.params import load_params
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return platform.processor() or platform.machine()
+
+
+def driver() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def peak(device: torch.device) -> dict[str, float]:
+    """bf16 (CUDA, what training's autocast runs in) or fp32 (CPU) matmul FLOP/s, the best of several sizes."""
+    if device.type == "cuda":
+        return {**matmul_peak(device, sizes=(4096, 8192), repeats=10, dtype=torch.bfloat16), "dtype": "bfloat16"}
+    return {**matmul_peak(device), "dtype": "float32"}
+
+
+def report(name: str, wall_s: float, params_path: str, data: Path, metrics: Path) -> dict[str, object]:
+    timing = json.loads((metrics / "train_timing.json").read_text())
+    evaluation = json.loads((metrics / "eval.json").read_text())
+    with tempfile.TemporaryDirectory() as workdir:  # FLOPs are counted eagerly: compiling changes no FLOP
+        run = build_run(params_path, data, Path(workdir), {"compile": False, "num_workers": 0})
+        run.model.train()
+        flops = count_flops(run, batches(run))["train_flops_per_question"]
+    best = peak(run.device)
+    achieved = flops * timing["questions_per_s"]
+    params = load_params(params_path)
+    return {
+        "name": name,
+        "machine": {"device": device_name(), "driver": driver(), "torch": torch.__version__,
+                    "cuda": torch.version.cuda or "", "cpu_cores": len(os.sched_getaffinity(0))},
+        "pipeline_wall_s": round(wall_s, 1),
+        "images": params["scenes"]["num_images"],
+        "train": {"seconds": timing["seconds"], "questions_per_s": timing["questions_per_s"],
+                  "steps": timing["planned_steps"], "epochs": params["train"]["epochs"],
+                  "batch_size": params["train"]["batch_size"]},
+        "train_gflops_per_question": round(flops / 1e9, 4),
+        "matmul_peak_tflops_per_s": round(best["flops_per_s"] / 1e12, 1),
+        "matmul_peak_dtype": best["dtype"],
+        "mfu": round(achieved / best["flops_per_s"], 5),
+        "test": evaluation["vlm"],
+        "blind_accuracy": evaluation["blind"]["accuracy"],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", required=True, help="the run's name in the report (default, recipe, ...)")
+    parser.add_argument("--wall-s", type=float, required=True, help="the pipeline's wall time (dvc repro)")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--data", type=Path, default=Path("data/processed"))
+    parser.add_argument("--metrics", type=Path, default=Path("metrics"))
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    result = report(args.name, args.wall_s, args.params, args.data, args.metrics)
+    write_json(args.out, result)
+    print(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from vlm.data.loader import set_epoch
@@ -340,14 +341,19 @@ def tail_mean(losses: list[float]) -> float:
 
 
 def count_flops(run: Run, source) -> dict[str, float]:
-    """FLOPs of one forward and backward pass, per question (FlopCounterMode: matmul, conv, attention)."""
+    """FLOPs of one forward and backward pass, per question (FlopCounterMode: matmul, conv, attention).
+
+    Attention runs as the math kernel here, its matmuls counted as such: FlopCounterMode has no formula for
+    the CPU's fused kernel (it would count none of attention's FLOPs) nor for the fused CUDA kernels' grouped
+    key/value heads (it stops)."""
     batch = next(source).to(run.device)
     counter = FlopCounterMode(display=False)
-    with counter, autocast(run.device):
-        output = run.model(batch, answer_only=True)
-    forward = counter.get_total_flops()
-    with counter:  # counts on: the totals now include the backward pass
-        weighted_loss(output.losses, run.model.loss_weights).backward()
+    with sdpa_kernel(SDPBackend.MATH):
+        with counter, autocast(run.device):
+            output = run.model(batch, answer_only=True)
+        forward = counter.get_total_flops()
+        with counter:  # counts on: the totals now include the backward pass
+            weighted_loss(output.losses, run.model.loss_weights).backward()
     run.optimizer.zero_grad(set_to_none=True)
     total = counter.get_total_flops()
     return {"forward_flops_per_question": forward / len(batch), "train_flops_per_question": total / len(batch)}

@@ -8,8 +8,10 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
 from vlm.cli import in_repository, relaunch_distributed, run
-from vlm.params import build_config, load_params, runtime_section, section
+from vlm.params import build_config, check, load_params, runtime_section, section
 from vlm.scenes.generate import ScenesConfig
 from vlm.train import BLIND_TRAIN_KEYS, VLM_TRAIN_KEYS, TrainConfig, TrainPaths, TrainRuntime, train
 
@@ -30,6 +32,10 @@ def main() -> None:
     config = build_config(TrainConfig, section(params, "train"), "train",
                           keys=BLIND_TRAIN_KEYS if args.blind else VLM_TRAIN_KEYS)
     runtime = build_config(TrainRuntime, runtime_section(params, "train"), "runtime.train")  # speed only
+    gpus = torch.cuda.device_count()
+    check(gpus == 0 or config.nproc <= gpus, "train.nproc",
+          f"{config.nproc} processes, {gpus} GPU(s) here: one process per GPU "
+          "(CUDA_VISIBLE_DEVICES= trains on the CPU)")
     relaunch_distributed(config.nproc, "stages.train", sys.argv[1:])  # train.nproc > 1: under torchrun
     # the checkpoints in the repository itself when DVC runs a queued experiment in a temporary copy: a killed one
     # resumes when it is queued again

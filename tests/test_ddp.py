@@ -59,7 +59,9 @@ def _start(processed: Path, out: Path, nproc: int, batch_size: int, seed: int = 
                "--data", str(processed), "--model", str(out / "models" / "vlm.pt"),
                "--checkpoints", str(out / "models" / "checkpoints"), "--metrics", str(out / "metrics" / "train.json"),
                "--timing", str(out / "metrics" / "train_timing.json"), "--live", str(out / "dvclive" / "vlm")]
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HOOK)]), **env}
+    # on the CPU (gloo) also where there is a GPU: the runs are compared with one process's on the CPU
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HOOK)]), "CUDA_VISIBLE_DEVICES": "",
+                   **env}
     return subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
 

@@ -46,6 +46,12 @@ def test_training_speed_row_is_the_committed_run():
             f"{blind['questions_per_s']:.0f} questions/s (blind, {blind['seconds']:.0f} s)") in row
 
 
+def test_gpu_bullet_is_the_committed_gpu_run():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    gpu, cpu = _json("metrics/gpu/h200-2026-11-26/default/train_timing.json"), _json("metrics/train_timing.json")
+    assert f"ran at {gpu['questions_per_s']:,.0f} questions/s ({cpu['questions_per_s']:.0f} on this CPU)" in text
+
+
 def test_training_step_numbers_are_the_committed_benchmark():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     step = _json("metrics/bench_train_step.json")

@@ -330,18 +330,32 @@ def test_impossible_runtime_values(values, message):
         build_config(TrainRuntime, values, "runtime.train")
 
 
-def test_an_impossible_runtime_value_stops_the_stage_with_one_line(tmp_path, monkeypatch, capsys):
+def stage_error(tmp_path, monkeypatch, capsys, params: dict) -> str:
+    """The train stage's error line on ``params`` (it must exit 1 before reading any data)."""
     import stages.train
     from vlm.cli import run
 
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"train": {}, "runtime": {"train": {"threads": -2}}}))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.setattr(sys, "argv", ["stages.train", "--params", str(tmp_path / "params.yaml"), "--data", "d",
                                       "--model", "m.pt", "--checkpoints", "c", "--metrics", "m.json",
                                       "--timing", "t.json", "--live", "l"])
     with pytest.raises(SystemExit) as exit_info:
         run(stages.train.main)
     assert exit_info.value.code == 1
-    assert capsys.readouterr().err.strip() == "error: runtime.train.threads: must be >= 0, got -2"
+    return capsys.readouterr().err.strip()
+
+
+def test_an_impossible_runtime_value_stops_the_stage_with_one_line(tmp_path, monkeypatch, capsys):
+    error = stage_error(tmp_path, monkeypatch, capsys, {"train": {}, "runtime": {"train": {"threads": -2}}})
+    assert error == "error: runtime.train.threads: must be >= 0, got -2"
+
+
+def test_more_processes_than_gpus_stop_the_stage_with_one_line(tmp_path, monkeypatch, capsys):
+    """train.nproc 2 on a one-GPU machine: the second rank would ask for a GPU that is not there."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    error = stage_error(tmp_path, monkeypatch, capsys, {"train": {"nproc": 2}, "runtime": {"train": {}}})
+    assert error == ("error: train.nproc: 2 processes, 1 GPU(s) here: one process per GPU "
+                     "(CUDA_VISIBLE_DEVICES= trains on the CPU)")
 
 
 def test_bad_model_params_fail_before_training(processed, tmp_path):

@@ -355,8 +355,8 @@ def test_bf16_autocast_on_cuda(config, make_batch):
 def test_compiled_layers_train_as_eager_on_cuda(config, make_batch, pack):
     """runtime.train.compile: the compiled layers give the eager model's losses and gradients under bf16
     autocast, for the per-question rows and the packed ones."""
-    eager = build(replace(config, pack_questions=pack)).cuda().train()
-    compiled = build(replace(config, pack_questions=pack)).cuda().train()
+    eager = build(config, pack_questions=pack).cuda().train()
+    compiled = build(config, pack_questions=pack).cuda().train()
     compiled.load_state_dict(eager.state_dict())
     compile_layers(compiled)
     for seed in range(3):  # other lengths each time: dynamic shapes

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements (README, "On a GPU"), in one go on a machine with one CUDA GPU, in the project's root:
+# The GPU measurements (README, "Scale out"), in one go on a machine with one CUDA GPU, in the project's root:
 #
 #   benchmarks/gpu_session.sh OUT [key=value ...]
 #
@@ -10,8 +10,9 @@
 # 3. the GPU recipe (recipes/gpu.yaml, then the key=value arguments over it, e.g. a smaller num_images to fit
 #    a time budget) written into params.yaml and `dvc repro` again -> metrics/gpu/recipe.json, OUT/recipe.tgz
 #
-# Each part has a time limit (TESTS_S, DEFAULT_S, RECIPE_S seconds; RECIPE_S defaults to what is left of DEADLINE
-# seconds after the script's start, less the report's time) so that a lease's end still leaves the parts before it. It edits params.yaml and rewrites metrics/ and dvc.lock: run it in a copy of the project.
+# Each part has a time limit in seconds, so that a lease's end still leaves the parts before it: TESTS_S (0: no
+# tests), DEFAULT_S, RECIPE_S (by default what is left of DEADLINE seconds after the script's start, less the
+# report's time). It edits params.yaml and rewrites metrics/ and dvc.lock: run it in a copy of the project.
 # Where the project is no git repository (a copied working tree), DVC runs without one (core.no_scm).
 set -u
 out=${1:?usage: benchmarks/gpu_session.sh OUT [key=value ...]}
@@ -24,10 +25,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"
 git rev-parse --is-inside-work-tree >/dev/null 2>&1 || dvc config --local core.no_scm true
 
-echo "== tests"
-timeout "${TESTS_S:-150}" python -m pytest -v --tb=short -n "${TEST_WORKERS:-12}" --dist loadgroup \
-  -p no:cacheprovider > "$out/tests.log" 2>&1
-echo "pytest exit $?"; grep -E "FAILED|ERROR" "$out/tests.log" | head -n 30; tail -n 3 "$out/tests.log"
+if [ "${TESTS_S:-150}" != 0 ]; then  # TESTS_S=0: no tests
+  echo "== tests"
+  timeout "${TESTS_S:-150}" python -m pytest -v --tb=short -n "${TEST_WORKERS:-12}" --dist loadgroup \
+    -p no:cacheprovider > "$out/tests.log" 2>&1
+  echo "pytest exit $?"; grep -E "FAILED|ERROR" "$out/tests.log" | head -n 30; tail -n 3 "$out/tests.log"
+fi
 
 repro() {  # $1: the run's name; the pipeline timed, then its report
   local started ended

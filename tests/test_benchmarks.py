@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,30 @@ def test_bench_memory(tmp_path):
     # process leaks into them
     assert run["stages"]["generate_scenes"]["peak_rss_mib"] < 300
     assert run["stages"]["generate_commands"]["peak_rss_mib"] < 300
+
+
+@pytest.mark.pipeline
+def test_gpu_session_runs_the_default_then_the_recipe(tmp_path, tiny_params):
+    """benchmarks/gpu_session.sh on a tiny project (on the CPU, without its tests): both pipelines' reports,
+    the recipe's values in params.yaml (its model sizes set back to tiny ones by the arguments)."""
+    from tests.pipeline import DvcProject
+
+    project = DvcProject(tmp_path / "project", tiny_params)
+    for name in ("benchmarks", "recipes"):
+        shutil.copytree(ROOT / name, project.path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    tiny = {f"model.{part}.{key}": value for part in ("siglip", "gemma")
+            for key, value in tiny_params["model"][part].items() if key != "patch_size"}
+    overrides = [f"{key}={value}" for key, value in {
+        **tiny, "pack.image_size": 32, "scenes.num_images": tiny_params["scenes"]["num_images"],
+        "train.epochs": 1, "train.batch_size": 16, "runtime.train.compile": "false",
+        "runtime.train.num_workers": 0}.items()]
+    project.env["TESTS_S"] = "0"
+    result = project.run("bash", "benchmarks/gpu_session.sh", str(tmp_path / "out"), *overrides, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    default, recipe = project.json("metrics/gpu/default.json"), project.json("metrics/gpu/recipe.json")
+    assert default["pipeline_wall_s"] > 0 and 0 < default["mfu"] < 1 and default["train"]["questions_per_s"] > 0
+    assert recipe["train"]["batch_size"] == 16 and recipe["images"] == tiny_params["scenes"]["num_images"]
+    assert 0 <= recipe["test"]["accuracy"] <= 1 and recipe["matmul_peak_dtype"] == "float32"
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"default.tgz", "recipe.tgz"}
+    params = yaml.safe_load((project.path / "params.yaml").read_text())
+    assert params["runtime"]["train"]["in_memory_budget_mb"] == 65536  # the recipe's, not overridden

@@ -21,7 +21,7 @@ from vlm.traffic_vlm import VLMConfig, build_vlm
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 4  # 4: one stride-4 map for the fine heads (extension.pyramid), the counts head and its tokens
+FORMAT_VERSION = 5  # 5: the grounding head's light tokens; 4: one stride-4 map for the fine heads, the counts head
 REQUIRED = ("format_version", "config", "state_dict", "vocab", "vocab_sha256", "answers", "image_size", "resample")
 
 

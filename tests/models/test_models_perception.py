@@ -156,11 +156,17 @@ def test_to_decoder_gives_the_connector_the_maps_and_one_token_their_totals(conf
     num_maps = NUM_PATCH + len(GROUPS["frame"])
     assert model.extension.patch_width == head.patch_width == num_maps
     assert model.multi_modal_projector.linear.in_features == model.config.siglip.hidden_size + num_maps
-    assert model.num_image_tokens == model.config.siglip.num_patches + 1  # patch tokens, then the heads' token
+    lights = len(GROUPS["light"])
+    # patch tokens, then the heads' shared token and a token per light colour
+    assert model.num_image_tokens == model.config.siglip.num_patches + 1 + lights
     batch = make_batch(model.config)
     tokens, _ = model.encode_images(batch.images)
     assert tokens.shape == (batch.images.shape[0], model.num_image_tokens, model.config.gemma.hidden_size)
     logits = head(vision(model, batch.images)[0], None)
+    red = logits.new_full(logits.shape, -30.0)
+    red[0, [1, 2], CHANNELS[head.patch_channels].index("light/red")] = 30.0  # a red light over two patches
+    expected = torch.tensor([[1.0, 2.0], [0.0, 0.0], [0.0, 0.0]])  # per colour: highest probability, total
+    torch.testing.assert_close(head.tokens(red)[0], expected, atol=1e-6, rtol=0)
     maps = head.maps(logits)
     torch.testing.assert_close(maps[..., ~head.is_count], logits[..., ~head.is_count].sigmoid())
     torch.testing.assert_close(maps[..., head.is_count], logits[..., head.is_count].exp())
@@ -210,7 +216,7 @@ def test_the_perception_is_an_extension_of_the_core():
     perception = TrafficPerception(PerceptionConfig(heads={"grounding": 1.0}, to_decoder=True),
                                    SiglipVisionConfig(hidden_size=32, num_attention_heads=2, image_size=32,
                                                       patch_size=8), text_hidden_size=16)
-    assert perception.num_tokens == 1 and perception.loss_weights == {"grounding": 1.0}
+    assert perception.num_tokens == 1 + len(GROUPS["light"]) and perception.loss_weights == {"grounding": 1.0}
 
 
 def test_the_worked_example_of_docs_architecture_adds_a_head(config, make_batch):
@@ -256,7 +262,7 @@ def test_counts_are_region_sums_of_a_density_the_losses_and_the_answer_reach(con
     head = model.extension.heads["counts"]
     num_channels = len(GROUPS["centre"]) + len(GROUPS["feet"])
     assert head.token_shape == (num_channels, 3 * NUM_THRESHOLDS)
-    assert model.num_image_tokens == model.config.siglip.num_patches + 1 + num_channels
+    assert model.num_image_tokens == model.config.siglip.num_patches + 1 + len(GROUPS["light"]) + num_channels
     rows, columns = head.grid  # 8 x 8 cells
     batch = make_batch(model.config)
     targets = torch.zeros(batch.images.shape[0], rows * columns, len(CHANNELS))

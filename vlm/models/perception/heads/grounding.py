@@ -7,7 +7,9 @@ is one prediction per image, from the mean of the patch features, repeated in ev
 cross-entropy where the labels define it. With ``model.perception.to_decoder`` the decoder reads the maps too:
 per patch beside the encoder's features, and the image totals of the patch channels in the extra token,
 thermometer-coded (total > 0.5, > 1.5, ...) so that "how many", "more than k" and "is there" are linear
-read-outs of it.
+read-outs of it; and each light colour as an image token of its own (the colour's highest probability and its
+total over the patches: the governing light is the largest readable one). Inside the shared token alone, one
+training seed in two never read the light (docs/experiments.md).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ class GroundingHead(AuxiliaryHead):
         self.num_token_features = num_patch * NUM_THRESHOLDS  # the patch channels' totals, at every threshold
         self.linear = nn.Linear(vision.hidden_size, num_patch)
         self.frame = nn.Linear(vision.hidden_size, len(head_channels) - num_patch)
+        lights = channels("light")
+        self.lights = slice(lights.start - self.patch_channels.start, lights.stop - self.patch_channels.start)
+        self.token_shape = (len(GROUPS["light"]), 2)  # per colour: its highest probability and its total
         is_count = torch.tensor([name in GROUPS["centre"] for name in head_channels])
         self.register_buffer("is_count", is_count, persistent=False)  # [C_head]
         self.register_buffer("thresholds", torch.arange(NUM_THRESHOLDS) + 0.5, persistent=False)  # [K]
@@ -97,6 +102,11 @@ class GroundingHead(AuxiliaryHead):
         ``total > k + 0.5``)."""
         totals = maps[..., :self.num_patch].sum(dim=1)  # [N, C_patch]
         return torch.sigmoid(4.0 * (totals[..., None] - self.thresholds)).flatten(1)  # [N, C_patch * K]
+
+    def tokens(self, logits: torch.Tensor) -> torch.Tensor:
+        """A token per light colour: the highest probability over the patches and their sum ``[N, 3, 2]``."""
+        lights = logits[..., self.lights].float().sigmoid()  # [N, P, 3]
+        return torch.stack([lights.amax(dim=1), lights.sum(dim=1)], dim=-1)
 
     def decoder_features(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The maps per patch ``[N, P, C_head]`` and their totals ``[N, C_patch * K]``."""

@@ -11,8 +11,9 @@
 #    a time budget) written into params.yaml and `dvc repro` again -> metrics/gpu/recipe.json, OUT/recipe.tgz
 #
 # Each part has a time limit in seconds, so that a lease's end still leaves the parts before it: TESTS_S (0: no
-# tests), DEFAULT_S, RECIPE_S (by default what is left of DEADLINE seconds after the script's start, less the
-# report's time). It edits params.yaml and rewrites metrics/ and dvc.lock: run it in a copy of the project.
+# tests; TESTS_ARGS selects them, e.g. "-k cuda"), DEFAULT_S, RECIPE_S (by default what is left of DEADLINE
+# seconds after the script's start, less the report's time). It edits params.yaml and rewrites metrics/ and
+# dvc.lock: run it in a copy of the project.
 # Where the project is no git repository (a copied working tree), DVC runs without one (core.no_scm).
 set -u
 out=${1:?usage: benchmarks/gpu_session.sh OUT [key=value ...]}
@@ -27,8 +28,9 @@ git rev-parse --is-inside-work-tree >/dev/null 2>&1 || dvc config --local core.n
 
 if [ "${TESTS_S:-150}" != 0 ]; then  # TESTS_S=0: no tests
   echo "== tests"
+  # TESTS_ARGS unquoted: its words are pytest arguments
   timeout "${TESTS_S:-150}" python -m pytest -v --tb=short -n "${TEST_WORKERS:-12}" --dist loadgroup \
-    -p no:cacheprovider > "$out/tests.log" 2>&1
+    -p no:cacheprovider ${TESTS_ARGS:-} > "$out/tests.log" 2>&1
   echo "pytest exit $?"; grep -E "FAILED|ERROR" "$out/tests.log" | head -n 30; tail -n 3 "$out/tests.log"
 fi
 
@@ -50,7 +52,7 @@ repro() {  # $1: the run's name; the pipeline timed, then its report
 }
 
 echo "== default pipeline"
-repro default "${DEFAULT_S:-240}"
+repro default "${DEFAULT_S:-360}"  # on an H200 the stages up to counterfactuals took 210 s
 
 echo "== GPU recipe"
 python - "$@" <<'EOF' || exit 1

@@ -174,3 +174,14 @@ def test_gpu_session_runs_the_default_then_the_recipe(tmp_path, tiny_params):
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"default.tgz", "recipe.tgz"}
     params = yaml.safe_load((project.path / "params.yaml").read_text())
     assert params["runtime"]["train"]["in_memory_budget_mb"] == 65536  # the recipe's, not overridden
+
+
+@pytest.mark.xdist_group("tiny_project")
+def test_training_beside_busy_processes_gives_the_same_model_bytes(tmp_path, tiny_project, tiny_params):
+    """Same params, same machine, same bytes, also when the machine is busy (every core's thread in use)."""
+    tiny_params["runtime"]["train"]["threads"] = 0  # all cores: a kernel split over threads is what load could skew
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params))
+    report = run_benchmark("under_load.py", tmp_path / "load.json", "--params", str(tmp_path / "params.yaml"),
+                           "--data", str(tiny_project.processed), "--epochs", "1")
+    assert report["busy_processes"] == len(os.sched_getaffinity(0))
+    assert report["identical"], report

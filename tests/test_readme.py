@@ -52,6 +52,13 @@ def test_gpu_bullet_is_the_committed_gpu_run():
     assert f"ran at {gpu['questions_per_s']:,.0f} questions/s ({cpu['questions_per_s']:.0f} on this CPU)" in text
 
 
+def test_determinism_claim_is_the_committed_check():
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert "the same model bytes, also beside busy processes" in text
+    report = _json("metrics/under_load.json")
+    assert report["identical"] and report["busy_processes"] >= 2
+
+
 def test_training_step_numbers_are_the_committed_benchmark():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     step = _json("metrics/bench_train_step.json")

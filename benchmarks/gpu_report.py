@@ -15,22 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import tempfile
 from pathlib import Path
 
 import torch
 
-from benchmarks.bench_train_step import batches, build_run, count_flops, matmul_peak
+from benchmarks.bench_train_step import batches, build_run, count_flops, machine, matmul_peak
 from vlm.io import write_json
 from vlm.params import load_params
-
-
-def device_name() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    return platform.processor() or platform.machine()
 
 
 def driver() -> str:
@@ -60,8 +53,8 @@ def report(name: str, wall_s: float, params_path: str, data: Path, metrics: Path
     params = load_params(params_path)
     return {
         "name": name,
-        "machine": {"device": device_name(), "driver": driver(), "torch": torch.__version__,
-                    "cuda": torch.version.cuda or "", "cpu_cores": len(os.sched_getaffinity(0))},
+        "machine": {**machine(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "",
+                    "driver": driver(), "cuda": torch.version.cuda or "", "cpu_cores": len(os.sched_getaffinity(0))},
         "pipeline_wall_s": round(wall_s, 1),
         "images": params["scenes"]["num_images"],
         "train": {"seconds": timing["seconds"], "questions_per_s": timing["questions_per_s"],

@@ -35,16 +35,15 @@ if [ "${TESTS_S:-150}" != 0 ]; then  # TESTS_S=0: no tests
 fi
 
 repro() {  # $1: the run's name; the pipeline timed, then its report
-  local started ended
+  local started wall
   started=$(date +%s.%N)
   timeout "$2" dvc repro 2>&1 | stamp > "$out/$1_repro.log"
   local status=${PIPESTATUS[0]}
-  ended=$(date +%s.%N)
+  wall=$(python -c "print(round($(date +%s.%N) - $started, 1))")
   grep -E "Running stage|ERROR|rror:" "$out/$1_repro.log" | head -n 40
-  echo "dvc repro exit $status after $(python -c "print(round($ended - $started, 1))") s"
+  echo "dvc repro exit $status after $wall s"
   if [ "$status" = 0 ]; then
-    python benchmarks/gpu_report.py --name "$1" --wall-s "$(python -c "print($ended - $started)")" \
-      --out "metrics/gpu/$1.json" | tail -n 40
+    python benchmarks/gpu_report.py --name "$1" --wall-s "$wall" --out "metrics/gpu/$1.json" | tail -n 40
   fi
   cp dvc.lock "$out/$1_dvc.lock"
   tar czf "$out/$1.tgz" metrics dvclive "$out/$1_repro.log" "$out/$1_dvc.lock" 2>/dev/null

@@ -60,7 +60,7 @@ def test_determinism_claim_is_the_committed_check():
 
 
 def test_training_step_numbers_are_the_committed_benchmark():
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
     step = _json("metrics/bench_train_step.json")
     for number in (f"{step['batch_questions']:.0f} questions", f"{step['ms_per_step']:.0f} ms",
                    f"{step['questions_per_s']:.0f} questions/s", f"{step['train_gflops_per_question']:.3f} GFLOP",
@@ -96,8 +96,9 @@ def test_evaluation_paragraph_is_the_committed_evaluation():
 
 
 def test_scaling_table_is_the_committed_curve():
-    """Each row of the accuracy-vs-compute table is a point of metrics/scaling.json (make scaling)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """Each row of the accuracy-vs-compute table (docs/experiments.md) is a point of metrics/scaling.json (make
+    scaling)."""
+    text = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
     curve = _json("metrics/scaling.json")
     for point in curve["points"]:
         per_type = " | ".join(f"{point['per_type'][t]:.3f}" for t in sorted(point["per_type"]))
@@ -153,7 +154,7 @@ def test_memory_table_is_the_committed_benchmark():
 
 
 def test_full_size_paragraph_is_the_committed_extrapolation():
-    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    text = " ".join((ROOT / "docs" / "experiments.md").read_text(encoding="utf-8").split())
     report = _json("metrics/bench_memory_224px.json")
     run, scaled = report["runs"][-1], report["extrapolated"]
     seconds, gpu, probe = scaled["stage_seconds"], scaled["gpu_epoch"], run["training_input"]

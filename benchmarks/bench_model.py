@@ -19,6 +19,7 @@ Rows:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import statistics
 import time
@@ -176,7 +177,7 @@ def main() -> None:
                          "images_encoded_transformers": args.batch}
 
     ours.eval()
-    prefix = shared.without_labels()
+    prefix = dataclasses.replace(shared, labels=None)
     answers = [[YES, EOS], [NO, EOS], [MAYBE, EOS]] + [[10 + i, EOS] for i in range(13)]  # 3 colours + 10 counts
 
     def per_candidate():

@@ -167,11 +167,13 @@ def test_images_reach_the_model_as_the_scenes_stage_saved_them(tmp_path, monkeyp
     BalancedCommands(data.iter_scenes, data.width, data.height, commands).write(processed / "commands")
     processor = Processor(tokenizer=None, image_size=64, resample="bicubic")
     answers = sorted({r["answer"] for r in read_json(processed / "commands" / "train.json")})
-    loaded = SimpleNamespace(model=None, processor=processor, answers=answers, candidates=lambda: [])
+    loaded = SimpleNamespace(model=None, processor=processor, answers=answers, candidates=lambda: [],
+                             label_targets=lambda: None)
     monkeypatch.setattr(counterfactuals, "load_model", lambda *args: loaded)
     handed = {}
 
-    def answer_questions(model, processor, images, questions, candidates, batch_size, device):
+    def answer_questions(model, processor, images, questions, candidates, batch_size, device, targets):
+        assert targets is None  # the label maps only for a model that reads them (an oracle probe)
         handed.update(images)
         return np.zeros((len(questions), len(answers)), dtype=np.float32)  # [Q, C]: the first answer everywhere
 

@@ -8,9 +8,13 @@ from PIL import Image
 from sklearn.metrics import f1_score
 
 from tiny_project import FRAME_SIZE, TINY_MODEL, TINY_RUNTIME, paths_for, tiny_train_config
-from vlm import predict
+from vlm import counterfactuals, predict
+from vlm.commands.generate import CommandsConfig
+from vlm.counterfactuals import CounterfactualsConfig, CounterfactualsPaths
 from vlm.evaluate import EvaluateConfig, EvaluatePaths, calibration, evaluate, summarize, yes_no_maybe_pairs
+from vlm.models import PaliGemma
 from vlm.params import ParamError, build_config
+from vlm.scenes.generate import ScenesConfig
 from vlm.train import train
 
 pytestmark = pytest.mark.xdist_group("tiny_project")  # one worker builds the shared tiny project
@@ -77,6 +81,33 @@ def test_predictions_outside_yes_no_maybe_are_counted_as_other():
                                         {"actual": "no", "predicted": "no"},
                                         {"actual": "maybe", "predicted": "other"},
                                         {"actual": "yes", "predicted": "yes"}]
+
+
+def test_the_oracle_probe_answers_from_the_label_maps_of_each_image(trained, tmp_path, monkeypatch):
+    """``model.perception.oracle`` through training, evaluate (its split and attention sheet) and the counterfactuals:
+    each image the model is asked about comes with its labels' maps, the edited scenes' own."""
+    root, processed, models = trained
+    oracle = {**TINY_MODEL, "perception": {**TINY_MODEL["perception"], "oracle": True}}
+    train(oracle, tiny_train_config(epochs=1), paths_for(processed, tmp_path, "vlm"), progress=False,
+          frame_size=FRAME_SIZE, runtime=TINY_RUNTIME)
+    read = []  # the label maps each answering batch carried
+    answer = PaliGemma.answer
+    monkeypatch.setattr(PaliGemma, "answer", lambda self, batch, candidates: read.append(batch.targets) or
+                        answer(self, batch, candidates))
+    paths = EvaluatePaths(model=tmp_path / "vlm.pt", blind=models / "blind.pt", data=processed,
+                          raw=root / "data" / "raw", metrics=tmp_path / "eval.json", tables=tmp_path / "eval",
+                          plots=tmp_path / "plots")
+    assert 0 <= evaluate(EvaluateConfig(attention_examples=2, failure_examples=2), paths)["vlm"]["accuracy"] <= 1
+    assert (paths.plots / "attention.png").is_file()
+    assert read and all(targets is not None for targets in read)  # (the attention sheet's too, or it would stop)
+    read.clear()
+    edits = CounterfactualsPaths(model=tmp_path / "vlm.pt", data=processed, raw=root / "data" / "raw",
+                                 metrics=tmp_path / "cf.json", details=tmp_path / "cf" / "summary.json",
+                                 table=tmp_path / "cf" / "questions.csv", plot=tmp_path / "cf.png",
+                                 sheet=tmp_path / "sheet.png")
+    assert counterfactuals.run(CounterfactualsConfig(samples=4, sheet_examples=0), ScenesConfig(num_images=40),
+                               CommandsConfig(questions_per_image=6), edits, progress=False)
+    assert read and all(targets is not None for targets in read)
 
 
 def test_evaluate_writes_metrics_tables_and_pictures(trained, tmp_path):

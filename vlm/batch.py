@@ -38,7 +38,3 @@ class Batch:
     def pin_memory(self) -> Batch:
         """Called by DataLoader(pin_memory=True) in its pinning thread."""
         return self._map_tensors(torch.Tensor.pin_memory)
-
-    def without_labels(self) -> Batch:
-        """The prefix-only view that ``answer``, ``generate`` and ``image_attention`` read."""
-        return dataclasses.replace(self, labels=None, targets=None)

@@ -15,6 +15,7 @@ import torch
 
 from vlm.io import atomic_path
 from vlm.models import PaliGemma
+from vlm.models.perception.targets import TargetTransform
 from vlm.processor import Processor
 from vlm.tokenizer import TrafficCommandTokenizer
 from vlm.traffic_vlm import VLMConfig, build_vlm
@@ -102,6 +103,14 @@ class LoadedModel:
             frame_width, frame_height = self.checkpoint.get("frame_size") or (self.image_width, self.image_size)
             aspect = frame_width / frame_height
         return Processor(self.tokenizer, self.image_size, self.resample, self.image_width, aspect)
+
+    def label_targets(self) -> TargetTransform | None:
+        """For a model that reads the label maps when answering (``model.perception.oracle``), the transform that
+        builds them; else None."""
+        extension = self.model.extension
+        if extension is None or not extension.reads_targets:
+            return None
+        return extension.targets(self.model.config.siglip.height_width, tuple(self.checkpoint["frame_size"]))
 
     def candidates(self) -> list[list[int]]:
         """Token ids of every answer, for ``PaliGemma.answer``."""

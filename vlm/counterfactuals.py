@@ -24,6 +24,7 @@ from vlm.io import atomic_path, write_json
 from vlm.params import check
 from vlm.scenes.edits import EDITS, Pair, make_pairs
 from vlm.scenes.generate import ScenesConfig, load_raw
+from vlm.scenes.schema import Scene
 
 FIELDS = ("image_id", "command", "template")  # what is read of a commands record
 # what :func:`run` reads of the scenes and commands params (dvc.yaml declares exactly these)
@@ -76,19 +77,24 @@ def answer_pairs(loaded: LoadedModel, pairs: list[Pair], questions: list[list[di
     """The model's answers to each pair's questions on the original and on the edited image, both saved as
     JPEGs of ``jpeg_quality`` first (a question asked of the same original by several pairs is answered once)."""
     images: dict[str, torch.Tensor] = {}  # image key -> uint8 [3, S, S]
+    transform = loaded.label_targets()  # the label maps, for a model that reads them (an oracle probe)
+    targets: dict[str, torch.Tensor] | None = None if transform is None else {}  # image key -> [cells, C]
     asked: dict[tuple[str, str], int] = {}  # (image key, question) -> its row in the answers
 
-    def ask(key: str, image: Image.Image, rows: list[dict]) -> list[int]:
+    def ask(key: str, image: Image.Image, scene: Scene, rows: list[dict]) -> list[int]:
         if key not in images:
             images[key] = loaded.processor.rendered(image, jpeg_quality)
+            if targets is not None:
+                targets[key] = torch.from_numpy(transform.of_scene(scene))
         return [asked.setdefault((key, row["command"]), len(asked)) for row in rows]
 
     slots = []  # per pair: (rows of its questions on the original, on the edited image)
     for p, (pair, rows) in enumerate(zip(pairs, questions)):
         original = pair.original.scene.image_id
-        slots.append((ask(original, pair.original.image, rows), ask(f"{original}/{p}", pair.edited_image, rows)))
+        slots.append((ask(original, pair.original.image, pair.original.scene, rows),
+                      ask(f"{original}/{p}", pair.edited_image, pair.edited_scene, rows)))
     probs = answer_questions(loaded.model, loaded.processor, images, list(asked), loaded.candidates(), batch_size,
-                             device)  # [Q, C]
+                             device, targets)  # [Q, C]
     predicted = [loaded.answers[best] for best in probs.argmax(1)]
     return [([predicted[i] for i in before], [predicted[i] for i in after]) for before, after in slots]
 

@@ -20,6 +20,7 @@ from vlm.inference import predict_dataset
 from vlm.io import atomic_path, write_json
 from vlm.params import check
 from vlm.scenes.generate import load_raw
+from vlm.scenes.schema import Scene
 from vlm.slices import conditions_table, slice_accuracy
 
 YES_NO_MAYBE = ["yes", "no", "maybe"]
@@ -140,7 +141,8 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
     vlm = load_model(paths.model, vocab_path, device)
     blind = load_model(paths.blind, vocab_path, device)
     commands = paths.data / "commands" / f"{config.split}.json"
-    dataset = TrafficVQADataset(commands, paths.data / f"{config.split}_images.h5", vlm.tokenizer, in_memory=True)
+    dataset = TrafficVQADataset(commands, paths.data / f"{config.split}_images.h5", vlm.tokenizer, in_memory=True,
+                                targets=vlm.label_targets())
     raw = load_raw(paths.raw)
     scenes = {scene.image_id: scene for scene in raw.scenes}
     image_paths = {scene.image_id: raw.image_dir / scene.name for scene in raw.scenes}
@@ -171,7 +173,7 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
     plots.save_figure(plots.reliability_figure(metrics, CALIBRATION_BINS), paths.plots / "calibration.png")
     if config.attention_examples and vlm.model.config.vision != "none":
         shown = table.loc[_pick(table, config.attention_examples, config.seed)]
-        heat = attention_grids(vlm, shown, image_paths, device)
+        heat = attention_grids(vlm, shown, image_paths, scenes, device)
         plots.save_image(plots.attention_sheet(shown, image_paths, heat), paths.plots / "attention.png")
     failures = table[~table["correct"]]
     if config.failure_examples and len(failures):
@@ -211,7 +213,7 @@ def _pick(table: pd.DataFrame, n: int, seed: int) -> list[int]:
 
 
 @torch.no_grad()
-def attention_grids(loaded: LoadedModel, rows: pd.DataFrame, image_paths: dict[str, Path],
+def attention_grids(loaded: LoadedModel, rows: pd.DataFrame, image_paths: dict[str, Path], scenes: dict[str, Scene],
                     device: torch.device) -> np.ndarray | None:
     """The attention from [SEP] to the image tokens of each row's question (mean over layers and heads) as
     the token grid ``[B, Gh, Gw]``; None with the Q-Former, whose tokens are queries, not cells of a grid."""
@@ -220,7 +222,10 @@ def attention_grids(loaded: LoadedModel, rows: pd.DataFrame, image_paths: dict[s
         return None
     processor = loaded.processor
     images = [processor.image(image_paths[image_id]) for image_id in rows["image_id"]]  # [3, H, W] each
-    batch = processor(images, list(rows["command"])).to(device)
+    transform = loaded.label_targets()  # the label maps, for a model that reads them (an oracle probe)
+    targets = None if transform is None else \
+        torch.from_numpy(np.stack([transform.of_scene(scenes[image_id]) for image_id in rows["image_id"]]))
+    batch = processor(images, list(rows["command"]), targets=targets).to(device)
     attention = loaded.model.image_attention(batch)  # [B, layers, heads, T]
     weights = attention.float().mean(dim=(1, 2)).cpu().numpy()  # [B, T]
     grid_rows, grid_columns = (side // config.pixel_shuffle for side in config.siglip.grid)

@@ -46,10 +46,11 @@ def perception_metrics(model, dataset: TrafficVQADataset, batch_size: int, devic
 @torch.no_grad()
 def answer_questions(model, processor: Processor, images: Mapping[Hashable, torch.Tensor],
                      questions: Sequence[tuple[Hashable, str]], candidates: list[list[int]], batch_size: int,
-                     device: torch.device) -> np.ndarray:
+                     device: torch.device, targets: Mapping[Hashable, torch.Tensor] | None = None) -> np.ndarray:
     """Candidate probabilities ``[Q, C]`` of each ``(image key, question)`` in ``questions``, the images uint8
     ``[3, S, S]`` by key (:meth:`Processor.image`). Batches of ``batch_size`` questions, an image's questions
-    kept together so that each image is encoded once per batch."""
+    kept together so that each image is encoded once per batch; ``targets``: each image's label maps, by key, for
+    a model that reads them (:meth:`LoadedModel.label_targets`)."""
     order = sorted(range(len(questions)), key=lambda i: str(questions[i][0]))  # an image's questions together
     probs = np.zeros((len(questions), len(candidates)), dtype=np.float32)
     for start in range(0, len(order), batch_size):
@@ -57,6 +58,7 @@ def answer_questions(model, processor: Processor, images: Mapping[Hashable, torc
         keys = list(dict.fromkeys(questions[i][0] for i in chunk))  # distinct, in order
         slot = {key: k for k, key in enumerate(keys)}
         batch = processor([images[key] for key in keys], [questions[i][1] for i in chunk],
-                          image_index=[slot[questions[i][0]] for i in chunk]).to(device)
+                          image_index=[slot[questions[i][0]] for i in chunk],
+                          targets=None if targets is None else torch.stack([targets[key] for key in keys])).to(device)
         probs[chunk] = model.answer(batch, candidates).float().cpu().numpy()  # [B, C]
     return probs

@@ -25,7 +25,7 @@ def build(config, seed=0, **overrides) -> PaliGemma:
 
 
 def inputs(batch: Batch) -> Batch:
-    return batch.without_labels()
+    return replace(batch, labels=None, targets=None)
 
 
 # ---------------------------------------------------------------- configuration

@@ -292,3 +292,37 @@ def test_counts_are_region_sums_of_a_density_the_losses_and_the_answer_reach(con
     model(replace(batch, targets=targets)).losses["answer"].backward()
     assert head.out[-1].weight.grad.abs().sum() > 0  # the answer's loss reaches the density
     assert model.extension.head_tokens["counts"].embedding.grad.abs().sum() > 0
+
+
+def test_the_oracle_probe_reads_the_label_maps_not_the_heads(config, make_batch, perturb):
+    """``model.perception.oracle``: every head's part of the image tokens comes from ``Batch.targets`` (exact
+    region counts, peaks at the labelled centres, the labelled lights), whatever the heads predict, when training
+    and when answering; a batch without targets stops it."""
+    model = build(config, stem_channels=STEM, heads={"grounding": 1.0, "centres": 0.1, "counts": 1.0},
+                  to_decoder=True, oracle=True).eval()
+    heads = model.extension.heads
+    batch = make_batch(model.config)
+    rows, columns = heads["counts"].grid  # the targets' 8 x 8 cells; the 4 x 4 patches are 2 x 2 cells each
+    targets = torch.zeros(batch.images.shape[0], rows * columns, len(CHANNELS))
+    for cell, cars in ((1 * columns + 0, 2.0), (3 * columns + 7, 1.0)):  # two cars in a left cell, one right
+        targets[0, cell, CHANNELS.index("centre/car")] = cars
+        targets[0, cell, CHANNELS.index("heat/car")] = 1.0
+    targets[0, [0, 1], CHANNELS.index("light/red")] = 1.0  # a red light in the first patch
+    counts = heads["counts"]
+    sums = counts.region_sums(counts.density(counts.oracle(targets)))  # [N, C, R]
+    torch.testing.assert_close(sums, counts.region_sums(counts.counts(targets)), atol=1e-3, rtol=0)
+    car = HEAT_CHANNELS.index("heat/car")
+    assert heads["centres"].peak_counts(heads["centres"].oracle(targets))[0, car].tolist() == [2, 1, 1]
+    lights = heads["grounding"].tokens(heads["grounding"].oracle(targets))  # [N, colour, (highest, total)]
+    torch.testing.assert_close(lights[0], torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]), atol=1e-6, rtol=0)
+
+    patches = model.config.num_image_tokens  # the connector's tokens read the encoder too; the heads' come after
+    before = model.encode_images(batch.images, targets)[0][:, patches:]
+    perturb(model.extension.heads, std=1.0)
+    torch.testing.assert_close(model.encode_images(batch.images, targets)[0][:, patches:], before)
+    assert model.train()(replace(batch, targets=targets)).losses.keys() == {"answer", "grounding", "centres", "counts"}
+    assert model.eval().answer(replace(batch, targets=targets), [[3], [4]]).shape == (batch.input_ids.shape[0], 2)
+    with pytest.raises(ValueError, match="model.perception.oracle: .* no targets"):
+        model.answer(batch, [[3], [4]])
+    with pytest.raises(ParamError, match="model.perception.oracle: .* needs model.perception.to_decoder: true"):
+        PerceptionConfig(heads={"grounding": 1.0}, oracle=True).validate()

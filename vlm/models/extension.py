@@ -22,6 +22,7 @@ class VisionExtension(nn.Module):
     patch_width: int = 0
     num_tokens: int = 0
     loss_weights: dict[str, float]  # the weight of each loss forward() returns, in training's weighted sum
+    reads_targets: bool = False  # it reads Batch.targets when answering too (a probe), not only for its losses
 
     def targets(self, image_size: int | tuple[int, int], frame_size: tuple[float, float]) -> Any:
         """The transform that builds each image's ``Batch.targets`` from the label frame stored with it (label

@@ -261,7 +261,9 @@ class PaliGemma(nn.Module):
             text_valid = text_valid & (positions < batch.prefix_lengths[:, None])
         if self.config.vision == "none":
             return text_embeds, text_valid, batch.prefix_lengths, {}
-        image_tokens, losses = self.encode_images(batch.images, batch.targets)  # [N_img, T, D]
+        # the extension's targets: for its losses, and before answering only for an extension that reads them
+        reads_targets = not prefix_only or (self.extension is not None and self.extension.reads_targets)
+        image_tokens, losses = self.encode_images(batch.images, batch.targets if reads_targets else None)
         image_tokens = image_tokens[batch.image_index].to(text_embeds.dtype)  # [B, T, D]
         image_valid = text_valid.new_ones(image_tokens.shape[:2])
         return (torch.cat([image_tokens, text_embeds], dim=1), torch.cat([image_valid, text_valid], dim=1),
@@ -328,7 +330,7 @@ class PaliGemma(nn.Module):
                  use_cache: bool = True) -> torch.Tensor:
         """Greedy answers ``[B, T]`` after each prefix (tokens after ``prefix_lengths`` are ignored), with the
         KV cache; each row ends at its first [EOS] and is padded after it."""
-        inputs_embeds, key_valid, prefix_total, _ = self._embed(batch.without_labels(), prefix_only=True)
+        inputs_embeds, key_valid, prefix_total, _ = self._embed(batch, prefix_only=True)
         return self.language_model.generate(inputs_embeds, key_valid, prefix_total, max_new_tokens, eos_token_id,
                                             pad_token_id, prefix_lm=True, use_cache=use_cache,
                                             isolated=self.isolated_image_tokens)
@@ -339,7 +341,7 @@ class PaliGemma(nn.Module):
         answers (token-id lists as ``encode_answer`` gives them), in one decoder pass."""
         if not candidates or any(len(c) == 0 for c in candidates):
             raise ValueError("answer(): candidates must be a non-empty list of non-empty token-id lists")
-        inputs_embeds, key_valid, prefix_total, _ = self._embed(batch.without_labels(), prefix_only=True)
+        inputs_embeds, key_valid, prefix_total, _ = self._embed(batch, prefix_only=True)
         num, prefix_length, dim = inputs_embeds.shape
         device = inputs_embeds.device
         num_candidates, cand_length = len(candidates), max(len(c) for c in candidates)
@@ -376,7 +378,7 @@ class PaliGemma(nn.Module):
         is query t; an extension's tokens come last."""
         if self.config.vision == "none":
             raise ValueError("image_attention(): the blind model (vision: none) has no image tokens")
-        inputs_embeds, key_valid, prefix_total, _ = self._embed(batch.without_labels(), prefix_only=True)
+        inputs_embeds, key_valid, prefix_total, _ = self._embed(batch, prefix_only=True)
         num, length, _ = inputs_embeds.shape
         slots = torch.arange(length, device=inputs_embeds.device).expand(num, length)
         mask = prefix_lm_mask(key_valid, slots, prefix_total, self.isolated_image_tokens)

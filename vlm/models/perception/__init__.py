@@ -38,6 +38,9 @@ class PerceptionConfig:
     stem_channels: list[int] = field(default_factory=list)
     heads: dict[str, float] = field(default_factory=dict)  # head name -> weight of its loss in training; 0 = off
     to_decoder: bool = False  # the decoder reads the heads' maps per patch and their summaries as one more token
+    # probe: the decoder reads the label maps (Batch.targets) instead of the heads' predictions, in training and
+    # evaluation alike: each question type's accuracy with perfect perception (the heads still learn)
+    oracle: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -62,6 +65,8 @@ class PerceptionConfig:
                   f"{prefix}.heads.{name}", f"must be a loss weight >= 0 (0 = off), got {weight!r}")
         check(not self.to_decoder or self.active_heads, f"{prefix}.to_decoder",
               f"needs a head ({prefix}.heads: {', '.join(HEADS)})")
+        check(not self.oracle or self.to_decoder, f"{prefix}.oracle",
+              f"replaces what the decoder reads of the heads: needs {prefix}.to_decoder: true")
         for name in self.active_heads:
             HEADS[name].validate(self, prefix)
 
@@ -78,6 +83,7 @@ class TrafficPerception(VisionExtension):
             if any(HEADS[name].reads_fine for name in config.active_heads) else None
         self.heads = nn.ModuleDict({name: HEADS[name](config, vision) for name in config.active_heads})
         self.loss_weights = {name: float(config.heads[name]) for name in config.active_heads}
+        self.reads_targets = config.oracle
         heads = list(self.heads.values()) if config.to_decoder else []
         self.patch_width = sum(head.patch_width for head in heads)
         num_token_features = sum(head.num_token_features for head in heads)
@@ -109,10 +115,16 @@ class TrafficPerception(VisionExtension):
         num, patches, _ = patch_features.shape
         fine = None if self.pyramid is None else self.pyramid(stem_features)  # [N, PYRAMID_WIDTH, H/4, W/4]
         logits = {name: head(patch_features, fine) for name, head in self.heads.items()}
+        read = logits  # what the decoder reads: the predictions, or with ``oracle`` the labels' maps
+        if self.config.oracle:
+            if targets is None:
+                raise ValueError("model.perception.oracle: the decoder reads the label maps, and this batch has no "
+                                 "targets (Batch.targets)")
+            read = {name: head.oracle(targets).to(patch_features.dtype) for name, head in self.heads.items()}
         maps, summaries = [], []
         if self.config.to_decoder:
             for name, head in self.heads.items():
-                patch_maps, summary = head.decoder_features(logits[name])
+                patch_maps, summary = head.decoder_features(read[name])
                 maps += [] if patch_maps is None else [patch_maps.to(patch_features.dtype)]
                 summaries += [] if summary is None else [summary]
         extra_patch_features = torch.cat(maps, dim=-1) if maps else patch_features.new_zeros(num, patches, 0)
@@ -120,7 +132,7 @@ class TrafficPerception(VisionExtension):
         if self.token_projector is not None:
             tokens.append(self.token_projector(torch.cat(summaries, dim=-1).to(patch_features.dtype))[:, None])
         for name, embed in self.head_tokens.items():
-            tokens.append(embed(self.heads[name].tokens(logits[name]).to(patch_features.dtype)))  # [N, T_h, D]
+            tokens.append(embed(self.heads[name].tokens(read[name]).to(patch_features.dtype)))  # [N, T_h, D]
         losses = {} if targets is None else {name: head.loss(logits[name], targets)
                                              for name, head in self.heads.items()}
         return ExtensionOutput(extra_patch_features, torch.cat(tokens, dim=1), losses)

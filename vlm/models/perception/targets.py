@@ -105,7 +105,11 @@ class TargetTransform:
 
     def of(self, annotation: str, where: str) -> np.ndarray:
         """float32 ``[Gh*Gw, C]`` of one label frame stored beside a packed image (a JSON string)."""
-        return scene_targets(scene_from_frame(json.loads(annotation), where=where), *self.frame_size, self.grid)
+        return self.of_scene(scene_from_frame(json.loads(annotation), where=where))
+
+    def of_scene(self, scene: Scene) -> np.ndarray:
+        """float32 ``[Gh*Gw, C]`` of one scene's labels."""
+        return scene_targets(scene, *self.frame_size, self.grid)
 
     def from_annotations(self, annotations: Sequence[str], source: str) -> np.ndarray:
         """float32 ``[N, Gh*Gw, C]`` of the label frames ``annotations``; errors name ``source``, their file."""

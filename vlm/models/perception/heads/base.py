@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from vlm.models.perception import PerceptionConfig
 
 HEADS: dict[str, type[AuxiliaryHead]] = {}  # name (its key under model.perception.heads) -> head class
+# The oracle's logits (model.perception.oracle): +-SURE for a label that is 1 or 0 (sigmoid(20) = 1 - 2e-9), and the
+# log of a count, NONE in place of a count of 0 (exp(log 1e-6): nothing there)
+SURE = 20.0
+NONE = 1e-6
 
 
 class AuxiliaryHead(nn.Module):
@@ -63,6 +67,11 @@ class AuxiliaryHead(nn.Module):
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Against all target channels ``[N, G*G, C]``."""
+        raise NotImplementedError
+
+    def oracle(self, targets: torch.Tensor) -> torch.Tensor:
+        """The logits that say exactly what targets ``[N, cells, C]`` (all target channels) say: what the decoder
+        reads with ``model.perception.oracle``."""
         raise NotImplementedError
 
     def decoder_features(self, logits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:

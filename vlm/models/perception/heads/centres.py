@@ -57,6 +57,10 @@ class CentreHead(AuxiliaryHead):
         negative = -((1 - heat) ** 4) * prob ** 2 * torch.log(1 - prob) * ~centre
         return (positive.sum() + negative.sum()) / centre.sum().clamp(min=1)
 
+    def oracle(self, targets: torch.Tensor) -> torch.Tensor:
+        """The label heatmaps as logits ``[N, H/4 * W/4, C_heat]`` (each object's cell a peak)."""
+        return torch.logit(targets[..., self.channels].float().clamp(1e-4, 1 - 1e-4))
+
     def peak_counts(self, logits: torch.Tensor) -> torch.Tensor:
         """Peaks (3x3 local maxima above 0.5) per channel and region: ``[N, C_heat, R]``."""
         num, _, channels = logits.shape

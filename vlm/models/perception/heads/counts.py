@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlm.models.perception.heads.base import AuxiliaryHead
+from vlm.models.perception.heads.base import NONE, AuxiliaryHead
 from vlm.models.perception.stem import PYRAMID_WIDTH
 from vlm.models.perception.targets import CENTRE_REGIONS, CHANNELS, FOOT_REGIONS, channels, region_masks
 from vlm.models.siglip import SiglipVisionConfig
@@ -70,6 +70,10 @@ class CountHead(AuxiliaryHead):
         sums, exact = self.region_sums(self.density(logits)), self.region_sums(counts)  # [N, C, R]
         per_region = F.poisson_nll_loss(sums, exact, log_input=False, full=False, eps=1e-6)
         return per_cell + per_region
+
+    def oracle(self, targets: torch.Tensor) -> torch.Tensor:
+        """The labels' counts per cell as log counts ``[N, h*w, C]``: region sums exactly the labels' counts."""
+        return self.counts(targets).clamp(min=NONE).log()
 
     def metrics(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per image: the fraction of its region counts (channels x regions) whose rounded sum is the labels'

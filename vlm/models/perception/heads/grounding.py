@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlm.models.perception.heads.base import AuxiliaryHead
+from vlm.models.perception.heads.base import NONE, SURE, AuxiliaryHead
 from vlm.models.perception.targets import CHANNELS, GROUPS, channels, grid_shape
 from vlm.models.siglip import SiglipVisionConfig
 
@@ -92,6 +92,16 @@ class GroundingHead(AuxiliaryHead):
         is_count = self.is_count[:self.num_patch, None, None]
         pooled = torch.where(is_count, F.avg_pool2d(maps, k) * (k * k), F.max_pool2d(maps, k))
         return pooled.flatten(2).transpose(1, 2)  # [N, gh*gw, C_patch]
+
+    def oracle(self, targets: torch.Tensor) -> torch.Tensor:
+        """Targets ``[N, cells, C]`` -> the logits ``[N, P, C_head]`` of the maps they give on the patch grid (frame
+        channels the labels leave undefined at probability 0.5)."""
+        targets = targets.float()
+        patch = self.patch_targets(targets, self.grid)  # [N, P, C_patch]
+        patch = torch.where(self.is_count[:self.num_patch], patch.clamp(min=NONE).log(), (2 * patch - 1) * SURE)
+        frame = targets[:, :1, self.frame_channels]  # [N, 1, F]: -1 undefined, else 0 / 1
+        frame = torch.where(frame >= 0, (2 * frame - 1) * SURE, 0.0).expand(-1, patch.shape[1], -1)
+        return torch.cat([patch, frame], dim=-1)
 
     def maps(self, logits: torch.Tensor) -> torch.Tensor:
         """``[N, P, C]``: probabilities on the binary and frame channels, expected counts on the count channels."""

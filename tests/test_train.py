@@ -462,5 +462,5 @@ def test_native_aspect_trains_evaluates_saves_and_answers_any_photo(tiny_project
     assert [len(r) for r in ranked] == [len(loaded.answers)] * 2
     assert all(abs(sum(p for _, p in r) - 1) < 1e-4 for r in ranked)
     rows = pd.DataFrame({"image_id": ["a"], "command": ["Is there a car?"]})
-    heat = attention_grids(loaded, rows, {"a": frame}, torch.device("cpu"))
+    heat = attention_grids(loaded, rows, {"a": frame}, {}, torch.device("cpu"))
     assert heat.shape == (1, 2, 4) and np.isfinite(heat).all()  # the token grid: 4 x 8 patches shuffled by 2

@@ -1,9 +1,10 @@
-"""The attention core shared by the SigLIP encoder and the Gemma decoder."""
+"""What the SigLIP encoder, the Gemma decoder and the connectors share: the attention core and the weight init."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None = None,
@@ -22,3 +23,15 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
     return torch.matmul(weights, value), weights
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """Truncated-normal weights (``std``, cut at 2 std), zero biases, unit LayerNorms (Gemma's RMSNorm weights are
+    built at 0, its scale 1 + 0)."""
+    if isinstance(module, (nn.Linear, nn.Conv2d, nn.Embedding)):
+        nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vlm.models.attention import init_weights
+
 
 def pixel_shuffle(features: torch.Tensor, factor: int, grid: tuple[int, int] | None = None) -> torch.Tensor:
     """Patch features ``[N, gh*gw, D]`` (row-major ``grid`` = ``(gh, gw)``; None: a square grid) ->
@@ -30,8 +32,7 @@ class LinearConnector(nn.Module):
         self.grid = grid  # the patch grid (gh, gw)
         self.pixel_shuffle = pixel_shuffle
         self.linear = nn.Linear(vision_hidden_size * pixel_shuffle * pixel_shuffle, text_hidden_size)
-        nn.init.trunc_normal_(self.linear.weight, std=0.02, a=-0.04, b=0.04)
-        nn.init.zeros_(self.linear.bias)
+        init_weights(self.linear)
 
     def forward(self, image_features: torch.Tensor) -> torch.Tensor:
         return self.linear(pixel_shuffle(image_features, self.pixel_shuffle, self.grid))

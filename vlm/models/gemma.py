@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlm.models.attention import attention
+from vlm.models.attention import attention, init_weights
 from vlm.models.pretrained import read_config, sub_model_tensors, weights_file
 from vlm.params import check
 
@@ -249,7 +249,7 @@ class GemmaForCausalLM(nn.Module):
         self.config = config
         self.model = GemmaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.apply(partial(init_decoder_weights, std=config.initializer_range))
+        self.apply(partial(init_weights, std=config.initializer_range))
         self.lm_head.weight = self.model.embed_tokens.weight
 
     @torch.no_grad()
@@ -300,16 +300,6 @@ class GemmaForCausalLM(nn.Module):
             if cache is None:
                 sequence[rows, read_slots] = step_embeds[:, 0]
         return torch.stack(generated, dim=1)
-
-
-def init_decoder_weights(module: nn.Module, std: float = 0.02) -> None:
-    """Truncated-normal (``std``) projections and embeddings; RMSNorm weights 0 (scale 1 + 0)."""
-    if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
-        if getattr(module, "bias", None) is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, GemmaRMSNorm):
-        nn.init.zeros_(module.weight)
 
 
 # transformers' GemmaConfig defaults (Gemma-7B): a saved config.json lists only the values that differ from them.

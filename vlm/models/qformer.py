@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlm.models.siglip import init_vit_weights
+from vlm.models.attention import init_weights
 from vlm.params import check
 
 
@@ -132,7 +132,7 @@ class QFormerConnector(nn.Module):
         self.query_tokens = nn.Parameter(torch.zeros(1, config.num_query_tokens, config.hidden_size))
         self.qformer = QFormerModel(config, vision_hidden_size)
         self.language_projection = nn.Linear(config.hidden_size, text_hidden_size)
-        self.apply(init_vit_weights)  # BERT's init: the same truncated normal, zero biases, unit LayerNorms
+        self.apply(init_weights)  # BERT's init: the same truncated normal, zero biases, unit LayerNorms
         nn.init.trunc_normal_(self.query_tokens, std=0.02, a=-0.04, b=0.04)
 
     def forward(self, image_features: torch.Tensor) -> torch.Tensor:

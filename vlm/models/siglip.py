@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlm.models.attention import attention
+from vlm.models.attention import attention, init_weights
 from vlm.models.pretrained import read_config, sub_model_tensors, weights_file
 from vlm.params import check
 
@@ -175,7 +175,7 @@ class SiglipVisionModel(nn.Module):
         self.embeddings = SiglipVisionEmbeddings(config)
         self.encoder = SiglipEncoder(config)
         self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.apply(init_vit_weights)
+        self.apply(init_weights)
 
     def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False,
                 patch_residual: torch.Tensor | None = None) -> SiglipVisionOutput:
@@ -185,17 +185,6 @@ class SiglipVisionModel(nn.Module):
         hidden_states = self.embeddings(pixel_values, patch_residual)  # [N, P, D]
         hidden_states, attentions = self.encoder(hidden_states, output_attentions)
         return SiglipVisionOutput(self.post_layernorm(hidden_states), attentions)
-
-
-def init_vit_weights(module: nn.Module, std: float = 0.02) -> None:
-    """Truncated-normal (std 0.02, cut at 2 std) weights, zero biases, unit LayerNorms."""
-    if isinstance(module, (nn.Linear, nn.Conv2d, nn.Embedding)):
-        nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
-        if getattr(module, "bias", None) is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
 
 
 # Pretrained checkpoints on disk

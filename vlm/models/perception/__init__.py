@@ -1,20 +1,8 @@
-"""The traffic perception beside the PaliGemma core: what this project adds for traffic scenes.
-
-It plugs into the core through :class:`vlm.models.extension.VisionExtension` (the core never imports it):
-
-- **a vision adapter**: a convolutional stem (:mod:`.stem`) whose output the core adds to SigLIP's patch
-  embedding, and whose stage outputs the heads may read;
-- **heads** (:mod:`.heads`, one file each): from the encoder's patch features (and the stem's stages) each
-  predicts maps of the target channels (:mod:`.targets`) and learns them with its own loss, which the model's
-  loss dict carries under the head's name, weighted in training by its ``model.perception.heads`` entry;
-- **what reaches the decoder** (``to_decoder``): the heads' per-patch maps beside the patch features (the
-  connector's input grows by ``patch_width``), their image summaries projected into one more image token, and
-  the image tokens of the heads that have their own (``token_shape``: each projected, plus a learned embedding
-  per token).
-
-Adding a head: one file in ``heads/`` with a subclass of :class:`.heads.base.AuxiliaryHead` and its ``name``,
-plus its entry under ``model.perception.heads`` in params.yaml (docs/architecture.md has a worked example).
-"""
+"""The traffic perception beside the PaliGemma core, plugged in through
+:class:`vlm.models.extension.VisionExtension` (the core never imports it): a conv stem (:mod:`.stem`), heads
+(:mod:`.heads`, one file each, learning the maps of :mod:`.targets`) and what of them reaches the decoder
+(``to_decoder``). What each part does and why: docs/architecture.md ("Where it departs from PaliGemma", points 1 to
+3); adding a head: its worked example."""
 
 from __future__ import annotations
 

@@ -10,11 +10,9 @@ from torch import nn
 
 
 class ConvStem(nn.Module):
-    """Early convolutions (Xiao et al. 2021, "Early Convolutions Help Transformers See Better"): per stage a
-    stride-2 and a stride-1 3x3 convolution, each with GroupNorm and ReLU, then a 1x1 projection to the
-    encoder width. ``[N, C, S, S]`` -> ``[N, D, S / 2**stages, S / 2**stages]``, and each stage's output
-    (``[N, channels[i], S / 2**(i+1), S / 2**(i+1)]``: an object-centre head reads them). GroupNorm, not BatchNorm:
-    a sample's features never depend on the rest of its batch."""
+    """Early convolutions (Xiao et al. 2021, "Early Convolutions Help Transformers See Better"; docs/architecture.md,
+    departure 1), then a 1x1 projection to the encoder width: ``[N, C, S, S]`` -> ``[N, D, S / 2**stages, S /
+    2**stages]``, and each stage's output ``[N, channels[i], S / 2**(i+1), S / 2**(i+1)]``."""
 
     def __init__(self, in_channels: int, channels: list[int], out_channels: int, groups: int = 4):
         super().__init__()

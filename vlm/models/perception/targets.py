@@ -1,13 +1,6 @@
-"""The target schema: what each cell of an image shows, from the same labels that answer the questions.
-
-The question-answer loss alone reaches the vision encoder as a weak, indirect signal; a from-scratch
-encoder then learns where the objects are far too slowly. The labels behind every answer also say, for each
-cell of a grid over the image, which categories cover it, where each object's centre lies, which colour a
-readable traffic light there shows and whether an occluded object is there. The perception heads learn these
-maps (:mod:`vlm.models.perception.heads`); the answers still come only from the decoder.
-
-The channels, in :data:`GROUPS`' order (this module is the one place that names them; a head reads its groups
-with :func:`channels`):
+"""The target schema: what each cell of an image shows, from the same labels that answer the questions (why the
+heads learn it: docs/architecture.md, departure 2). The channels, in :data:`GROUPS`' order (this module is the one
+place that names them; a head reads its groups with :func:`channels`):
 
 - ``box/{category}``: 1 where the cell overlaps a box of that category;
 - ``centre/{category}``: how many box centres of that category fall in the cell (a count: neighbours share);
@@ -23,8 +16,7 @@ with :func:`channels`):
 
 :class:`TargetTransform` builds them, at the finest grid the enabled heads declare, from the label frame the
 packed data stores beside each image; the batch carries them as ``Batch.targets`` ``[N_img, Gh*Gw, C]``
-(``Gh x Gw`` cells, rows first: square unless the images are, ``pack.aspect: native``).
-"""
+(``Gh x Gw`` cells, rows first: square unless the images are, ``pack.aspect: native``)."""
 
 from __future__ import annotations
 

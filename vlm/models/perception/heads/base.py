@@ -22,18 +22,14 @@ NONE = 1e-6
 
 
 class AuxiliaryHead(nn.Module):
-    """One head: reads the encoder's patch features (and the conv stem's stage outputs), predicts maps of
-    target channels (:mod:`vlm.models.perception.targets`) and learns them with its loss.
-
-    A head reads the patch features, or with ``reads_fine`` the stride-4 feature map the perception computes once
-    from the conv stem's stages (:class:`~vlm.models.perception.stem.StemPyramid`, ``PYRAMID_WIDTH`` channels) for
-    the heads that see objects finer than a patch. A subclass names itself (``name``: its ``model.perception.heads``
-    key) and joins :data:`HEADS`; it sets in
-    ``__init__`` ``target_stride`` (image pixels per cell of the targets it reads; a head that ``reads_fine`` has
-    the map's, and its cells ``grid``, set here), ``patch_width`` (the
-    per-patch maps :meth:`decoder_features` gives the connector), ``num_token_features`` (the width of the
-    image summary it gives the decoder's shared extra token) and, for image tokens of its own, ``token_shape``
-    (T tokens of F features each, :meth:`tokens`)."""
+    """One head (the contract: docs/architecture.md, departure 2): it reads the patch features, or with
+    ``reads_fine`` the stride-4 map of :class:`~vlm.models.perception.stem.StemPyramid`, and learns maps of target
+    channels (:mod:`vlm.models.perception.targets`). A subclass names itself (``name``: its ``model.perception.heads``
+    key), which adds it to :data:`HEADS`, and sets in ``__init__`` ``target_stride`` (image pixels per cell of the
+    targets it reads; a head that ``reads_fine`` has the map's, and its cells ``grid``, set here), ``patch_width``
+    (the per-patch maps :meth:`decoder_features` gives the connector), ``num_token_features`` (the width of the image
+    summary it gives the shared extra token) and, for image tokens of its own, ``token_shape`` (T tokens of F features
+    each, :meth:`tokens`)."""
 
     name: ClassVar[str]
     reads_fine: ClassVar[bool] = False

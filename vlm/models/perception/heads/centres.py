@@ -1,14 +1,7 @@
-"""Object-centre heatmaps for counting (CenterNet: Zhou et al. 2019, "Objects as Points").
-
-The grounding head's per-patch centre counts (16 px patches) count cars exactly in only about 0.4 of
-images: neighbouring objects share a patch. This head reads the convolutional stem's stage outputs in a
-small feature pyramid (stride 16 -> 8 -> 4) and predicts, per category, a heatmap at a quarter of the
-image size (the ``heat`` group of :mod:`vlm.models.perception.targets`), and the same for the footpoints of
-road users, pedestrians and riders, and occluded road users (``foot``), trained with CenterNet's focal loss.
-An object is a local maximum above 0.5; the counts of those peaks per channel and region (object centres:
-``CENTRE_REGIONS``, the whole image, its left and its right third; footpoints: ``FOOT_REGIONS``, the near
-part of each manoeuvre's path) are what the decoder reads, thermometer-coded, in the extra token.
-"""
+"""Object-centre heatmaps for counting (CenterNet: Zhou et al. 2019, "Objects as Points"): from the stem's stride-4
+map, a heatmap per category (``heat`` targets) and footpoint group (``foot``) with CenterNet's focal loss; the decoder
+reads the peaks (local maxima above 0.5) counted per channel and region (``CENTRE_REGIONS``, ``FOOT_REGIONS``),
+thermometer-coded, in the shared extra token (why: docs/architecture.md, departure 2)."""
 
 from __future__ import annotations
 

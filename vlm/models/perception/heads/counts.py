@@ -1,15 +1,7 @@
-"""Counts the losses reach: a density map per category and footpoint group, trained on its sums over the
-question regions (density counting: Lempitsky & Zisserman 2010; counting for VQA: Zhang et al. 2018).
-
-The centres head counts the peaks of its heatmaps, thresholded and detached: no loss corrects a count, and two
-objects in one heatmap cell make one peak. This head predicts, at a quarter of the image size, the expected
-number of object centres per cell and category (the ``centre`` targets) and of footpoints per cell and group
-(``feet``). Its loss is Poisson twice: per cell (where the objects are) and per region sum (how many: the image
-and its left and right thirds for the categories, the near part of each manoeuvre's path for the footpoints,
-the regions of :mod:`vlm.models.perception.targets`). The decoder reads the region sums thermometer-coded
-(soft ``sum > k + 0.5``) and not detached, one image token per channel, so the answer's loss reaches the
-counts too.
-"""
+"""Counts the losses reach: a density map per category (``centre`` targets) and footpoint group (``feet``) at a
+quarter of the image size, Poisson per cell and per region sum; the decoder reads the region sums thermometer-coded
+and not detached, a token per channel (density counting: Lempitsky & Zisserman 2010; counting for VQA: Zhang et al.
+2018; why beside the centres head: docs/architecture.md, departure 2)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""The grounding head: patch features -> per-patch maps of what the labels say each patch shows.
-
-Targets (:mod:`vlm.models.perception.targets`): binary groups (``box``, ``light``, ``occluded``) with binary
-cross-entropy, the count group (``centre``: how many object centres fall in the patch) with a Poisson loss, so
-that the maps summed over an image are expected object counts. The ``frame`` group (night, rain, fog, highway)
-is one prediction per image, from the mean of the patch features, repeated in every patch; binary
-cross-entropy where the labels define it. With ``model.perception.to_decoder`` the decoder reads the maps too:
-per patch beside the encoder's features, and the image totals of the patch channels in the extra token,
-thermometer-coded (total > 0.5, > 1.5, ...) so that "how many", "more than k" and "is there" are linear
-read-outs of it; and each light colour as an image token of its own (the colour's highest probability and its
-total over the patches: the governing light is the largest readable one). Inside the shared token alone, one
-training seed in two never read the light (docs/experiments.md).
-"""
+"""The grounding head: patch features -> per-patch maps of what the labels say each patch shows (binary groups with
+binary cross-entropy, ``centre`` counts with a Poisson loss, the ``frame`` group once per image), which the decoder
+reads per patch, as thermometer-coded image totals and as a token per light colour (docs/architecture.md, departures
+2 and 3; why the lights have tokens of their own: docs/experiments.md)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from vlm.io import atomic_path
+from vlm.io import atomic_path, existing_file
 from vlm.models import PaliGemma
 from vlm.models.perception.targets import TargetTransform
 from vlm.processor import Processor
@@ -67,9 +67,7 @@ def read_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:
 
 def read(path: str | os.PathLike, what: str = "checkpoint") -> dict[str, Any]:
     """Load a checkpoint dict with errors that name the file and what is wrong."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path}")
+    path = existing_file(path, what)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # torch raises many types for a damaged file

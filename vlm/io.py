@@ -109,11 +109,17 @@ def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> 
         f.write("\n")
 
 
-def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
-    """Read JSON with errors that name the file and the position of a syntax error."""
+def existing_file(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a Path when it is a file, else a ``FileNotFoundError`` naming ``what``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
+    return path
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
+    """Read JSON with errors that name the file and the position of a syntax error."""
+    path = existing_file(path, what)
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -152,9 +158,7 @@ def write_json_list(path: str | os.PathLike, items: Iterable) -> int:
 def iter_json_list(path: str | os.PathLike, what: str = "JSON list") -> Iterator[Any]:
     """The items of a JSON list that :func:`write_json_list` wrote (one item per line), one at a time: the file
     is never held whole. Errors name the file and the line."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path}")
+    path = existing_file(path, what)
     with open(path, encoding="utf-8") as f:
         if f.readline().strip() != "[":
             raise ValueError(f"{path}: line 1: expected '[' (a JSON list written one item per line)")

@@ -15,6 +15,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from vlm.io import existing_file
+
 FORMAT_VERSION = 2  # 2: checksums
 # Pinned so that a newer HDF5 library writes the same bytes (and older readers can open the file).
 LIBVER = ("v110", "v110")
@@ -86,9 +88,7 @@ class PackedImageReader:
     ``image_width``, stats) is read in the constructor; each process opens its own handle on first use."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"packed image file not found: {self.path}")
+        self.path = existing_file(path, "packed image file")
         try:
             with h5py.File(self.path, "r") as f:
                 self._check_layout(f)

@@ -18,7 +18,7 @@ from typing import Literal
 import numpy as np
 from tqdm import tqdm
 
-from vlm.io import atomic_path, iter_json_list, read_json, write_json_list
+from vlm.io import atomic_path, existing_file, iter_json_list, read_json, write_json_list
 from vlm.params import check
 from vlm.scenes.bdd100k import match_images, read_labels
 from vlm.scenes.render import RenderConfig, render_scene
@@ -209,7 +209,5 @@ def load_raw(raw_dir: str | os.PathLike) -> RawData:
     for key in ("source", "image_dir", "width", "height"):
         if key not in source:
             raise ValueError(f"{raw_dir / 'source.json'}: missing key {key!r}")
-    labels = raw_dir / "labels.json"
-    if not labels.is_file():
-        raise FileNotFoundError(f"scene labels not found: {labels}")
+    labels = existing_file(raw_dir / "labels.json", "scene labels")
     return RawData(labels, Path(source["image_dir"]), int(source["width"]), int(source["height"]), source["source"])

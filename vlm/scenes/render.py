@@ -614,13 +614,13 @@ DRAW = {
 
 
 # Occlusion
-def _silhouette(t: Thing, origin: tuple[int, int], size: tuple[int, int], mask: Image.Image | None = None
-                ) -> Image.Image:
-    """Draw ``t``'s silhouette into a mask whose top-left pixel is image pixel ``origin``."""
-    if mask is None:
-        mask = Image.new("L", size, 0)
-    DRAW[t.kind](Pen(ImageDraw.Draw(mask), offset=origin), t)
-    return mask
+def _silhouettes(things: list[Thing], origin: tuple[int, int], size: tuple[int, int]) -> np.ndarray:
+    """bool ``[h, w]``: the silhouettes of ``things`` in a mask of ``size`` whose top-left pixel is image pixel
+    ``origin``."""
+    mask = Image.new("L", size, 0)
+    for t in things:
+        DRAW[t.kind](Pen(ImageDraw.Draw(mask), offset=origin), t)
+    return np.asarray(mask, dtype=bool)
 
 
 def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
@@ -639,7 +639,7 @@ def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
             continue
         ox, oy = int(math.floor(x1)), int(math.floor(y1))
         size = (int(math.ceil(x2)) + 1 - ox, int(math.ceil(y2)) + 1 - oy)
-        own = np.asarray(_silhouette(t, (ox, oy), size), dtype=bool)
+        own = _silhouettes([t], (ox, oy), size)
         total = int(own.sum())
         # The part of the silhouette outside the image is truncation, not occlusion.
         cx1, cy1 = max(0, -ox), max(0, -oy)
@@ -651,10 +651,7 @@ def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
         elif not occluders:
             hidden.append(0.0)
         else:
-            cover = Image.new("L", size, 0)
-            for o in occluders:
-                _silhouette(o, (ox, oy), size, cover)
-            covered = np.asarray(cover, dtype=bool)[cy1:cy2, cx1:cx2]
+            covered = _silhouettes(occluders, (ox, oy), size)[cy1:cy2, cx1:cx2]
             hidden.append(float((own_in & covered).sum()) / visible_total)
     return hidden
 
@@ -833,8 +830,7 @@ def with_visibility(things: list[Thing], width: int, height: int) -> list[tuple[
 def render_layout(layout: Layout, settled: list[tuple[Thing, float]], name: str, config: RenderConfig
                   ) -> tuple[Image.Image, Scene]:
     """Paint ``layout`` with the ``settled`` things (far to near, each with its hidden fraction, as
-    :func:`settle_occlusion` or :func:`with_visibility` give them); return the image and its labels.
-    Nothing here is random: the same layout and things give the same pixels."""
+    :func:`settle_occlusion` or :func:`with_visibility` give them); return the image and its labels."""
     w, h = config.width, config.height
     cam = Camera(w, h, layout.horizon, layout.vanish_x)
     shade = make_shade(layout.timeofday, layout.weather)

@@ -1,8 +1,6 @@
-"""The training loop: AdamW (or Muon), warmup + cosine, clipping, accumulation, checkpoints, resume, DDP.
-
-Read it top to bottom in :func:`train`: :func:`setup` (inputs checked, data, model, optimizer), :func:`resume`,
-:func:`train_epoch` and :func:`end_epoch` for each epoch, :func:`finish`. What a run writes, how it resumes and how
-it runs under ``torchrun``: docs/architecture.md (train, and Training)."""
+"""The training loop: AdamW (or Muon), warmup + cosine, clipping, accumulation, checkpoints, resume, DDP. Read it top
+to bottom in :func:`train`: :func:`setup`, :func:`resume`, :func:`train_epoch` and :func:`end_epoch` for each epoch,
+:func:`finish`. What it writes, how it resumes and runs under ``torchrun``: docs/architecture.md (train, Training)."""
 
 from __future__ import annotations
 
@@ -441,13 +439,8 @@ def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
 def end_epoch(run: Run, state: TrainState) -> None:
     """Val accuracy, the best model so far, early stopping, the resume checkpoint."""
     record = state.history[-1]
-    record["val/accuracy"] = accuracy = val_accuracy(run)
-    if run.dist.is_main:  # the perception heads' own measures, the decoder left out (e.g. exact region counts)
-        run.model.eval()
-        with autocast(run.device):
-            measures = perception_metrics(run.model, run.val_set, run.runtime.eval_batch_size, run.device)
-        run.model.train()
-        record.update({f"val/{name}": value for name, value in measures.items()})
+    record.update(validate(run))
+    accuracy = record["val/accuracy"]
     if accuracy > state.best_accuracy:
         state.best_accuracy, state.bad_epochs = accuracy, 0
         state.best = checkpoint.model_payload(run.model, run.model_info,
@@ -546,20 +539,22 @@ def save_resume(run: Run, state: TrainState) -> None:
         run.curves.update(state.history)
 
 
-def val_accuracy(run: Run) -> float:
-    """Exact-match accuracy on val (rank 0 computes, every rank receives it)."""
-    accuracy = torch.zeros(1, device=run.device)
+def validate(run: Run) -> dict[str, float]:
+    """``val/accuracy``, the exact-match accuracy on val (rank 0 computes, every rank receives it), and on rank 0 the
+    perception heads' own measures, the decoder left out (e.g. ``val/counts/exact``)."""
+    accuracy, measures = torch.zeros(1, device=run.device), {}
     if run.dist.is_main:
         run.model.eval()
         with autocast(run.device):
             predicted, _ = predict_dataset(run.model, run.val_set, run.candidates, run.runtime.eval_batch_size,
                                            run.device)
+            measures = perception_metrics(run.model, run.val_set, run.runtime.eval_batch_size, run.device)
         run.model.train()
         truth = [r["answer"] for r in run.val_set.records]
         accuracy[0] = float(np.mean([run.answers[p] == t for p, t in zip(predicted, truth)]))
     if run.dist.world_size > 1:
         dist.broadcast(accuracy, src=0)
-    return float(accuracy.item())
+    return {"val/accuracy": float(accuracy.item()), **{f"val/{name}": value for name, value in measures.items()}}
 
 
 def hold_in_memory(runtime: TrainRuntime, files: list[Path], processes_here: int, targets_bytes: int = 0) -> bool:

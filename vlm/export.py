@@ -1,11 +1,8 @@
 """Export a trained model for transformers: a folder that ``PaliGemmaForConditionalGeneration`` and
 ``AutoProcessor`` (or ``AutoTokenizer`` alone) load, with no code of this project (:data:`FILES`, each described by
-the function that writes it): ``python -m vlm.export --checkpoint models/vlm.pt --out models/hf``.
-
-Only the plain design is transformers' PaliGemma: :func:`departures` lists everything else, and the export stops
-with one line naming what to change. The folder is written whole or not at all. How our token layout maps to
-transformers' (the reserved id 8 as ``<image>``, the processor's line break as [SEP]): docs/architecture.md, the model.
-"""
+the function that writes it): ``python -m vlm.export --checkpoint models/vlm.pt --out models/hf``. Only the plain
+design is transformers' PaliGemma: :func:`departures` lists everything else, and the export stops with one line
+naming what to change. How our token layout maps to transformers': docs/architecture.md, the model."""
 
 from __future__ import annotations
 

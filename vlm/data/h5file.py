@@ -1,10 +1,7 @@
-"""The packed-image HDF5 format (its layout: docs/architecture.md, pack_hdf5): one writer, one reader, one place
-that knows the layout.
-
-Byte-identical output for identical input: no object timestamps, a pinned file-format version, fixed chunk shapes
-and a fixed order of writes. Images are stored as raw chunks (``write_direct_chunk``/``read_direct_chunk``), which
-skips HDF5's selection machinery: a read is one ``pread`` into the caller's buffer, then its CRC-32 (about 12 us
-for 128 px, a fraction of the read)."""
+"""The packed-image HDF5 format (its layout and why a re-run is byte-identical: docs/architecture.md, pack_hdf5): one
+writer, one reader, one place that knows the layout. Images are raw chunks (``write_direct_chunk``/
+``read_direct_chunk``), which skips HDF5's selection machinery: a read is one ``pread`` into the caller's buffer, then
+its CRC-32 (about 12 us for 128 px, a fraction of the read)."""
 
 from __future__ import annotations
 

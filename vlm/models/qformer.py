@@ -1,7 +1,6 @@
-"""Q-Former connector (BLIP-2 / XrayGPT): ``num_query_tokens`` learned queries pass through BERT-style
-(post-LayerNorm) layers, self-attention among them, cross-attention to the vision features in every
-``cross_attention_freq``-th layer (layers 0, f, 2f, ...) and a GELU MLP, then are projected to the decoder's width.
-Parameter names are HuggingFace BLIP-2's, so ``QFormerModel`` loads a ``Blip2QFormerModel`` state_dict."""
+"""Q-Former connector (BLIP-2 / XrayGPT): learned queries through BERT-style (post-LayerNorm) layers, cross-attending to
+the vision features in layers 0, f, 2f, ... (f = ``cross_attention_freq``), then projected to the decoder's width;
+HuggingFace BLIP-2's parameter names, so ``QFormerModel`` loads a ``Blip2QFormerModel`` state_dict."""
 
 from __future__ import annotations
 

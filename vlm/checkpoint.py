@@ -103,8 +103,7 @@ class LoadedModel:
         return Processor(self.tokenizer, self.image_size, self.resample, self.image_width, aspect)
 
     def label_targets(self) -> TargetTransform | None:
-        """For a model that reads the label maps when answering (``model.perception.oracle``), the transform that
-        builds them; else None."""
+        """The transform of the label maps a model reads when answering (``model.perception.oracle``), else None."""
         extension = self.model.extension
         if extension is None or not extension.reads_targets:
             return None

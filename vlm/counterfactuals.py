@@ -180,8 +180,7 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
 
 
 def headline(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """What ``dvc exp show`` compares (``metrics/counterfactuals.json``): the consistency (right on both images)
-    per edit."""
+    """What ``dvc exp show`` compares (``metrics/counterfactuals.json``): per edit, the consistency (right on both)."""
     return {"consistency": {edit: rates["consistency"] for edit, rates in summary.items()}}
 
 

@@ -184,8 +184,7 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
 
 def write_tables(table: pd.DataFrame, metrics: dict, folder: Path) -> None:
     """CSV tables for ``dvc plots``: every prediction, per-type and per-slice accuracy (a row per type or
-    ``dimension=value`` and model, for bars side by side), the VLM's yes/no/maybe (actual, predicted) pairs with
-    ``other`` predictions."""
+    ``dimension=value`` and model: bars side by side), the VLM's yes/no/maybe (actual, predicted) pairs."""
     per_type = [{"command_type": t, "model": model, "accuracy": metrics[model]["per_type"].get(t, 0.0)}
                 for t in metrics["vlm"]["per_type"] for model in ("vlm", "blind")]
     slices = metrics["slices"]

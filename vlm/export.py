@@ -78,8 +78,7 @@ def departures(config: VLMConfig) -> list[Departure]:
 
 
 def check_exportable(config: VLMConfig, source: str | Path) -> None:
-    """Raise a one-line ``ValueError`` naming each departure of ``config`` (:func:`departures`) and the
-    ``dvc exp run`` that trains a model which exports."""
+    """A one-line ``ValueError`` naming each of :func:`departures` and the ``dvc exp run`` training one that exports."""
     found = departures(config)
     if not found:
         return
@@ -169,8 +168,7 @@ def generation_config(loaded: LoadedModel) -> dict[str, Any]:
 
 
 def model_card(loaded: LoadedModel, source: str, folder: str) -> str:
-    """README.md: what the model was trained on, its sizes and params, its metrics, and how to ask it (the text:
-    vlm/templates/model_card.md)."""
+    """README.md (text: vlm/templates/model_card.md): the training data, sizes, params, metrics, how to ask it."""
     config, payload = loaded.model.config, loaded.checkpoint
     statistics = payload["vocab"].get("statistics", {})
     metrics = "\n".join(f"| {key} | {_number(value)} |" for key, value in payload.get("metrics", {}).items())

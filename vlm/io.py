@@ -21,11 +21,10 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EAC
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path`` (the caller creates a file or a folder there); on success move it onto
-    ``path``. On any exception the temporary is removed and ``path`` left untouched; a full disk or an unwritable
-    folder is re-raised as an ``OSError`` that names ``path``. The temporary's name carries the writer's pid
-    (``.{name}.{pid}.{random}.tmp``), so those of a killed process (no ``finally`` runs on SIGKILL) are removed by
-    the next write of ``path``."""
+    """Yield a temporary path next to ``path`` (the caller creates a file or a folder there), moved onto ``path`` on
+    success. On any exception the temporary is removed and ``path`` left untouched; a full disk or an unwritable folder
+    is re-raised as an ``OSError`` naming ``path``. The temporary (``.{name}.{pid}.{random}.tmp``) carries the writer's
+    pid, so those of a killed process (no ``finally`` runs on SIGKILL) are removed by the next write of ``path``."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,8 +144,7 @@ def json_list_writer(path: str | os.PathLike) -> Iterator[Callable[[Any], None]]
 
 
 def write_json_list(path: str | os.PathLike, items: Iterable) -> int:
-    """Write ``items`` with :func:`json_list_writer` as they are yielded (a generator is never held whole);
-    returns how many there were."""
+    """Write ``items`` with :func:`json_list_writer` as they come (a generator is never held whole); return how many."""
     count = 0
     with json_list_writer(path) as write:
         for item in items:

@@ -186,8 +186,7 @@ def slices_figure(slices: dict[str, dict], counts: dict[str, dict]) -> Figure:
 
 
 def reliability_figure(metrics: dict, bins: int) -> Figure:
-    """Reliability diagram: accuracy against the mean probability of the answer given, per confidence bin (``bins``
-    equal-width bins over [0, 1])."""
+    """Reliability diagram: accuracy against the mean probability of the answer given, in ``bins`` equal bins."""
     fig = _figure(figsize=(10, 4.2))
     for ax, model in zip(fig.subplots(1, 2), ("vlm", "blind")):
         rows = metrics[model]["reliability"]

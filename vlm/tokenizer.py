@@ -223,8 +223,7 @@ class TrafficCommandTokenizer:
         return entry[0]
 
     def decode_answer(self, ids: Iterable[int] | torch.Tensor | np.ndarray) -> str:
-        """Inverse of :meth:`encode_answer`: words up to the first [EOS], [YES] -> "yes" etc., punctuation
-        attached to the word before."""
+        """Inverse of :meth:`encode_answer` ([YES] -> "yes"; stops at [EOS]), punctuation joined to the word before."""
         if isinstance(ids, (torch.Tensor, np.ndarray)):
             if ids.ndim != 1:
                 raise ValueError(f"expected a 1-D sequence of ids, got shape {tuple(ids.shape)}")

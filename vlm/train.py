@@ -181,8 +181,7 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.O
 
 
 class Optimizers(torch.optim.Optimizer):
-    """Several optimizers over disjoint parameters as one: one learning-rate schedule over all their groups, one
-    state dict in the resume checkpoint."""
+    """Several optimizers over disjoint parameters as one: one LR schedule over all groups, one resume state dict."""
 
     def __init__(self, *optimizers: torch.optim.Optimizer):  # pylint: disable=super-init-not-called
         self.optimizers = optimizers
@@ -345,8 +344,7 @@ def start_processes(config: TrainConfig, runtime: TrainRuntime, paths: TrainPath
 
 def model_config_of(model_params: Mapping[str, Any], tokenizer: TrafficCommandTokenizer,
                     paths: TrainPaths) -> tuple[VLMConfig, str]:
-    """The model config (params plus what the data fixes: vocabulary, image size, train-split pixel statistics)
-    and the filter the images were packed with."""
+    """The model config (params plus what the data fixes: vocabulary, image size, pixel stats), the packing filter."""
     header = PackedImageReader(paths.split("train")[1])
     config = VLMConfig.from_params(model_params, tokenizer.vocab_size, header.image_size, header.mean.tolist(),
                                    header.std.tolist(), image_width=header.image_width)
@@ -356,8 +354,7 @@ def model_config_of(model_params: Mapping[str, Any], tokenizer: TrafficCommandTo
 def load_splits(model: PaliGemma, config: TrainConfig, runtime: TrainRuntime, paths: TrainPaths,
                 tokenizer: TrafficCommandTokenizer,
                 frame_size: tuple[float, float] | None) -> tuple[TrafficVQADataset, TrafficVQADataset]:
-    """The train split (augmented, with the targets the model's extension declares) and the val split, in RAM
-    when ``runtime.train.in_memory`` says so."""
+    """The train split (augmented, with the extension's targets) and val, in RAM per ``runtime.train.in_memory``."""
     (train_commands, train_h5), (val_commands, val_h5) = paths.split("train"), paths.split("val")
     targets = None
     if model.extension is not None:
@@ -375,8 +372,7 @@ def load_splits(model: PaliGemma, config: TrainConfig, runtime: TrainRuntime, pa
 
 
 def planned_steps(loader: torch.utils.data.DataLoader, config: TrainConfig) -> int:
-    """Optimizer steps over every epoch, what the LR schedule spans (an image's questions share a batch, so the
-    number of batches varies by epoch)."""
+    """Optimizer steps over all epochs, what the LR schedule spans (an image's questions share a batch: epochs vary)."""
     total_steps = 0
     for epoch in range(config.epochs):
         set_epoch(loader, epoch)

@@ -34,8 +34,7 @@ def on_side(scene: Scene, category: str, side: str, width: float) -> str:
 
 
 def governing_light(scene: Scene) -> SceneObject | None:
-    """The light that governs the car: the largest (nearest; ties: the leftmost) light whose colour can be read,
-    i.e. lit, of known colour and not occluded."""
+    """The light that governs the car: the largest (nearest; ties: leftmost) readable one: lit, known, not occluded."""
     readable = [o for o in scene.objects if o.category == "traffic light" and o.light_color and not o.occluded]
     if not readable:
         return None

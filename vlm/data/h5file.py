@@ -144,8 +144,7 @@ class PackedImageReader:
         return self._file["images"]
 
     def read_into(self, rows: list[int], out: np.ndarray) -> np.ndarray:
-        """Copy the images at ``rows`` into ``out`` (uint8 ``[len(rows), S, W, 3]``, C-contiguous), each
-        checked against its stored CRC-32."""
+        """Copy the images at ``rows`` into ``out`` (C-contiguous uint8 ``[len(rows), S, W, 3]``), each CRC-checked."""
         if not out.flags.c_contiguous or out.dtype != np.uint8:
             raise ValueError("read_into needs a C-contiguous uint8 output array")
         images = self._images()

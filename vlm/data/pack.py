@@ -89,8 +89,7 @@ def _decode_chunk(paths: list[str], image_size: int, resample: str, image_width:
 
 def _decode_in_order(paths: list[str], config: PackConfig, pool: Any, runtime: PackRuntime | None = None,
                      image_width: int | None = None) -> Iterator[DecodedImage]:
-    """Decoded images ``image_width`` wide (None: square) in the order of ``paths``; with a pool, at most
-    ``2 * num_workers`` chunks in flight."""
+    """Decoded images ``image_width`` wide (None: square) in the order of ``paths``, <= 2 chunks a worker in flight."""
     runtime = runtime or PackRuntime()
     chunks = (paths[i:i + runtime.chunksize] for i in range(0, len(paths), runtime.chunksize))
     args = (config.image_size, config.resample, image_width or config.image_size)
@@ -191,8 +190,7 @@ class PackedSplit:
 def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackConfig, pool: Any = None,
                train_stats: tuple[np.ndarray, np.ndarray] | None = None,
                runtime: PackRuntime | None = None, image_width: int | None = None) -> PackedSplit:
-    """Write ``out_path`` atomically, images ``image_width`` wide (None: square); mean/std are ``train_stats``
-    or, for the train split, its own."""
+    """Write ``out_path`` atomically, images ``image_width`` (None: S) wide, mean/std ``train_stats`` or its own."""
     histogram = np.zeros((3, 256), dtype=np.int64)  # [C, value]: the split's pixel counts
     skipped: list[str] = []
     width = image_width or config.image_size

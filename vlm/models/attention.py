@@ -26,8 +26,7 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask:
 
 
 def init_weights(module: nn.Module, std: float = 0.02) -> None:
-    """Truncated-normal weights (``std``, cut at 2 std), zero biases, unit LayerNorms (Gemma's RMSNorm weights are
-    built at 0, its scale 1 + 0)."""
+    """Truncated-normal weights (``std``, cut at 2 std), zero biases, unit LayerNorms (Gemma's RMSNorm: built at 0)."""
     if isinstance(module, (nn.Linear, nn.Conv2d, nn.Embedding)):
         nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
         if getattr(module, "bias", None) is not None:

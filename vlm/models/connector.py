@@ -10,8 +10,7 @@ from vlm.models.attention import init_weights
 
 
 def pixel_shuffle(features: torch.Tensor, factor: int, grid: tuple[int, int] | None = None) -> torch.Tensor:
-    """Patch features ``[N, gh*gw, D]`` (row-major ``grid`` = ``(gh, gw)``; None: a square grid) ->
-    ``[N, (gh/r)*(gw/r), r*r*D]``, r = ``factor``."""
+    """Patch features ``[N, gh*gw, D]`` (row-major ``grid`` (gh, gw); None: square) -> ``[N, (gh/r)*(gw/r), r*r*D]``."""
     if factor == 1:
         return features
     batch, num_patches, dim = features.shape
@@ -24,8 +23,7 @@ def pixel_shuffle(features: torch.Tensor, factor: int, grid: tuple[int, int] | N
 
 
 class LinearConnector(nn.Module):
-    """Vision features ``[N, P, Dv]`` -> ``P / r^2`` image tokens ``[N, P / r^2, D_text]``
-    (``multi_modal_projector.linear``)."""
+    """Vision features ``[N, P, Dv]`` -> image tokens ``[N, P / r^2, D_text]`` (``multi_modal_projector.linear``)."""
 
     def __init__(self, vision_hidden_size: int, text_hidden_size: int, grid: tuple[int, int], pixel_shuffle: int = 1):
         super().__init__()

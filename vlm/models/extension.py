@@ -25,14 +25,13 @@ class VisionExtension(nn.Module):
     reads_targets: bool = False  # it reads Batch.targets when answering too (a probe), not only for its losses
 
     def targets(self, image_size: int | tuple[int, int], frame_size: tuple[float, float]) -> Any:
-        """The transform that builds each image's ``Batch.targets`` from the label frame stored with it (label
-        boxes in frames of ``frame_size`` pixels, images of ``image_size``: a side, or ``(H, W)``), or None when
-        it learns none."""
+        """The transform that builds each image's ``Batch.targets`` from the label frame stored with it (boxes in
+        frames of ``frame_size`` pixels, images of ``image_size``: a side, or ``(H, W)``); None: it learns none."""
         return None
 
     def adapt(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor | None, Any]:
-        """Normalised pixels ``[N, 3, H, W]`` -> a residual ``[N, Dv, h, w]`` for the patch embedding (or None)
-        and the state :meth:`forward` receives."""
+        """Normalised pixels ``[N, 3, H, W]`` -> a residual ``[N, Dv, h, w]`` for the patch embedding (or None) and
+        the state :meth:`forward` receives."""
         return None, None
 
     def forward(self, patch_features: torch.Tensor, state: Any, targets: torch.Tensor | None) -> ExtensionOutput:

@@ -59,11 +59,10 @@ class GemmaConfig:
 
 def prefix_lm_mask(key_valid: torch.Tensor, query_slots: torch.Tensor,
                    prefix_lengths: torch.Tensor | None = None, isolated: int = 0) -> torch.Tensor:
-    """Boolean attention mask ``[B, 1, Q, K]``: a query sees every valid key at or before its own slot,
-    and additionally every valid key of the first ``prefix_lengths[b]`` slots (full attention inside the
-    prefix, causal after it), except that a query in the first ``isolated`` slots sees those slots only.
-    ``key_valid`` ``[B, K]`` is False on padding and on empty cache slots; ``query_slots`` ``[B, Q]`` is
-    each query's slot; ``prefix_lengths`` ``[B]`` (None: purely causal)."""
+    """Boolean attention mask ``[B, 1, Q, K]``: a query sees every valid key at or before its own slot and every valid
+    key of the first ``prefix_lengths[b]`` slots (full attention inside the prefix, causal after it), except that a
+    query in the first ``isolated`` slots sees those slots only. ``key_valid`` ``[B, K]`` is False on padding and empty
+    cache slots; ``query_slots`` ``[B, Q]``: each query's slot; ``prefix_lengths`` ``[B]`` (None: purely causal)."""
     key_slots = torch.arange(key_valid.shape[1], device=key_valid.device)  # [K]
     visible = key_slots <= query_slots[:, :, None]  # [B, Q, K]
     if prefix_lengths is not None:
@@ -201,8 +200,7 @@ class GemmaDecoderLayer(nn.Module):
 
     def forward(self, hidden_states, rotary, attention_mask, cache=None, cache_slots=None, output_attentions=False,
                 output_slots: torch.Tensor | None = None):
-        """Pre-norm attention and MLP blocks; only the tokens at ``output_slots`` ``[B, Q]`` (None: all) are
-        computed and returned."""
+        """Pre-norm attention and MLP; only the tokens at ``output_slots`` ``[B, Q]`` (None: all) are computed."""
         attn_output, weights = self.self_attn(self.input_layernorm(hidden_states), rotary, attention_mask,
                                               cache, cache_slots, output_attentions, query_slots=output_slots)
         if output_slots is not None:

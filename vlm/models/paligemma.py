@@ -166,9 +166,8 @@ def check_image_size(model_section: Mapping[str, Any], image_size: int | tuple[i
 
 
 def image_side_multiple(model_section: Mapping[str, Any]) -> int:
-    """What each side of the images must be a multiple of for the encoder and the connector: the patch size
-    times ``model.pixel_shuffle`` (1 for the blind baseline). The pack stage rounds ``pack.aspect: native``'s
-    width to it."""
+    """What each side of the images must be a multiple of for the encoder and the connector: the patch size times
+    ``model.pixel_shuffle`` (1 for the blind baseline). The pack stage rounds ``pack.aspect: native``'s width to it."""
     found = encoder_patch_size(model_section)
     shuffle = model_section.get("pixel_shuffle", PaliGemmaConfig.pixel_shuffle)
     if found is None or not isinstance(found[0], int) or not isinstance(shuffle, int):
@@ -245,15 +244,13 @@ class PaliGemma(nn.Module):
 
     @property
     def isolated_image_tokens(self) -> int:
-        """The leading image slots that attend to each other only: all of them with ``pack_questions``, else
-        none (PaliGemma's full prefix)."""
+        """Leading image slots that attend to each other only: all with ``pack_questions``, else none (PaliGemma)."""
         return self.num_image_tokens if self.config.pack_questions else 0
 
     def _embed(self, batch: Batch, prefix_only: bool):
-        """Image tokens (each distinct image encoded once, gathered per question) followed by the text:
-        ``inputs_embeds`` ``[B, T + L, D]``, ``key_valid`` ``[B, T + L]`` (False on padding, and after the prefix
-        when ``prefix_only``), ``prefix_total`` ``[B]`` = T + prefix length and, given ``batch.targets``, the
-        extension's losses."""
+        """Image tokens (each distinct image encoded once, gathered per question), then the text: ``inputs_embeds``
+        ``[B, T + L, D]``, ``key_valid`` ``[B, T + L]`` (False on padding, and past the prefix when ``prefix_only``),
+        ``prefix_total`` ``[B]`` = T + prefix length and, given ``batch.targets``, the extension's losses."""
         text_embeds = self.language_model.model.embed_tokens(batch.input_ids)  # [B, L, D]
         text_valid = batch.attention_mask.bool()  # [B, L]
         if prefix_only:
@@ -372,10 +369,9 @@ class PaliGemma(nn.Module):
 
     @torch.no_grad()
     def image_attention(self, batch: Batch) -> torch.Tensor:
-        """Attention probabilities ``[B, num_layers, num_heads, T]`` from the position that predicts the
-        first answer token ([SEP]) to the T image tokens (explicit attention path), for heat maps. With the
-        linear connector token t is cell t of the row-major (pixel-shuffled) patch grid; with the Q-Former it
-        is query t; an extension's tokens come last."""
+        """Attention probabilities ``[B, num_layers, num_heads, T]`` from the position predicting the first answer
+        token ([SEP]) to the T image tokens (explicit attention path), for heat maps: with the linear connector token
+        t is cell t of the row-major (pixel-shuffled) patch grid, with the Q-Former query t; an extension's are last."""
         if self.config.vision == "none":
             raise ValueError("image_attention(): the blind model (vision: none) has no image tokens")
         inputs_embeds, key_valid, prefix_total, _ = self._embed(batch, prefix_only=True)

@@ -179,9 +179,8 @@ class SiglipVisionModel(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False,
                 patch_residual: torch.Tensor | None = None) -> SiglipVisionOutput:
-        """``pixel_values`` float ``[N, C, H, W]`` already normalised; ``output_attentions`` takes the
-        explicit softmax path and returns each layer's attention probabilities; ``patch_residual``: see
-        :meth:`SiglipVisionEmbeddings.forward`."""
+        """``pixel_values`` float ``[N, C, H, W]``, normalised; ``output_attentions``: the explicit softmax path, each
+        layer's attention probabilities returned; ``patch_residual``: :meth:`SiglipVisionEmbeddings.forward`."""
         hidden_states = self.embeddings(pixel_values, patch_residual)  # [N, P, D]
         hidden_states, attentions = self.encoder(hidden_states, output_attentions)
         return SiglipVisionOutput(self.post_layernorm(hidden_states), attentions)

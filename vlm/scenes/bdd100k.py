@@ -25,8 +25,7 @@ class ReadReport:
 
 
 def read_labels(path: str | os.PathLike) -> list[Scene]:
-    """Read a BDD100K labels JSON (2018 or det_20) into normalised scenes; a malformed label raises
-    :class:`LabelError` naming the file, frame and field."""
+    """A BDD100K labels JSON (2018 or det_20) as scenes; a malformed label raises :class:`LabelError` naming it."""
     path = Path(path)
     frames = read_json(path, what="BDD100K labels file")
     if isinstance(frames, dict) and "frames" in frames:  # scalabel export wrapper

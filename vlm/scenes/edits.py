@@ -118,8 +118,7 @@ def switch_light(original: Rendered, rng: np.random.Generator, config: RenderCon
 
 
 def move_left_to_right(original: Rendered, rng: np.random.Generator, config: RenderConfig):
-    """A car, truck, bus or pedestrian in the left third moves to the mirrored column, where it meets no
-    other thing's box; not applicable when none can."""
+    """A car, truck, bus or pedestrian of the left third moves to the mirrored column if it meets no other box there."""
     things = _things(original)
     movable = []
     for t in things:

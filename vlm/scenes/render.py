@@ -122,8 +122,7 @@ class Camera:
 
     def upright_box(self, lateral_m: float, s: float, width_m: float, height_m: float
                     ) -> tuple[float, float, float, float]:
-        """The box of an object ``width_m`` by ``height_m`` metres standing on the ground at scale ``s``, centred
-        ``lateral_m`` metres right of the camera axis."""
+        """The box of a ``width_m`` x ``height_m`` m object standing at scale ``s``, ``lateral_m`` right of the axis."""
         x, y = self.x(lateral_m, s), self.y(s)
         half = self.px(width_m, s) / 2
         return (x - half, y - self.px(height_m, s), x + half, y)
@@ -208,8 +207,7 @@ def _sample_trees(rng):
 
 
 def pedestrian(rng: np.random.Generator, cam: Camera, z: float, lateral: float) -> Thing:
-    """A pedestrian standing ``z`` metres ahead, ``lateral`` metres right of the camera axis; height and
-    clothes drawn from ``rng``."""
+    """A pedestrian ``z`` metres ahead, ``lateral`` metres right of the camera axis (height, clothes from ``rng``)."""
     s = cam.s_of_z(z)
     height_m = float(rng.uniform(1.55, 1.95))
     return Thing("pedestrian", "pedestrian", cam.upright_box(lateral, s, height_m * 0.32, height_m), s,
@@ -249,8 +247,7 @@ def _sample_lane_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera,
 
 
 def _sample_crossing_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera, cars_crossing: int) -> None:
-    """Vehicles crossing at the intersection, seen from the side: ``cars_crossing`` cars and perhaps a bus
-    and a truck. None without a cross street."""
+    """Vehicles crossing at the intersection, side view: ``cars_crossing`` cars, perhaps a bus and a truck."""
     if not layout.cross_street_z:
         return
     z_near, z_far = layout.cross_street_z
@@ -615,8 +612,7 @@ DRAW = {
 
 # Occlusion
 def _silhouettes(things: list[Thing], origin: tuple[int, int], size: tuple[int, int]) -> np.ndarray:
-    """bool ``[h, w]``: the silhouettes of ``things`` in a mask of ``size`` whose top-left pixel is image pixel
-    ``origin``."""
+    """bool ``[h, w]``: the silhouettes of ``things`` in a mask of ``size`` whose top-left is image pixel ``origin``."""
     mask = Image.new("L", size, 0)
     for t in things:
         DRAW[t.kind](Pen(ImageDraw.Draw(mask), offset=origin), t)
@@ -707,8 +703,7 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
     far = 400.0
     d.polygon(cam.ground_quad(left, right, Z_BOTTOM * 0.5, far), fill=shade((78, 78, 82)))
     if layout.cross_street_z:
-        z0, z1 = layout.cross_street_z
-        d.polygon(cam.ground_quad(-200, 200, z0, z1), fill=shade((78, 78, 82)))
+        d.polygon(cam.ground_quad(-200, 200, *layout.cross_street_z), fill=shade((78, 78, 82)))
     if city:  # curbs
         for lat in (left, right):
             d.polygon(cam.ground_quad(lat - 0.15, lat + 0.15, Z_BOTTOM * 0.5, far), fill=shade((185, 185, 180)))

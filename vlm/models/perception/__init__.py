@@ -83,8 +83,7 @@ class TrafficPerception(VisionExtension):
 
     def targets(self, image_size: int | tuple[int, int], frame_size: tuple[float, float]) -> TargetTransform | None:
         """The transform that builds what the heads learn, at the finest grid any of them reads, for images of
-        ``image_size`` (a side, or ``(H, W)``) from label boxes given in frames of ``frame_size`` (width, height)
-        pixels; None without heads."""
+        ``image_size`` (a side, or ``(H, W)``) from label boxes in ``frame_size`` frames; None without heads."""
         if not self.heads:
             return None
         stride = min(head.target_stride for head in self.heads.values())
@@ -98,8 +97,7 @@ class TrafficPerception(VisionExtension):
 
     def forward(self, patch_features: torch.Tensor, stem_features: list[torch.Tensor] | None,
                 targets: torch.Tensor | None) -> ExtensionOutput:
-        """``patch_features`` ``[N, P, Dv]``, the stem's stage outputs and ``targets`` ``[N, Gh*Gw, C]`` (for the
-        losses, unweighted, by head name)."""
+        """``patch_features`` ``[N, P, Dv]``, the stem's stages, ``targets`` ``[N, Gh*Gw, C]`` (losses: by head)."""
         num, patches, _ = patch_features.shape
         fine = None if self.pyramid is None else self.pyramid(stem_features)  # [N, PYRAMID_WIDTH, H/4, W/4]
         logits = {name: head(patch_features, fine) for name, head in self.heads.items()}
@@ -128,9 +126,8 @@ class TrafficPerception(VisionExtension):
 
 @torch.no_grad()
 def head_metrics(model: nn.Module, images: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The perception heads' own measures per image ``[N]`` (:meth:`AuxiliaryHead.metrics`), for uint8 images
-    ``[N, 3, H, W]`` and their targets, through the core's encoder as the model computes it; the decoder is left
-    out."""
+    """The perception heads' own measures per image ``[N]`` (:meth:`AuxiliaryHead.metrics`) for uint8 images
+    ``[N, 3, H, W]`` and their targets, through the core's encoder as the model computes it, the decoder left out."""
     extension = model.extension
     pixel_values = torch.addcmul(model.pixel_shift, images.float(), model.pixel_scale)  # [N, 3, H, W]
     residual, state = extension.adapt(pixel_values)

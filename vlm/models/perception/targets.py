@@ -62,8 +62,7 @@ def channels(*groups: str) -> slice:
 
 def region_masks(regions: Sequence[Sequence[tuple[float, float, float]]], grid: tuple[int, int]) -> torch.Tensor:
     """bool ``[C, R, rows, columns]``: which cells of ``grid`` (by their centres) lie in each channel's regions,
-    ``regions[c][r]`` = (x from, x to, y from) as fractions of the image (:data:`CENTRE_REGIONS`,
-    :data:`FOOT_REGIONS`)."""
+    ``regions[c][r]`` = (x from, x to, y from), fractions of the image (:data:`CENTRE_REGIONS`, ``FOOT_REGIONS``)."""
     rows, columns = grid
     ys = (torch.arange(rows) + 0.5) / rows  # [rows] cell centres, 0..1
     xs = (torch.arange(columns) + 0.5) / columns  # [columns]
@@ -112,8 +111,7 @@ class TargetTransform:
 
     @staticmethod
     def check(annotations: Sequence[str], source: str) -> None:
-        """Raise the reader's error, naming ``source`` (the file they come from), for the first label frame in
-        ``annotations`` that is not a valid scene."""
+        """The reader's error, naming ``source`` (their file), for the first frame in ``annotations`` not a scene."""
         for i, annotation in enumerate(annotations):
             scene_from_frame(json.loads(annotation), where=f"{source}: annotation[{i}]")
 
@@ -159,8 +157,7 @@ def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[i
 
 
 def _splat(heat: np.ndarray, x: float, y: float, sigma: float) -> None:
-    """Draws into ``heat`` ``[Gh, Gw]`` (in place, keeping the maximum) a Gaussian around the point ``(x, y)``
-    in cells, and 1 in the point's cell."""
+    """Draw into ``heat`` ``[Gh, Gw]`` (in place, the maximum kept) a Gaussian around ``(x, y)`` in cells, 1 at it."""
     rows, columns = heat.shape
     xs, ys = np.arange(columns) + 0.5, np.arange(rows) + 0.5  # cell centres
     np.maximum(heat, np.exp(-((xs[None, :] - x) ** 2 + (ys[:, None] - y) ** 2) / (2 * sigma ** 2)), out=heat)

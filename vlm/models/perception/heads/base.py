@@ -66,8 +66,7 @@ class AuxiliaryHead(nn.Module):
         raise NotImplementedError
 
     def oracle(self, targets: torch.Tensor) -> torch.Tensor:
-        """The logits that say exactly what targets ``[N, cells, C]`` (all target channels) say: what the decoder
-        reads with ``model.perception.oracle``."""
+        """The logits that say exactly what targets ``[N, cells, C]`` say: what ``model.perception.oracle`` reads."""
         raise NotImplementedError
 
     def decoder_features(self, logits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -79,6 +78,5 @@ class AuxiliaryHead(nn.Module):
         raise NotImplementedError
 
     def metrics(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-image measures ``[N]`` of what the head gets right against targets ``[N, G*G, C]``, the decoder left
-        out (validation); none by default."""
+        """Per-image measures ``[N]`` against targets ``[N, G*G, C]``, the decoder left out; none by default."""
         return {}

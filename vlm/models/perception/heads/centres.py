@@ -41,8 +41,7 @@ class CentreHead(AuxiliaryHead):
         return self.out(fine_features).flatten(2).transpose(1, 2)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """CenterNet's focal loss (alpha 2, beta 4) per object against the ``heat``/``foot`` channels of targets
-        ``[N, H/4 * W/4, C]`` (all target channels)."""
+        """CenterNet's focal loss (alpha 2, beta 4) per object on the ``heat``/``foot`` channels of all ``targets``."""
         heat = targets[..., self.channels].float()
         prob = logits.float().sigmoid().clamp(1e-4, 1 - 1e-4)
         centre = heat == 1

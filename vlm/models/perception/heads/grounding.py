@@ -70,9 +70,8 @@ class GroundingHead(AuxiliaryHead):
         return torch.where(is_count, counts, binary).mean() + FRAME_LOSS_WEIGHT * frame
 
     def patch_targets(self, targets: torch.Tensor, grid: int | tuple[int, int]) -> torch.Tensor:
-        """Patch channels of targets ``[N, k*gh * k*gw, C]`` on a grid k times finer than ``grid`` (``(gh, gw)``,
-        or a side) -> ``[N, gh*gw, C_patch]``: boxes, lights and occlusion by maximum, centre counts by sum over
-        each patch's cells."""
+        """Patch channels of targets ``[N, k*gh * k*gw, C]`` on a grid k times finer than ``grid`` (``(gh, gw)`` or a
+        side) -> ``[N, gh*gw, C_patch]``: boxes, lights, occlusion by maximum, centre counts by sum over the patch."""
         num, cells, _ = targets.shape
         rows, columns = grid_shape(grid)
         patch = targets[..., self.patch_channels]
@@ -99,8 +98,7 @@ class GroundingHead(AuxiliaryHead):
         return torch.where(self.is_count, logits.clamp(max=MAX_LOG_COUNT).exp(), logits.sigmoid())
 
     def totals(self, maps: torch.Tensor) -> torch.Tensor:
-        """Image totals of the patch channels' maps, thermometer-coded: ``[N, C_patch * K]`` (soft
-        ``total > k + 0.5``)."""
+        """Image totals of the patch maps, thermometer-coded (soft ``total > k + 0.5``): ``[N, C_patch * K]``."""
         totals = maps[..., :self.num_patch].sum(dim=1)  # [N, C_patch]
         return torch.sigmoid(4.0 * (totals[..., None] - self.thresholds)).flatten(1)  # [N, C_patch * K]
 

@@ -41,8 +41,7 @@ def save(path: str | os.PathLike, payload: dict[str, Any]) -> None:
 
 
 def model_payload(model: PaliGemma, info: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
-    """The model checkpoint of ``model``'s current weights: ``info`` holds the fields beside them (config,
-    vocab, vocab_sha256, answers, image_size, resample, blind)."""
+    """The model checkpoint of ``model``'s current weights, ``info`` the fields beside them (docs/architecture.md)."""
     state_dict = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     return {"format_version": FORMAT_VERSION, **info, "state_dict": state_dict, "metrics": metrics}
 

@@ -103,9 +103,8 @@ def summarize(table: pd.DataFrame) -> dict[str, Any]:
 
 
 def calibration(confidence: np.ndarray, correct: np.ndarray, bins: int = CALIBRATION_BINS) -> dict[str, Any]:
-    """Expected calibration error of the predicted answers' probabilities (``confidence``, binned in equal-width
-    bins over [0, 1]): the question-weighted mean of |accuracy - mean probability| over the bins, 0 when a
-    probability of p is right p of the time; and the reliability bins."""
+    """Expected calibration error of the answers' probabilities ``confidence`` in equal-width bins over [0, 1] (the
+    questions-weighted mean of |accuracy - mean probability|: 0 when p is right p of the time), and the bins."""
     index = np.clip((confidence * bins).astype(int), 0, bins - 1)
     rows, ece = [], 0.0
     for b in range(bins):

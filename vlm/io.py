@@ -86,9 +86,8 @@ def _naming(error: OSError, path: Path) -> OSError:
 
 
 def check_writable(*paths: str | os.PathLike) -> None:
-    """Fail now, naming the folder, if an output could not be written there: for stages to call before
-    their expensive work. Tries a temporary file in each output's folder, or in its nearest existing
-    ancestor when the folder is still to be created (nothing is left behind)."""
+    """Fail now, naming the folder, if an output could not be written there (for stages, before their expensive
+    work): a temporary file in each output's folder, or its nearest existing ancestor, nothing left behind."""
     for path in paths:
         folder = Path(path).absolute().parent
         while not folder.exists() and folder != folder.parent:

@@ -83,8 +83,7 @@ RUNTIME = "runtime"  # the section of speed-only settings, one sub-section per s
 
 
 def runtime_section(params: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    """``runtime.<name>``: the settings that change how fast the stages of section ``name`` run, never what they
-    write; ``{}`` (the defaults) when params.yaml has none."""
+    """``runtime.<name>``: how fast the stages of section ``name`` run, never what they write; ``{}`` when absent."""
     runtime = section(params, RUNTIME) if RUNTIME in params else {}
     value = runtime.get(name, {})
     check(isinstance(value, Mapping), "params.yaml",
@@ -94,8 +93,7 @@ def runtime_section(params: Mapping[str, Any], name: str) -> Mapping[str, Any]:
 
 def pick(values: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
     """The entries of ``values`` named by ``keys`` (dotted for a nested one: ``augment.hflip_prob``) that it has,
-    nested as in ``values``: what a stage reads of a section it uses only part of (only those keys are recorded
-    as read, and dvc.yaml declares those)."""
+    nested as in ``values``: what a stage reads of a section it uses part of (only those keys are recorded as read)."""
     picked: dict[str, Any] = {}
     for key in keys:
         head, _, rest = key.partition(".")

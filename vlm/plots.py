@@ -93,8 +93,7 @@ def _prediction(row: Any, color: tuple[int, int, int]) -> Line:
 
 
 def attention_sheet(rows: pd.DataFrame, image_paths: dict[str, Path], heat: np.ndarray | None) -> Image.Image:
-    """Each row's image with ``heat`` ``[B, Gh, Gw]`` (attention over the token grid, None: none to draw) blended
-    over it as a heat map, captioned with the question and the prediction."""
+    """Each row's image under its ``heat`` ``[B, Gh, Gw]`` map (None: none), with the question and the prediction."""
     from matplotlib import colormaps
 
     tiles = []
@@ -119,8 +118,7 @@ def failure_sheet(failures: pd.DataFrame, image_paths: dict[str, Path]) -> Image
 
 
 def counterfactual_sheet(shown: list[tuple[Any, Any]]) -> Image.Image:
-    """Original and edit side by side, for questions whose answer had to change and did not follow; ``shown``
-    holds ``(vlm.scenes.edits.Pair, its row of the question table)``."""
+    """Original and edit side by side where the answer had to change and did not; ``shown``: (Pair, table row)."""
     tiles = []
     for pair, row in shown:
         tiles.append((pair.original.image, [(row.command, TEXT),

@@ -63,15 +63,13 @@ class Processor:
     aspect: float | None = None
 
     def image(self, source: str | os.PathLike | IO[bytes]) -> torch.Tensor:
-        """uint8 ``[3, H, W]`` of an image file or file object (any size and format), decoded and resized
-        exactly as the pack stage does (an image of the frames' aspect) or, with ``aspect``, letterboxed to it
-        first (a photo of another aspect: 4:3, portrait)."""
+        """uint8 ``[3, H, W]`` of an image file or file object (any size and format), decoded and resized as the
+        pack stage does or, with ``aspect``, letterboxed to it first (a photo of another aspect: 4:3, portrait)."""
         pixels = decode_image(source, self.image_size, self.resample, self.image_width, self.aspect)  # [H, W, 3]
         return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
 
     def rendered(self, image: Image.Image, jpeg_quality: int) -> torch.Tensor:
-        """uint8 ``[3, H, W]`` of a freshly drawn frame as the packed data would hold it: saved as the scenes
-        stage saves its JPEGs, then decoded as :meth:`image` does."""
+        """uint8 ``[3, H, W]`` of a freshly drawn frame as packed: saved as the scenes stage saves JPEGs, then read."""
         buffer = io.BytesIO()
         image.save(buffer, format="JPEG", quality=jpeg_quality)
         buffer.seek(0)

@@ -65,9 +65,8 @@ def conditions_table(records: list[dict], scenes: dict[str, Scene], width: float
 
 
 def slice_accuracy(table: pd.DataFrame, correct_columns: dict[str, str]) -> tuple[dict, dict]:
-    """Accuracy per (dimension, value) of each model's boolean ``correct_columns[model]`` column of ``table`` (which
-    holds the :data:`DIMENSIONS` columns), and the questions per slice: ``{model: {dimension: {value: accuracy}}}``
-    and ``{dimension: {value: n}}``."""
+    """Accuracy per (dimension, value) of each model's boolean ``correct_columns[model]`` column of ``table``, and the
+    questions per slice: ``{model: {dimension: {value: accuracy}}}`` and ``{dimension: {value: n}}``."""
     accuracy: dict[str, dict] = {model: {} for model in correct_columns}
     counts: dict[str, dict] = {}
     for dimension in DIMENSIONS:

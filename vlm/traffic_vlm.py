@@ -24,9 +24,8 @@ class VLMConfig(PaliGemmaConfig):
 
 
 def build_vlm(config: VLMConfig, pretrained: bool = True) -> PaliGemma:
-    """The model of ``config``: the core, given the perception when it is on. ``pretrained``: start the encoder
-    and decoder from ``vision_checkpoint`` / ``decoder_checkpoint`` where set (to train; a trained model is
-    restored with ``load_state_dict`` instead)."""
+    """The model of ``config``: the core, given the perception when it is on; with ``pretrained`` (to train) the
+    encoder and decoder start from ``vision_checkpoint`` / ``decoder_checkpoint`` where set."""
     extension = TrafficPerception(config.perception, config.siglip, config.gemma.hidden_size) \
         if config.perception.enabled else None
     model = PaliGemma(config, extension)

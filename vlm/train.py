@@ -259,8 +259,7 @@ class Run:
 
     @property
     def last_path(self) -> Path:
-        """This run's resume checkpoint: named by its fingerprint, so runs of other params, data or code (queued
-        experiments sharing the folder) never take each other's."""
+        """The resume checkpoint, named by the fingerprint: runs of other params, data or code never take it."""
         return self.paths.checkpoints / f"{self.name}-{self.fingerprint[:16]}.pt"
 
 
@@ -453,8 +452,7 @@ def end_epoch(run: Run, state: TrainState) -> None:
 
 
 def finish(run: Run, state: TrainState) -> dict[str, Any]:
-    """The best model and the metrics: written only by a finished run (a killed one leaves none of its outputs,
-    only its resume checkpoint, which the finished run then removes)."""
+    """The best model and the metrics, written only by a finished run, which removes its resume checkpoint."""
     metrics = {}
     if run.dist.is_main:
         run.curves.update(state.history)  # a run resumed at its end has logged nothing yet

@@ -91,8 +91,7 @@ def held_out(scene: Scene, holdout: dict) -> bool:
 
 
 def split_images(image_ids: list[str], fractions: dict, seed: int) -> dict[str, list[str]]:
-    """Assign every image to exactly one split: a seeded permutation of the sorted ids, cut by fraction in the
-    order of ``fractions``; the last split takes what the rounding leaves."""
+    """Each image in one split: a seeded permutation of the sorted ids cut by ``fractions``; the last takes the rest."""
     ids = sorted(image_ids)
     order = np.random.default_rng([seed, 1]).permutation(len(ids))
     splits, start = {}, 0
@@ -116,8 +115,8 @@ def _deficit(counts: Counter, answer: str) -> int:
 
 def _pick(scene_candidates: list[Candidate], n: int, key_counts, type_counts, types: tuple[str, ...],
           rng: np.random.Generator, weights: dict[str, float]) -> list[Candidate]:
-    """Greedy, balance-seeking choice of ``n`` distinct questions for one image, the types' shares of the
-    slots in proportion to their ``weights`` (absent: 1)."""
+    """Greedy, balance-seeking choice of ``n`` distinct questions for one image, the types' shares of its slots in
+    proportion to their ``weights`` (absent: 1)."""
     by_type: dict[str, list[Candidate]] = defaultdict(list)
     for c in scene_candidates:
         by_type[c.command_type].append(c)

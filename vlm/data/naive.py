@@ -58,7 +58,6 @@ class NaiveTrafficVQADataset(Dataset):
 
 def build_naive_loader(dataset: NaiveTrafficVQADataset, batch_size: int, num_workers: int = 0, seed: int = 0,
                        num_samples: int | None = None) -> DataLoader:
-    """Shuffled batches with the default collate: the textbook DataLoader. ``num_samples`` (default: one epoch) may
-    exceed the dataset: the shuffle then wraps around."""
+    """Shuffled batches, the default collate: the textbook DataLoader; ``num_samples`` past the dataset wraps around."""
     sampler = RandomSampler(dataset, num_samples=num_samples, generator=torch.Generator().manual_seed(seed))
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers)

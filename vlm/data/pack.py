@@ -37,8 +37,7 @@ class PackConfig:
         check(16 <= self.image_size <= 1024, f"{prefix}.image_size", f"must be in [16, 1024], got {self.image_size}")
 
     def image_width(self, source_path: str | os.PathLike, multiple: int) -> int:
-        """The packed images' width: S, or with aspect native the frames' aspect at S high, rounded to
-        ``multiple`` (:func:`vlm.data.image.native_width`); the frame size is ``source_path``'s."""
+        """The packed images' width: S, or with aspect native the frames' (``source_path``'s) at S high, rounded."""
         if self.aspect == "square":
             return self.image_size
         source = read_json(source_path, "source file")
@@ -107,8 +106,7 @@ def _decode_in_order(paths: list[str], config: PackConfig, pool: Any, runtime: P
 
 
 def _mean_std(histogram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 ``[3]`` mean and population std on the 0..1 scale from int64 ``[3, 256]`` pixel-value counts:
-    exact, so independent of the order and the number of workers."""
+    """float32 ``[3]`` mean and population std (0..1 scale) of int64 ``[3, 256]`` value counts: exact in any order."""
     mean, std = [], []
     for counts in histogram.tolist():  # Python ints: exact sums
         n = sum(counts)
@@ -233,8 +231,7 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
                  root: str | os.PathLike = ".", runtime: PackRuntime | None = None,
                  side_multiple: int = 1) -> dict[str, Any]:
     """Pack ``{output_dir}/{split}_images.h5`` for each split (train first) with ``runtime``'s decoding processes;
-    return the pack metrics. ``side_multiple``: what ``pack.aspect: native`` rounds the width to
-    (:func:`vlm.models.paligemma.image_side_multiple`)."""
+    return the pack metrics. ``side_multiple``: what ``pack.aspect: native`` rounds the width to."""
     runtime = runtime or PackRuntime()
     if splits[0] != "train":
         raise ValueError(f"splits must start with 'train' (its mean/std goes into every file), got {splits}")

@@ -30,8 +30,8 @@ class VisionExtension(nn.Module):
         return None
 
     def adapt(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor | None, Any]:
-        """Normalised pixels ``[N, 3, H, W]`` -> a residual ``[N, Dv, h, w]`` for the patch embedding (or None) and
-        the state :meth:`forward` receives."""
+        """Normalised pixels ``[N, 3, H, W]`` -> a residual ``[N, Dv, h, w]`` for the patch embedding (or None)
+        and the state :meth:`forward` receives."""
         return None, None
 
     def forward(self, patch_features: torch.Tensor, state: Any, targets: torch.Tensor | None) -> ExtensionOutput:

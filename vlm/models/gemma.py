@@ -153,8 +153,7 @@ class GemmaAttention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
                 attention_mask: torch.Tensor, cache: KVCache | None = None, cache_slots: torch.Tensor | None = None,
                 output_attentions: bool = False, query_slots: torch.Tensor | None = None):
-        """Self-attention of the tokens at ``query_slots`` ``[B, Q]`` (None: all) over all of
-        ``hidden_states`` (and the cache): the other tokens then serve only as keys and values."""
+        """Self-attention of the tokens at ``query_slots`` ``[B, Q]`` (None: all) over all of ``hidden_states``."""
         batch, length, _ = hidden_states.shape
         cos, sin = rotary
         queries, cos_q, sin_q = hidden_states, cos, sin

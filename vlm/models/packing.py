@@ -65,8 +65,7 @@ class PackedRows:
                    mask=visible[:, None], questions_per_row=most_questions)
 
     def pack(self, image_tokens: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:
-        """``image_tokens`` ``[N, T, D]`` and each question's ``text_embeds`` ``[B, L, D]`` -> the decoder input
-        ``[N, S, D]``, zeros on padding."""
+        """``image_tokens`` ``[N, T, D]`` and each question's ``text_embeds`` ``[B, L, D]`` -> rows ``[N, S, D]``."""
         num_rows, image_slots, dim = image_tokens.shape
         size = self.position_ids.shape[1]
         text_valid = self.text_valid

@@ -153,9 +153,8 @@ def encoder_patch_size(model_section: Mapping[str, Any]) -> tuple[Any, str] | No
 
 
 def check_image_size(model_section: Mapping[str, Any], image_size: int | tuple[int, int], source: str) -> None:
-    """Raise a ``ParamError`` unless the vision encoder's patch size (:func:`encoder_patch_size`) divides
-    ``image_size``, a side or ``(H, W)``; ``source`` names where that size is set. The pack stage calls it, so an
-    impossible ``pack.image_size`` fails before any image is packed."""
+    """Raise a ``ParamError`` unless the encoder's patch size divides ``image_size`` (a side or ``(H, W)``, set where
+    ``source`` says): the pack stage calls it, so an impossible ``pack.image_size`` fails before packing."""
     found = encoder_patch_size(model_section)
     if found is None:
         return
@@ -226,8 +225,7 @@ class PaliGemma(nn.Module):
 
     def encode_images(self, images: torch.Tensor, targets: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """uint8 images ``[N, 3, H, W]`` -> image tokens ``[N, T, D]`` in the decoder's embedding space and,
-        given the extension's ``targets``, its losses by name."""
+        """uint8 images ``[N, 3, H, W]`` -> image tokens ``[N, T, D]``, and the extension's losses given ``targets``."""
         expected = (3, *self.config.siglip.height_width)
         if images.dtype != torch.uint8 or images.dim() != 4 or tuple(images.shape[1:]) != expected:
             raise ValueError(f"images must be uint8 [N, {', '.join(map(str, expected))}], "
@@ -294,8 +292,7 @@ class PaliGemma(nn.Module):
         return VLMOutput(logits=logits, losses=losses)
 
     def _decode(self, batch: Batch, outputs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One decoder row per question ``[image tokens | text]``: the hidden states ``[B, Q, D]`` at text
-        positions ``outputs`` ``[B, Q]``, and the extension's losses."""
+        """One decoder row per question ``[image tokens | text]``: the hidden states ``[B, Q, D]`` at ``outputs``."""
         inputs_embeds, key_valid, prefix_total, losses = self._embed(batch, prefix_only=False)
         num, length, _ = inputs_embeds.shape
         slots = torch.arange(length, device=inputs_embeds.device).expand(num, length)  # [B, S]
@@ -325,8 +322,7 @@ class PaliGemma(nn.Module):
     @torch.no_grad()
     def generate(self, batch: Batch, *, eos_token_id: int, max_new_tokens: int = 8, pad_token_id: int = 0,
                  use_cache: bool = True) -> torch.Tensor:
-        """Greedy answers ``[B, T]`` after each prefix (tokens after ``prefix_lengths`` are ignored), with the
-        KV cache; each row ends at its first [EOS] and is padded after it."""
+        """Greedy answers ``[B, T]`` after each prefix, with the KV cache; a row ends at its first [EOS], then pads."""
         inputs_embeds, key_valid, prefix_total, _ = self._embed(batch, prefix_only=True)
         return self.language_model.generate(inputs_embeds, key_valid, prefix_total, max_new_tokens, eos_token_id,
                                             pad_token_id, prefix_lm=True, use_cache=use_cache,
@@ -334,8 +330,7 @@ class PaliGemma(nn.Module):
 
     @torch.no_grad()
     def answer(self, batch: Batch, candidates: list[list[int]]) -> torch.Tensor:
-        """Constrained decoding (docs/architecture.md, the model): probabilities ``[B, C]`` over the candidate
-        answers (token-id lists as ``encode_answer`` gives them), in one decoder pass."""
+        """Constrained decoding (docs/architecture.md): probabilities ``[B, C]`` over the token-id lists of answers."""
         if not candidates or any(len(c) == 0 for c in candidates):
             raise ValueError("answer(): candidates must be a non-empty list of non-empty token-id lists")
         inputs_embeds, key_valid, prefix_total, _ = self._embed(batch, prefix_only=True)
@@ -419,9 +414,8 @@ def packed_candidates_mask(key_valid: torch.Tensor, prefix_total: torch.Tensor, 
 
 
 def load_pretrained(model: PaliGemma) -> PaliGemma:
-    """A freshly built model to train, given the pretrained SigLIP encoder when ``vision_checkpoint`` is set
-    (its position grid resampled to ``siglip.grid``) and the pretrained decoder when ``decoder_checkpoint``
-    is (its token embeddings fresh unless its vocabulary is the tokenizer's)."""
+    """A freshly built model to train, given the pretrained encoder (``vision_checkpoint``, positions resampled) and
+    decoder (``decoder_checkpoint``, token embeddings fresh unless its vocabulary is the tokenizer's) where set."""
     config = model.config
     if config.vision == "siglip" and config.vision_checkpoint is not None:
         pretrained = load_pretrained_siglip(config.vision_checkpoint, image_size=config.siglip.image_size,

@@ -52,8 +52,7 @@ class QFormerMultiHeadAttention(nn.Module):
 
 
 class QFormerOutput(nn.Module):
-    """BERT's output block, after the attention (``in_features`` = hidden size) and after the MLP
-    (``in_features`` = intermediate size): dense, residual, post-LayerNorm."""
+    """BERT's output block (after the attention, and after the MLP): dense, residual, post-LayerNorm."""
 
     def __init__(self, config: QFormerConfig, in_features: int):
         super().__init__()

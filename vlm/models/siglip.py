@@ -71,8 +71,7 @@ class SiglipVisionOutput:
 
 
 def resize_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-    """Bicubically resample a square grid of learned positions ``[g*g, D]`` to ``grid`` = ``(h, w)`` -> ``[h*w, D]``
-    (as transformers' ``interpolate_pos_encoding``)."""
+    """Bicubically resample square learned positions ``[g*g, D]`` to ``grid`` (h, w): ``[h*w, D]`` (as transformers)."""
     num_positions, dim = position_embeddings.shape
     side = math.isqrt(num_positions)
     if side * side != num_positions:
@@ -92,8 +91,7 @@ class SiglipVisionEmbeddings(nn.Module):
         self.position_embedding = nn.Embedding(config.num_patches, config.hidden_size)
 
     def forward(self, pixel_values: torch.Tensor, patch_residual: torch.Tensor | None = None) -> torch.Tensor:
-        """-> embeddings ``[N, P, D]``; ``patch_residual`` ``[N, D, h, w]`` (a vision adapter's output, see
-        :mod:`vlm.models.extension`) is added to the patch embedding before the positions."""
+        """-> embeddings ``[N, P, D]``; a vision adapter's ``patch_residual`` ``[N, D, h, w]`` adds to the patches."""
         _, _, height, width = pixel_values.shape
         patch_embeds = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))  # [N, D, h, w]
         if patch_residual is not None:
@@ -196,9 +194,8 @@ _PATCH_KEY = "embeddings.patch_embedding.weight"
 
 def siglip_config_from_pretrained(path: str | os.PathLike, num_attention_heads: int | None = None
                                   ) -> SiglipVisionConfig:
-    """The vision config of a checkpoint: from its ``config.json`` (SigLIP, SigLIP-vision or PaliGemma)
-    when there is one (in the folder, or beside the weights file), else inferred from the tensor shapes
-    (everything but the head count, which must then be given)."""
+    """The vision config of a checkpoint: its ``config.json`` (SigLIP, SigLIP-vision or PaliGemma; in the folder or
+    beside the weights file), else inferred from the tensor shapes (but the head count, which must then be given)."""
     config = _config_from_json(Path(path))
     return config or _config_from_shapes(_vision_state_dict(Path(path)), num_attention_heads, path)
 

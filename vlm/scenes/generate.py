@@ -202,8 +202,7 @@ def generate_scenes(config: ScenesConfig, out_dir: str | os.PathLike, progress: 
 
 
 def load_raw(raw_dir: str | os.PathLike) -> RawData:
-    """The ``generate_scenes`` output folder: its source description, checked here, and its labels, read (and
-    re-validated with the det_20 reader) when the scenes are asked for."""
+    """The ``generate_scenes`` output folder: its source description, checked now, its labels read when asked for."""
     raw_dir = Path(raw_dir)
     source = read_json(raw_dir / "source.json", what="scenes source description")
     for key in ("source", "image_dir", "width", "height"):

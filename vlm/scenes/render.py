@@ -288,8 +288,7 @@ def _sample_two_wheelers(rng: np.random.Generator, layout: Layout, cam: Camera) 
 
 
 def _sample_pedestrians(rng: np.random.Generator, layout: Layout, cam: Camera, config: RenderConfig) -> None:
-    """Pedestrians on the sidewalks and on the crosswalk of a city street (a counted category, with a
-    target), or a rare one on a highway's verge. Set the pedestrian target."""
+    """Pedestrians on a city street's sidewalks and crosswalk (counted, with a target), or a rare one on a highway."""
     city = layout.scene == "city street"
     left, right = road_extent(layout)
     if city:

@@ -138,8 +138,7 @@ def head_metrics(model: nn.Module, images: torch.Tensor, targets: torch.Tensor) 
 
 
 class HeadTokens(nn.Module):
-    """A head's own image tokens: its features per token ``[N, T, F]`` projected to the decoder's width, plus a
-    learned embedding per token (which channel it is): ``[N, T, D]``."""
+    """A head's own image tokens ``[N, T, D]``: its features ``[N, T, F]`` projected, plus an embedding per token."""
 
     def __init__(self, num: int, features: int, hidden_size: int):
         super().__init__()

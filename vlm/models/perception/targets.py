@@ -78,8 +78,7 @@ def grid_shape(grid: int | tuple[int, int]) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class TargetTransform:
-    """The targets of a grid of cells, ``grid`` a side (square) or ``(rows, columns)``, from label boxes given in
-    frames of ``frame_size`` (width, height) pixels."""
+    """The targets on a grid of cells (a side, or ``(rows, columns)``) from label boxes in ``frame_size`` frames."""
 
     grid: int | tuple[int, int]
     frame_size: tuple[float, float]

@@ -57,8 +57,7 @@ class AuxiliaryHead(nn.Module):
                   f"needs a conv stem of at least 3 stages ({prefix}.stem_channels), got {config.stem_channels}")
 
     def forward(self, patch_features: torch.Tensor, fine_features: torch.Tensor | None) -> torch.Tensor:
-        """Patch features ``[N, P, Dv]`` and, for a head that ``reads_fine``, the stride-4 map
-        ``[N, PYRAMID_WIDTH, H/4, W/4]`` (else None) -> the head's logits."""
+        """Patch features ``[N, P, Dv]`` and, with ``reads_fine``, the stride-4 map (else None) -> the head's logits."""
         raise NotImplementedError
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -61,7 +61,6 @@ class CentreHead(AuxiliaryHead):
         return (peaks[:, :, None] & self.masks).sum(dim=(3, 4)).float()
 
     def decoder_features(self, logits: torch.Tensor) -> tuple[None, torch.Tensor]:
-        """No per-patch maps (the heatmaps are finer than the patches); the peak counts thermometer-coded
-        (count > k for k = 0 ... 9): ``[N, num_token_features]``."""
+        """No per-patch maps (finer than the patches); the peak counts thermometer-coded (count > 0 ... > 9)."""
         counts = self.peak_counts(logits)  # [N, C_heat, R]
         return None, (counts[..., None] > self.thresholds).flatten(1).float()

@@ -53,8 +53,7 @@ class CountHead(AuxiliaryHead):
         return logits.float().clamp(max=MAX_LOG_COUNT).exp()  # [N, h*w, C]
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Poisson per cell (summed over the cells, averaged over images and channels) plus Poisson per region
-        sum, against the ``centre``/``feet`` counts of targets ``[N, h*w, C_all]``."""
+        """Poisson per cell (summed over cells, averaged over images and channels) plus Poisson per region sum."""
         counts = self.counts(targets)
         logits = logits.float()
         per_cell = F.poisson_nll_loss(logits, counts, log_input=True, full=False, reduction="sum")
@@ -68,8 +67,7 @@ class CountHead(AuxiliaryHead):
         return self.counts(targets).clamp(min=NONE).log()
 
     def metrics(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per image: the fraction of its region counts (channels x regions) whose rounded sum is the labels'
-        count (``counts/exact``), and whether all of them are (``counts/all_exact``)."""
+        """Per image: the share of its region counts whose rounded sum is exact, and whether all of them are."""
         counts = self.counts(targets)
         exact = self.region_sums(self.density(logits)).round() == self.region_sums(counts)  # [N, C, R]
         return {"counts/exact": exact.float().mean(dim=(1, 2)), "counts/all_exact": exact.flatten(1).all(1).float()}

@@ -47,8 +47,7 @@ class GroundingHead(AuxiliaryHead):
         return self.linear.out_features
 
     def forward(self, features: torch.Tensor, fine_features: torch.Tensor | None = None) -> torch.Tensor:
-        """Patch features ``[N, P, Dv]`` -> logits ``[N, P, C_head]`` (the patch channels, log-rates for the
-        count channels, then the frame channels, whose logits are the same in every patch)."""
+        """Patch features ``[N, P, Dv]`` -> logits ``[N, P, C_head]``: patch channels (counts as log-rates), frame."""
         patches = self.linear(features)  # [N, P, C_patch]
         frame = self.frame(features.mean(dim=1))  # [N, F]
         return torch.cat([patches, frame[:, None].expand(-1, features.shape[1], -1)], dim=-1)
@@ -84,8 +83,7 @@ class GroundingHead(AuxiliaryHead):
         return pooled.flatten(2).transpose(1, 2)  # [N, gh*gw, C_patch]
 
     def oracle(self, targets: torch.Tensor) -> torch.Tensor:
-        """Targets ``[N, cells, C]`` -> the logits ``[N, P, C_head]`` of the maps they give on the patch grid (frame
-        channels the labels leave undefined at probability 0.5)."""
+        """Targets ``[N, cells, C]`` -> logits ``[N, P, C_head]`` of their patch maps (undefined frame channels 0.5)."""
         targets = targets.float()
         patch = self.patch_targets(targets, self.grid)  # [N, P, C_patch]
         patch = torch.where(self.is_count[:self.num_patch], patch.clamp(min=NONE).log(), (2 * patch - 1) * SURE)

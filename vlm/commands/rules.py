@@ -1,7 +1,6 @@
-"""Every answer rule in one place, computed from a normalised :class:`~vlm.scenes.Scene` only.
-
-The same rules answer questions about synthetic scenes and real BDD100K frames, so nothing here may
-look at pixels. Geometry is expressed as fractions of the image size."""
+"""Every answer rule in one place, computed from a normalised :class:`~vlm.scenes.Scene` only: the same rules answer
+questions about synthetic scenes and real BDD100K frames, so nothing here may look at pixels. Geometry is expressed as
+fractions of the image size."""
 
 from __future__ import annotations
 

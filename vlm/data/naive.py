@@ -1,7 +1,6 @@
-"""The textbook per-sample loader, kept as the baseline of the ``profile_dataloader`` stage: per item it opens the
-HDF5 file, reads one image, converts, normalises and permutes it with numpy and tokenises the question and answer,
-padding to a fixed length for the default collate. Everything it does per item, ``TrafficVQADataset`` does once
-per split or once per image."""
+"""The textbook per-sample loader, the baseline of the ``profile_dataloader`` stage: per item it opens the HDF5 file,
+reads one image, converts, normalises and permutes it with numpy and tokenises the question and answer, padded for the
+default collate; ``TrafficVQADataset`` does each of these once per split or once per image."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
 """Gemma-style decoder, parameter-compatible with HuggingFace ``GemmaForCausalLM`` (docs/architecture.md, the model).
-
 Attention masks are boolean ``[B, 1, Q, K]`` (True = may attend), built once per forward by :func:`prefix_lm_mask` and
 shared by all layers. Tokens live in *slots* (their index in the key sequence or the cache) and have *positions* (their
 RoPE index); the two differ only when several continuations share one prefix (see ``PaliGemma.answer``)."""

@@ -94,15 +94,9 @@ def hf_config(config: VLMConfig) -> dict[str, Any]:
     siglip, gemma = config.siglip, config.gemma
     token_ids = {"bos_token_id": SOS, "eos_token_id": EOS, "pad_token_id": PAD}
     return {
-        "architectures": ["PaliGemmaForConditionalGeneration"],
-        "model_type": "paligemma",
-        "image_token_index": IMAGE_TOKEN_ID,
-        "vocab_size": gemma.vocab_size,
-        "hidden_size": gemma.hidden_size,
-        "projection_dim": gemma.hidden_size,
-        "tie_word_embeddings": True,
-        "dtype": "float32",
-        **token_ids,
+        "architectures": ["PaliGemmaForConditionalGeneration"], "model_type": "paligemma",
+        "image_token_index": IMAGE_TOKEN_ID, "vocab_size": gemma.vocab_size, "hidden_size": gemma.hidden_size,
+        "projection_dim": gemma.hidden_size, "tie_word_embeddings": True, "dtype": "float32", **token_ids,
         "vision_config": {
             "model_type": "siglip_vision_model", "hidden_size": siglip.hidden_size,
             "intermediate_size": siglip.intermediate_size, "num_hidden_layers": siglip.num_hidden_layers,
@@ -151,8 +145,7 @@ def processor_config(loaded: LoadedModel) -> dict[str, Any]:
     the packed size with the packing's filter and normalises it with the train split's mean and std."""
     config, side = loaded.model.config, loaded.image_size
     return {
-        "processor_class": "PaliGemmaProcessor",
-        "image_processor": {
+        "processor_class": "PaliGemmaProcessor", "image_processor": {
             "image_processor_type": "SiglipImageProcessor", "image_seq_length": loaded.model.num_image_tokens,
             "do_convert_rgb": True, "do_resize": True, "size": {"height": side, "width": side},
             "resample": int(RESAMPLE[loaded.resample]), "do_rescale": True, "rescale_factor": 1 / 255,

@@ -271,8 +271,7 @@ class BalancedCommands:
                             np.frombuffer(table.answer, dtype=np.int32)[keep].tolist()):
                 per_type[self._names["command_type"][t]][self._names["answer"][a]] += 1
             out[split] = {
-                "images": len(self.images(split)),
-                "questions": int(keep.sum()),
+                "images": len(self.images(split)), "questions": int(keep.sum()),
                 "types": {t: {"questions": sum(per_type[t].values()), "answers": dict(sorted(per_type[t].items()))}
                           for t in COMMAND_TYPES if t in per_type},
             }

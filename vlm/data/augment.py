@@ -55,14 +55,11 @@ class AugmentParams:
 def sample_augment_params(config: AugmentConfig, seed: int, epoch: int, image_row: int) -> AugmentParams:
     rng = np.random.default_rng((seed, epoch, image_row))
     draws = rng.uniform(-1.0, 1.0, size=5)
-    return AugmentParams(
-        hflip=bool(rng.random() < config.hflip_prob),
-        brightness=1.0 + config.brightness * float(draws[0]),
-        contrast=1.0 + config.contrast * float(draws[1]),
-        saturation=1.0 + config.saturation * float(draws[2]),
-        hue=config.hue * float(draws[3]),
-        angle=config.rotation_degrees * float(draws[4]),
-    )
+    return AugmentParams(hflip=bool(rng.random() < config.hflip_prob),
+                         brightness=1.0 + config.brightness * float(draws[0]),
+                         contrast=1.0 + config.contrast * float(draws[1]),
+                         saturation=1.0 + config.saturation * float(draws[2]),
+                         hue=config.hue * float(draws[3]), angle=config.rotation_degrees * float(draws[4]))
 
 
 @contextlib.contextmanager

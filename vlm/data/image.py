@@ -8,11 +8,7 @@ from typing import IO
 import numpy as np
 from PIL import Image
 
-RESAMPLE = {
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-}
+RESAMPLE = {name: Image.Resampling[name.upper()] for name in ("bilinear", "bicubic", "lanczos")}
 
 
 class CorruptImageError(ValueError):

@@ -254,15 +254,10 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
     seconds = time.perf_counter() - start
     num_images = sum(p.images + len(p.skipped_image_ids) for p in packed)
     return {
-        "image_size": config.image_size,
-        **({"image_width": image_width} if config.aspect == "native" else {}),
-        "resample": config.resample,
-        "workers": runtime.num_workers,
-        "images": sum(p.images for p in packed),
-        "skipped": sum(len(p.skipped_image_ids) for p in packed),
-        "bytes": sum(p.bytes for p in packed),
-        "seconds": round(seconds, 3),
-        "images_per_s": round(num_images / seconds, 1),
+        "image_size": config.image_size, **({"image_width": image_width} if config.aspect == "native" else {}),
+        "resample": config.resample, "workers": runtime.num_workers, "images": sum(p.images for p in packed),
+        "skipped": sum(len(p.skipped_image_ids) for p in packed), "bytes": sum(p.bytes for p in packed),
+        "seconds": round(seconds, 3), "images_per_s": round(num_images / seconds, 1),
         "splits": {p.split: {"images": p.images, "skipped": len(p.skipped_image_ids), "bytes": p.bytes}
                    for p in packed},
         "train_mean": [round(float(v), 6) for v in packed[0].mean],

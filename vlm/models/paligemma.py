@@ -1,8 +1,6 @@
-"""The PaliGemma core: SigLIP -> connector -> Gemma, prefix-LM, and nothing else (docs/architecture.md, the model,
-has its parameter names and the blind baseline, ``vision: none``). Sequence layout per question: ``[image tokens |
-[SOS] question [SEP] | answer [EOS] | padding]``, the prefix attended in full, the answer causally. Image tokens enter
-the decoder as they are, text embeddings with Gemma's ``sqrt(hidden_size)`` scale (PaliGemma's merge). A task adds to
-the core only through a :class:`vlm.models.extension.VisionExtension` (parameters under ``extension.*``)."""
+"""The PaliGemma core: SigLIP -> connector -> Gemma, prefix-LM, and nothing else (the sequence layout, the merge, the
+parameter names and the blind baseline, ``vision: none``: docs/architecture.md, the model). A task adds to the core
+only through a :class:`vlm.models.extension.VisionExtension` (parameters under ``extension.*``)."""
 
 from __future__ import annotations
 

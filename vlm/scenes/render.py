@@ -3,9 +3,8 @@ docs/architecture.md, generate_scenes).
 
 A scene is drawn in three steps. :func:`sample_layout` draws everything random from a ``numpy`` generator (the
 scene's attributes, the road and the objects); nothing after it is random, so a seed fixes the image.
-:func:`settle_occlusion` draws the objects' silhouettes far to near to measure how much of each nearer ones hide,
-and removes those hidden ambiguously (a few to a fifth of their pixels) or almost entirely until none is, so the
-``occluded`` flag is crisp. :func:`render_layout` paints the image far to near, then fog and rain.
+:func:`settle_occlusion` measures from the silhouettes how much of each object nearer ones hide and removes the
+ambiguous and the almost hidden. :func:`render_layout` paints the image far to near, then fog and rain.
 
 Geometry is a pinhole camera over a flat road: a point at ground depth ``z`` metres projects to the
 row ``y = horizon + s * (H - horizon)`` with ``s = Z_BOTTOM / z``, and a width of ``w`` metres at that

@@ -1,22 +1,9 @@
 """The target schema: what each cell of an image shows, from the same labels that answer the questions (why the
-heads learn it: docs/architecture.md, departure 2). The channels, in :data:`GROUPS`' order (this module is the one
-place that names them; a head reads its groups with :func:`channels`):
-
-- ``box/{category}``: 1 where the cell overlaps a box of that category;
-- ``centre/{category}``: how many box centres of that category fall in the cell (a count: neighbours share);
-- ``light/{colour}``: 1 where the cell overlaps a readable light of that colour;
-- ``occluded``: 1 where the cell overlaps the box of an object labelled occluded (the safety rule's "maybe");
-- ``heat/{category}``: CenterNet's object-centre heatmap: 1 in the cell of each box centre, a Gaussian of a
-  sixth of the box's smaller side around it, the maximum where objects meet;
-- ``foot/{group}``: the same around the bottom-centre of the boxes of road users, of pedestrians and riders,
-  and of occluded road users: where the safety rule looks;
-- ``feet/{group}``: how many of those bottom-centres fall in the cell (a count, as ``centre``);
-- ``frame/{attribute}`` (night, rain, fog, highway): 1 or 0 as the scene questions' answer, -1 where the
-  labels leave it undefined; the same in every cell (the heads predict these once per image).
-
-:class:`TargetTransform` builds them, at the finest grid the enabled heads declare, from the label frame the
-packed data stores beside each image; the batch carries them as ``Batch.targets`` ``[N_img, Gh*Gw, C]``
-(``Gh x Gw`` cells, rows first: square unless the images are, ``pack.aspect: native``)."""
+heads learn it: docs/architecture.md, departure 2). The channels are named here only, by :data:`GROUPS` (what each
+group holds: its comment there); a head reads its groups with :func:`channels`. :class:`TargetTransform` builds them,
+at the finest grid the enabled heads declare, from the label frame the packed data stores beside each image; the batch
+carries them as ``Batch.targets`` ``[N_img, Gh*Gw, C]`` (``Gh x Gw`` cells, rows first: square unless the images are,
+``pack.aspect: native``)."""
 
 from __future__ import annotations
 
@@ -33,14 +20,14 @@ from vlm.scenes.schema import CATEGORIES, LIGHT_COLORS, Scene, scene_from_frame
 
 FOOT_GROUPS = ("road_user", "vulnerable", "occluded")
 GROUPS: dict[str, tuple[str, ...]] = {
-    "box": tuple(f"box/{c}" for c in CATEGORIES),
-    "centre": tuple(f"centre/{c}" for c in CATEGORIES),
-    "light": tuple(f"light/{c}" for c in LIGHT_COLORS),
-    "occluded": ("occluded",),
-    "heat": tuple(f"heat/{c}" for c in CATEGORIES),
-    "foot": tuple(f"foot/{g}" for g in FOOT_GROUPS),
-    "feet": tuple(f"feet/{g}" for g in FOOT_GROUPS),
-    "frame": tuple(f"frame/{a}" for a in rules.FRAME_ATTRIBUTES),
+    "box": tuple(f"box/{c}" for c in CATEGORIES),  # 1 where the cell overlaps a box of that category
+    "centre": tuple(f"centre/{c}" for c in CATEGORIES),  # how many box centres fall in the cell (neighbours share)
+    "light": tuple(f"light/{c}" for c in LIGHT_COLORS),  # 1 where the cell overlaps a readable light of that colour
+    "occluded": ("occluded",),  # 1 where the cell overlaps an object labelled occluded (the safety rule's "maybe")
+    "heat": tuple(f"heat/{c}" for c in CATEGORIES),  # CenterNet's centre heatmap (_splat), the maximum where they meet
+    "foot": tuple(f"foot/{g}" for g in FOOT_GROUPS),  # the same around bottom-centres, where the safety rule looks
+    "feet": tuple(f"feet/{g}" for g in FOOT_GROUPS),  # how many of those bottom-centres fall in the cell
+    "frame": tuple(f"frame/{a}" for a in rules.FRAME_ATTRIBUTES),  # the scene answer 1 / 0 (-1: undefined), every cell
 }
 CHANNELS = tuple(chain.from_iterable(GROUPS.values()))
 START = dict(zip(GROUPS, accumulate((len(g) for g in GROUPS.values()), initial=0)))  # group -> first channel

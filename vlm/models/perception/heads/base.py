@@ -22,21 +22,17 @@ NONE = 1e-6
 
 
 class AuxiliaryHead(nn.Module):
-    """One head (the contract: docs/architecture.md, departure 2): it reads the patch features, or with
-    ``reads_fine`` the stride-4 map of :class:`~vlm.models.perception.stem.StemPyramid`, and learns maps of target
-    channels (:mod:`vlm.models.perception.targets`). A subclass names itself (``name``: its ``model.perception.heads``
-    key), which adds it to :data:`HEADS`, and sets in ``__init__`` ``target_stride`` (image pixels per cell of the
-    targets it reads; a head that ``reads_fine`` has the map's, and its cells ``grid``, set here), ``patch_width``
-    (the per-patch maps :meth:`decoder_features` gives the connector), ``num_token_features`` (the width of the image
-    summary it gives the shared extra token) and, for image tokens of its own, ``token_shape`` (T tokens of F features
-    each, :meth:`tokens`)."""
+    """One head (the contract: docs/architecture.md, departure 2): it reads the patch features, or with ``reads_fine``
+    the stride-4 map of :class:`~vlm.models.perception.stem.StemPyramid`, and learns maps of target channels
+    (:mod:`vlm.models.perception.targets`). A subclass names itself, which adds it to :data:`HEADS`, and sets the
+    fields below in ``__init__`` (a head that ``reads_fine`` has its ``target_stride`` and cells ``grid`` set here)."""
 
-    name: ClassVar[str]
+    name: ClassVar[str]  # its key under model.perception.heads
     reads_fine: ClassVar[bool] = False
-    target_stride: int
-    patch_width: int = 0
-    num_token_features: int = 0
-    token_shape: tuple[int, int] | None = None
+    target_stride: int  # image pixels per cell of the targets it reads
+    patch_width: int = 0  # the per-patch maps decoder_features() gives the connector
+    num_token_features: int = 0  # the width of the image summary it gives the shared extra token
+    token_shape: tuple[int, int] | None = None  # image tokens of its own: T tokens of F features (tokens())
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)

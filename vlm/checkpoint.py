@@ -92,9 +92,8 @@ class LoadedModel:
 
     @property
     def processor(self) -> Processor:
-        """Images and questions -> the model's Batch, as the model was trained: squashed to ``image_size``
-        square, or for a model of native aspect letterboxed to the aspect of the frames it was trained on
-        (``frame_size``; its input's ``W / H`` when unknown) and then resized to ``W x H``."""
+        """Images and questions -> the model's Batch, as trained: squashed to ``image_size`` square, or (native
+        aspect) letterboxed to the training frames' aspect (else the input's) and resized to ``W x H``."""
         aspect = None
         if self.image_width is not None:
             frame_width, frame_height = self.checkpoint.get("frame_size") or (self.image_width, self.image_size)

@@ -147,8 +147,7 @@ class CounterfactualsPaths:
 def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsConfig, paths: CounterfactualsPaths,
         progress: bool = True) -> dict[str, Any]:
     """Render the pairs, ask the model, write the metrics, the question table, the plot and the sheet; return the
-    summary per edit (empty for BDD100K frames, which cannot be re-rendered). Of ``scenes`` and ``commands`` only
-    the fields of ``SCENES_KEYS`` and ``COMMANDS_KEYS`` are read."""
+    summary per edit (empty for BDD100K frames). Of ``scenes`` and ``commands`` only ``*_KEYS``' fields are read."""
     raw = load_raw(paths.raw)
     if raw.source != "synthetic":
         write_outputs({"counterfactuals": {}}, pd.DataFrame(), [], paths,

@@ -1,6 +1,5 @@
-"""Atomic, deterministic file output: every stage writes through these helpers, so that a failed or killed stage
-never leaves a half-written file that looks valid (content goes to a temporary sibling first and is moved into
-place with ``os.replace``, atomic on POSIX within one filesystem)."""
+"""Atomic, deterministic file output: every stage writes through these helpers, so that a failed or killed stage never
+leaves a half-written file that looks valid (a temporary sibling first, moved into place with ``os.replace``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Reading ``params.yaml`` and validating its sections before any expensive work starts. ``load_params`` returns a
-read-only :class:`Params` view that records every key the process reads (inside ``with recording_reads() as
-reads:``), which tests/test_stage_params.py checks against dvc.yaml (docs/architecture.md, stage contracts)."""
+"""Reading ``params.yaml`` and validating its sections before any expensive work starts. ``load_params``' view records
+every key read inside ``with recording_reads()``: tests/test_stage_params.py checks them against dvc.yaml."""
 
 from __future__ import annotations
 

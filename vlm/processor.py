@@ -1,6 +1,5 @@
-"""The processor: images and questions (and answers) -> a :class:`vlm.batch.Batch`. As HuggingFace's
-``PaliGemmaProcessor``, :class:`Processor` pairs the packing's image decode with the tokenizer; :func:`make_batch`
-lays out the token sequences, for the training collate and the processor alike (docs/architecture.md, data path)."""
+"""The processor: images and questions (and answers) -> a :class:`vlm.batch.Batch`, as HuggingFace's
+``PaliGemmaProcessor``; :func:`make_batch` lays out the token sequences for the training collate too."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Robustness slices: the conditions each test question was asked under (a value per dimension that applies to it,
-``None`` where none does; the dimensions: docs/architecture.md, evaluate), from the scene labels only, so that
-synthetic and BDD100K frames go through the same code."""
+"""Robustness slices: the conditions each test question was asked under (a value per dimension, ``None`` where it does
+not apply; the dimensions: docs/architecture.md, evaluate), from the labels only (synthetic and BDD100K alike)."""
 
 from __future__ import annotations
 

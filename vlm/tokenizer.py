@@ -1,6 +1,5 @@
-"""Word-level tokenizer for traffic commands and the vocabulary it is built from: the commands come from a few
-hundred templates, so a closed word vocabulary of the train split covers them (no sub-word merges). The fixed ids,
-the normalisation and ``vocab.json``: docs/architecture.md (build_vocab)."""
+"""Word-level tokenizer for traffic commands and the vocabulary it is built from: a few hundred templates, so a closed
+word vocabulary of the train split covers them. The ids, the normalisation and ``vocab.json``: docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -107,9 +106,8 @@ class TrafficCommandTokenizer:
     @classmethod
     def build_vocab(cls, commands: Sequence[dict], min_freq: int = 1, max_vocab_size: int = 1000,
                     max_length: int = 32, source: str = "commands") -> TrafficCommandTokenizer:
-        """Build the vocabulary from command records (``command`` and ``answer``; ``source`` names them in errors),
-        ordered as docs/architecture.md (build_vocab) says. Every answer word stays whatever its count; other words
-        need ``min_freq`` occurrences and are cut, least frequent first, to fit."""
+        """Build the vocabulary of command records (``source`` names them in errors), ordered as docs/architecture.md
+        says: every answer word whatever its count, others from ``min_freq`` on, the least frequent cut to fit."""
         VocabConfig(min_freq, max_vocab_size, max_length).validate("vocab")
         check_commands(commands, source, _TEXT_FIELDS)
         counts: Counter[str] = Counter()

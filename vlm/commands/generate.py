@@ -1,6 +1,5 @@
 """Turning labelled scenes into balanced question/answer records, split by image. Balancing follows CLEVR
-(docs/architecture.md, generate_commands): greedy picks image by image (:func:`_pick`), then a rejection pass
-(:func:`_trim`)."""
+(docs/architecture.md, generate_commands): greedy picks per image (:func:`_pick`), then rejection (:func:`_trim`)."""
 
 from __future__ import annotations
 
@@ -160,9 +159,8 @@ class _Picked:
 
 def _trim(groups: np.ndarray, answers: np.ndarray, answer_names: list[str], keep: np.ndarray, tolerance: float,
           rng: np.random.Generator) -> None:
-    """Clear ``keep`` of questions until, in every group, the top answer is at most ``tolerance`` x the runner-up
-    (``groups`` and ``answers``: codes per question); groups are visited in the order they first occur among the
-    kept questions, and ties between answers go to the answer name that sorts first."""
+    """Clear ``keep`` of questions until in every group (``groups``, ``answers``: codes) the top answer is at most
+    ``tolerance`` x the runner-up; groups in order of first occurrence, answer ties to the name sorting first."""
     kept = np.flatnonzero(keep)
     group_of_kept = groups[kept]
     _, first = np.unique(group_of_kept, return_index=True)

@@ -1,6 +1,5 @@
-"""Every answer rule in one place, computed from a normalised :class:`~vlm.scenes.Scene` only: the same rules answer
-questions about synthetic scenes and real BDD100K frames, so nothing here may look at pixels. Geometry is expressed as
-fractions of the image size."""
+"""Every answer rule in one place, from a normalised :class:`~vlm.scenes.Scene` only: the same rules answer questions
+about synthetic scenes and BDD100K frames, so nothing here looks at pixels; geometry is in fractions of the image."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Training augmentation (docs/architecture.md, data path): an image's draw comes from a generator seeded by
-``(seed, epoch, image_row)``, never the global or worker RNG, so 0 or N DataLoader workers yield identical batches;
-a horizontal flip swaps "left" and "right" in the question and the answer too."""
+"""Training augmentation (docs/architecture.md, data path): an image's draw comes from a generator seeded by ``(seed,
+epoch, image_row)``, so 0 or N DataLoader workers yield identical batches; a flip swaps "left" and "right" in text."""
 
 from __future__ import annotations
 

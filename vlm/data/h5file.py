@@ -1,7 +1,6 @@
-"""The packed-image HDF5 format (its layout and why a re-run is byte-identical: docs/architecture.md, pack_hdf5): one
-writer, one reader, one place that knows the layout. Images are raw chunks (``write_direct_chunk``/
-``read_direct_chunk``), which skips HDF5's selection machinery: a read is one ``pread`` into the caller's buffer, then
-its CRC-32 (about 12 us for 128 px, a fraction of the read)."""
+"""The packed-image HDF5 format (its layout, and why a re-run is byte-identical: docs/architecture.md, pack_hdf5), the
+one place that knows it. Images are raw chunks (``write_direct_chunk``/``read_direct_chunk``): a read is one ``pread``
+into the caller's buffer, then its CRC-32 (about 12 us for 128 px, a fraction of the read)."""
 
 from __future__ import annotations
 

@@ -22,9 +22,8 @@ MAX_IMAGE_PIXELS = 50_000_000
 
 def decode_image(path: str | os.PathLike | IO[bytes], image_size: int, resample: str = "bicubic",
                  image_width: int | None = None, aspect: float | None = None) -> np.ndarray:
-    """Decode any PIL-readable image to RGB uint8 ``[H, W, 3]``, squashed to ``W x H`` (``H`` = ``image_size``,
-    ``W`` = ``image_width``, None: square); with ``aspect`` (width / height), first :func:`letterbox`-ed to it.
-    EXIF orientation is deliberately not applied: label boxes are in stored-pixel coordinates."""
+    """Any PIL-readable image as RGB uint8 ``[H, W, 3]``, squashed to ``image_width`` x ``image_size`` (None: square),
+    first :func:`letterbox`-ed to ``aspect`` if given; EXIF orientation not applied (boxes are in stored pixels)."""
     size = (image_width or image_size, image_size)  # PIL's (width, height)
     try:
         with Image.open(path) as image:

@@ -1,6 +1,5 @@
-"""The ``pack_hdf5`` stage: the JPEGs of each split decoded and resized (docs/architecture.md, pack_hdf5) into one
-HDF5 file per split. Decoding runs in a process pool; results come back in order, a bounded number of chunks in
-flight, and are streamed to disk, so memory does not grow with the number of images."""
+"""The ``pack_hdf5`` stage (docs/architecture.md): each split's JPEGs decoded and resized into one HDF5 file, in a
+process pool whose results come back in order, a bounded number in flight, streamed to disk (memory stays flat)."""
 
 from __future__ import annotations
 

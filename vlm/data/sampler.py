@@ -1,6 +1,5 @@
-"""A batch sampler that keeps the questions of an image together (the image is encoded once). Per epoch the images
-are shuffled by ``(seed, epoch)`` and packed greedily into batches; under DDP rank r takes part r of the batches one
-process at ``world_size * batch_size`` would train on (docs/architecture.md, Training)."""
+"""A batch sampler that keeps the questions of an image together (the image is encoded once): per epoch the images are
+shuffled by ``(seed, epoch)``, packed greedily; under DDP rank r takes part r (docs/architecture.md, Training)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The one interface through which a task adds to the PaliGemma core (:mod:`vlm.models.paligemma`): its three
-optional points, **adapt** the pixels, **read** the encoder's patch features and **learn** from ``Batch.targets``, are
-described in docs/architecture.md ("Where it departs from PaliGemma"); its parameters live under ``extension.*``."""
+"""The one interface through which a task adds to the PaliGemma core: **adapt** the pixels, **read** the patch
+features, **learn** from ``Batch.targets`` (docs/architecture.md, "Where it departs"); parameters: ``extension.*``."""
 
 from __future__ import annotations
 

@@ -322,9 +322,8 @@ def gemma_config_from_pretrained(path: str | os.PathLike) -> GemmaConfig:
 
 
 def load_pretrained_gemma(path: str | os.PathLike, vocab_size: int | None = None) -> GemmaForCausalLM:
-    """Build a :class:`GemmaForCausalLM` from a saved HF ``GemmaForCausalLM`` (or PaliGemma) checkpoint, every weight
-    loaded strictly; with a ``vocab_size`` other than the checkpoint's (this project's tokenizer is its own), the
-    token embeddings (and the tied LM head) keep their fresh initialisation."""
+    """A :class:`GemmaForCausalLM` from a saved HF ``GemmaForCausalLM`` (or PaliGemma) checkpoint, every weight loaded
+    strictly; with another ``vocab_size`` (the tokenizer's) the token embeddings and tied LM head stay fresh."""
     path = Path(path)
     config = gemma_config_from_pretrained(path)
     file = weights_file(path, "Gemma")

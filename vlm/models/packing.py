@@ -1,6 +1,5 @@
-"""One decoder row per image, ``[image tokens of image n | q1 a1 | q2 a2 | ... | padding]`` (``pack_questions``;
-docs/architecture.md, departure 8): every question sees the image tokens and its own tokens only (prefix-LM), at the
-RoPE positions it would have alone after the image (T, T + 1, ...); the image tokens see each other only."""
+"""One decoder row per image ``[image tokens | q1 a1 | q2 a2 | ... | padding]`` (``pack_questions``; departure 8 in
+docs/architecture.md): each question sees the image tokens and its own, at the RoPE positions it would have alone."""
 
 from __future__ import annotations
 

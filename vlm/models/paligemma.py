@@ -98,9 +98,8 @@ class PaliGemmaConfig:
     def from_params(cls, model_section: Mapping[str, Any], vocab_size: int, image_size: int,
                     image_mean: list[float] | None = None, image_std: list[float] | None = None,
                     image_width: int | None = None) -> PaliGemmaConfig:
-        """Build and validate the config (of this class or a subclass: its sections too) from the ``model:``
-        section of params.yaml plus what the data fixes (vocabulary size, image height ``image_size`` and width
-        ``image_width``, None: square; train-split mean/std), before any weight exists."""
+        """Build and validate the config (of this class or a subclass) from params.yaml's ``model:`` plus what the
+        data fixes (vocabulary, image height and width (None: square), train-split mean/std), before any weight."""
         vocab_size, image_size = operator.index(vocab_size), operator.index(image_size)
         image_width = image_size if image_width is None else operator.index(image_width)
         values = dict(model_section or {})

@@ -217,9 +217,8 @@ def pedestrian(rng: np.random.Generator, cam: Camera, z: float, lateral: float) 
 
 
 def _sample_lane_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera, config: RenderConfig) -> int:
-    """Cars, trucks and buses in the lanes, seen from behind; on a two-way city street the lanes left of the
-    ego lane are oncoming, seen from the front. Set the car target; return how many of the cars drawn go to
-    the cross street instead (:func:`_sample_crossing_vehicles` places them)."""
+    """Cars, trucks and buses in the lanes, seen from behind (oncoming on a two-way city street: from the front). Set
+    the car target; return how many cars go to the cross street instead (:func:`_sample_crossing_vehicles`)."""
     city = layout.scene == "city street"
     lanes = list(range(-layout.lanes_left, layout.lanes_right + 1))  # lane 0 is the ego lane, negative to the left
     # Counted categories get a uniform target count; a few extra objects are placed because some are

@@ -1,6 +1,5 @@
-"""The normalised scene record every downstream stage sees, and its BDD100K det_20 serialisation:
-:func:`scene_from_frame` reads both BDD100K dialects (2018 and det_20; docs/architecture.md, generate_scenes),
-:func:`scene_to_frame` always writes det_20."""
+"""The normalised scene record every downstream stage sees, read from both BDD100K dialects (2018 and det_20;
+docs/architecture.md, generate_scenes) by :func:`scene_from_frame` and written as det_20 by :func:`scene_to_frame`."""
 
 from __future__ import annotations
 

@@ -53,9 +53,8 @@ class GroundingHead(AuxiliaryHead):
         return torch.cat([patches, frame[:, None].expand(-1, features.shape[1], -1)], dim=-1)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean per-element loss of the patch channels plus mean per-image loss of the frame channels, against
-        the grounding targets ``[N, F*F, C]`` (0/1, counts on the count channels, -1 on undefined frame
-        channels) on the patch grid or a k times finer one (then pooled to the patch grid)."""
+        """Mean per-element loss of the patch channels plus mean per-image loss of the frame channels against targets
+        ``[N, cells, C]`` (-1: undefined frame channel) on the patch grid or a finer one (pooled to it)."""
         logits, targets = logits.float(), targets.float()
         patch_logits = logits[..., :self.num_patch]  # [N, P, C_patch]
         patch_targets = self.patch_targets(targets, self.grid)  # [N, P, C_patch]

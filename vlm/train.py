@@ -148,11 +148,6 @@ class Distributed:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    @classmethod
-    def from_env(cls) -> Distributed:
-        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                   int(os.environ.get("LOCAL_RANK", 0)))
-
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
     """Linear warmup to 1, then cosine down to ``min_ratio`` at ``total_steps``."""
@@ -329,7 +324,8 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
 def start_processes(config: TrainConfig, runtime: TrainRuntime, paths: TrainPaths) -> Distributed:
     """This process's place in the run (the DDP group joined under torchrun), its CPU threads and seeds; on
     rank 0 an unwritable output folder fails now, not at the first checkpoint."""
-    dist_info = Distributed.from_env()
+    dist_info = Distributed(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                            int(os.environ.get("LOCAL_RANK", 0)))
     if dist_info.is_main:
         check_writable(paths.model, paths.checkpoints / "last.pt", paths.metrics, paths.timing, paths.live)
     if dist_info.world_size > 1 and not dist.is_initialized():

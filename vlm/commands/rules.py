@@ -34,9 +34,7 @@ def on_side(scene: Scene, category: str, side: str, width: float) -> str:
 def governing_light(scene: Scene) -> SceneObject | None:
     """The light that governs the car: the largest (nearest; ties: leftmost) readable one: lit, known, not occluded."""
     readable = [o for o in scene.objects if o.category == "traffic light" and o.light_color and not o.occluded]
-    if not readable:
-        return None
-    return max(readable, key=lambda o: (o.area, -o.box[0]))
+    return max(readable, key=lambda o: (o.area, -o.box[0]), default=None)
 
 
 def light_color(scene: Scene) -> str:
@@ -52,15 +50,11 @@ def light_is(scene: Scene, color: str) -> str:
     return YES if actual == color else NO
 
 
-def in_path(obj: SceneObject, manoeuvre: str, width: float, height: float) -> bool:
-    lo, hi = PATHS[manoeuvre]
-    return obj.category in ROAD_USERS and obj.bottom >= PATH_MIN_Y * height and lo * width <= obj.center_x <= hi * width
-
-
 def safety(scene: Scene, manoeuvre: str, width: float, height: float) -> str:
     """Can the car safely make ``manoeuvre`` ('left' | 'straight' | 'right')? The rule: docs/architecture.md."""
-    light = light_color(scene)
-    blocking = [o for o in scene.objects if in_path(o, manoeuvre, width, height)]
+    light, (lo, hi) = light_color(scene), PATHS[manoeuvre]
+    blocking = [o for o in scene.objects if o.category in ROAD_USERS and o.bottom >= PATH_MIN_Y * height
+                and lo * width <= o.center_x <= hi * width]
     if light == "red" or any(o.category in VULNERABLE for o in blocking):
         return NO
     if light == "yellow" or any(o.occluded for o in blocking):

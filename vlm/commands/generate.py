@@ -147,16 +147,6 @@ class _Picker:
     type_counts: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
 
 
-@dataclass
-class _Picked:
-    """What balancing needs of a split's picked questions, one small integer each, in the order picked."""
-
-    image: array = field(default_factory=lambda: array("i"))  # the image's position in the scenes
-    key: array = field(default_factory=lambda: array("i"))  # codes of BalancedCommands' tables
-    command_type: array = field(default_factory=lambda: array("i"))
-    answer: array = field(default_factory=lambda: array("i"))
-
-
 def _trim(groups: np.ndarray, answers: np.ndarray, answer_names: list[str], keep: np.ndarray, tolerance: float,
           rng: np.random.Generator) -> None:
     """Clear ``keep`` of questions until in every group (``groups``, ``answers``: codes) the top answer is at most
@@ -224,21 +214,20 @@ class BalancedCommands:
     def _pickers(self) -> dict[str, _Picker]:
         return {split: _Picker(np.random.default_rng([self._config.seed, SPLITS.index(split), 2])) for split in SPLITS}
 
-    def _balance(self) -> tuple[dict[str, _Picked], dict[str, np.ndarray], dict[str, list[str]]]:
-        """Each split's picked questions, which of them balancing keeps, and the values of the tables' codes."""
+    def _balance(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, list[str]]]:
+        """Each split's picked questions in the order picked, int32 rows ``(image position, key, command type,
+        answer)`` (the last three codes, whose values the third dict lists), and which of them balancing keeps."""
         codes: dict[str, dict[str, int]] = {"key": {}, "command_type": {}, "answer": {}}
-        picked = {split: _Picked() for split in SPLITS}
+        rows = {split: array("i") for split in SPLITS}  # four small integers per question, none held as an object
         pickers = self._pickers()
         for split, position, _, _, c, _ in self._pick_all(pickers):
-            table = picked[split]
-            table.image.append(position)
-            for column, value in (("key", c.key), ("command_type", c.command_type), ("answer", c.answer)):
-                getattr(table, column).append(codes[column].setdefault(value, len(codes[column])))
+            values = {"key": c.key, "command_type": c.command_type, "answer": c.answer}
+            rows[split].extend([position, *(codes[k].setdefault(v, len(codes[k])) for k, v in values.items())])
         names = {column: list(values) for column, values in codes.items()}
-        keep = {}
-        for split, table in picked.items():
-            key, command_type, answer = (np.frombuffer(column, dtype=np.int32)
-                                         for column in (table.key, table.command_type, table.answer))
+        picked, keep = {}, {}
+        for split in SPLITS:
+            picked[split] = np.frombuffer(rows[split], dtype=np.int32).reshape(-1, 4)
+            _, key, command_type, answer = picked[split].T
             keep[split] = np.ones(len(answer), dtype=bool)
             rng = pickers[split].rng  # balancing goes on with the split's stream after its picks
             while True:  # trimming a type can unbalance a key and vice versa: repeat until both hold
@@ -255,7 +244,7 @@ class BalancedCommands:
 
     def images(self, split: str) -> list[str]:
         """The sorted ids of the split's images that kept at least one question."""
-        positions = np.frombuffer(self._picked[split].image, dtype=np.int32)[self._keep[split]]
+        positions = self._picked[split][self._keep[split], 0]
         return sorted(self._image_ids[i] for i in np.unique(positions).tolist())
 
     @property
@@ -265,8 +254,7 @@ class BalancedCommands:
         for split, table in self._picked.items():
             keep = self._keep[split]
             per_type: dict[str, Counter] = defaultdict(Counter)
-            for t, a in zip(np.frombuffer(table.command_type, dtype=np.int32)[keep].tolist(),
-                            np.frombuffer(table.answer, dtype=np.int32)[keep].tolist()):
+            for t, a in table[keep, 2:].tolist():
                 per_type[self._names["command_type"][t]][self._names["answer"][a]] += 1
             out[split] = {
                 "images": len(self.images(split)), "questions": int(keep.sum()),

@@ -588,12 +588,10 @@ def train_metrics(state: TrainState, model: torch.nn.Module) -> dict[str, Any]:
     return {
         "val_accuracy": round(state.best_accuracy, 4),
         "best_epoch": state.best["metrics"]["epoch"] if state.best else None,
-        "epochs": evals[-1]["epoch"] if evals else 0,
-        "stopped_early": state.stopped_early,
+        "epochs": evals[-1]["epoch"] if evals else 0, "stopped_early": state.stopped_early,
         "train_loss": round(float(np.mean([r["train/loss"] for r in last_epoch])), 4),
         "train_accuracy": round(float(np.mean([r["train/accuracy"] for r in last_epoch])), 4),
-        "steps": state.step,
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "steps": state.step, "parameters": sum(p.numel() for p in model.parameters()),
         # the perception heads' own val measures at the last epoch (e.g. val_counts_exact)
         **{key.replace("/", "_"): round(value, 4) for key, value in (evals[-1] if evals else {}).items()
            if key.startswith("val/") and key != "val/accuracy"},

@@ -159,12 +159,8 @@ class TrafficVQADataset(Dataset):
                 "image": chw_images[slot],  # uint8 [3, S, W]
                 "question_ids": question_ids,  # int64 [Lq]: [SOS] words [SEP]
                 "answer_ids": answer_ids,  # int64 [La]: answer tokens [EOS]
-                "question_id": record["question_id"],
-                "image_id": record["image_id"],
-                "command": command,
-                "answer": answer,
-                "command_type": record["command_type"],
-                "metadata": record["metadata"],
+                "question_id": record["question_id"], "image_id": record["image_id"], "command": command,
+                "answer": answer, "command_type": record["command_type"], "metadata": record["metadata"],
             }
             if targets is not None:
                 sample["targets"] = targets[slot]  # float32 numpy [Gh*Gw, C], shared by the image's questions

@@ -227,5 +227,4 @@ def attention_grids(loaded: LoadedModel, rows: pd.DataFrame, image_paths: dict[s
     attention = loaded.model.image_attention(batch)  # [B, layers, heads, T]
     weights = attention.float().mean(dim=(1, 2)).cpu().numpy()  # [B, T]
     grid_rows, grid_columns = (side // config.pixel_shuffle for side in config.siglip.grid)
-    # tokens 0 .. Gh*Gw - 1: the grid's cells, row-major
-    return weights[:, : grid_rows * grid_columns].reshape(-1, grid_rows, grid_columns)
+    return weights[:, : grid_rows * grid_columns].reshape(-1, grid_rows, grid_columns)  # the cells, row-major

@@ -58,8 +58,7 @@ class Processor:
     image_size: int  # the packed images' height (and width when square)
     resample: str  # the filter they were packed with
     image_width: int | None = None  # their width; None: square
-    # an image of another width / height is first letterboxed to this one (black bars); None: squashed
-    aspect: float | None = None
+    aspect: float | None = None  # an image of another aspect is first letterboxed to this one; None: squashed
 
     def image(self, source: str | os.PathLike | IO[bytes]) -> torch.Tensor:
         """uint8 ``[3, H, W]`` of an image file or file object (any size and format), decoded and resized as the

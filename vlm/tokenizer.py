@@ -32,23 +32,18 @@ SPECIAL_TOKENS = {"[PAD]": PAD, "[UNK]": UNK, "[SOS]": SOS, "[EOS]": EOS, "[YES]
 RESERVED_TOKENS = {"[RESERVED_8]": 8, "[RESERVED_9]": 9}
 FIRST_WORD_ID = 10
 
-# The answer words that are single special tokens rather than vocabulary words.
-ANSWER_TOKEN_WORDS = {"yes": YES, "no": NO, "maybe": MAYBE}
+ANSWER_TOKEN_WORDS = {"yes": YES, "no": NO, "maybe": MAYBE}  # answer words that are special tokens
 # the rest of the commands contract's answers: always in the vocabulary, even when the train split misses one
 CONTRACT_ANSWER_WORDS = ("red", "yellow", "green", *(str(n) for n in range(10)))
 
 PUNCTUATION = ("?", ".", ",", "!")
-# A token is one punctuation mark or a run of characters that are neither whitespace nor punctuation.
-_TOKEN_RE = re.compile(r"[?.,!]|[^\s?.,!]+")
+_TOKEN_RE = re.compile(r"[?.,!]|[^\s?.,!]+")  # a punctuation mark, or a run of neither whitespace nor punctuation
 
-# Ids that steer the sequence rather than stand for a word: dropped by ``skip_special_tokens``.
-CONTROL_IDS = frozenset({PAD, SOS, EOS, SEP, *RESERVED_TOKENS.values()})
+CONTROL_IDS = frozenset({PAD, SOS, EOS, SEP, *RESERVED_TOKENS.values()})  # no words: decode_answer drops them
 
-# The fields of a command record that the vocabulary is built from and covers.
-_TEXT_FIELDS = ("command", "answer")
+_TEXT_FIELDS = ("command", "answer")  # the fields of a command record that the vocabulary is built from and covers
 
-# Distinct strings whose encoding is kept; commands repeat (templates), arbitrary text is bounded.
-ENCODE_CACHE_SIZE = 100_000
+ENCODE_CACHE_SIZE = 100_000  # distinct strings kept encoded: commands repeat (templates), any text is bounded
 
 
 @dataclasses.dataclass
@@ -96,8 +91,7 @@ class TrafficCommandTokenizer:
         self._id_to_token = sorted(vocab, key=vocab.__getitem__)  # index = id
         # Word -> id for encoding: vocabulary words plus "yes"/"no"/"maybe" -> answer tokens.
         self._word_to_id = {t: i for t, i in vocab.items() if i >= FIRST_WORD_ID} | ANSWER_TOKEN_WORDS
-        # Id -> text for decoding: [YES]/[NO]/[MAYBE] are the words "yes"/"no"/"maybe".
-        self._id_to_text = list(self._id_to_token)
+        self._id_to_text = list(self._id_to_token)  # for decoding: [YES]/[NO]/[MAYBE] are "yes"/"no"/"maybe"
         for word, token_id in ANSWER_TOKEN_WORDS.items():
             self._id_to_text[token_id] = word
         self._encode_cache: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {}

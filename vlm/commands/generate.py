@@ -25,9 +25,8 @@ from vlm.scenes.schema import CATEGORIES, Scene
 class CommandsConfig:
     seed: int = 0
     questions_per_image: int = 8
-    # the train split's own mix (README, params): questions per image (None: the above), type weights (unnamed: 1)
-    train_questions_per_image: int | None = None
-    train_type_weights: dict = field(default_factory=dict)
+    train_questions_per_image: int | None = None  # the train split's own mix (README, params); None: the above
+    train_type_weights: dict = field(default_factory=dict)  # the train split's command type weights (unnamed: 1)
     splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     balance_tolerance: float = 1.1
     command_types: list[str] = field(default_factory=lambda: list(COMMAND_TYPES))

@@ -11,8 +11,7 @@ VULNERABLE = frozenset({"pedestrian", "rider"})
 # a road user is in a manoeuvre's path when its box's bottom-centre is in its band of columns, below PATH_MIN_Y
 PATHS = {"left": (0.0, 0.5), "straight": (1 / 3, 2 / 3), "right": (0.5, 1.0)}
 PATH_MIN_Y = 0.6
-# "On the left/right side": the box centre lies in the left/right third of the image.
-SIDES = {"left": (0.0, 1 / 3), "right": (2 / 3, 1.0)}
+SIDES = {"left": (0.0, 1 / 3), "right": (2 / 3, 1.0)}  # "on the left side": the box centre in the left third
 
 YES, NO, MAYBE = "yes", "no", "maybe"
 

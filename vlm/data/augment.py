@@ -90,8 +90,7 @@ def augment_image(image: torch.Tensor, params: AugmentParams) -> torch.Tensor:
     return image.contiguous()
 
 
-# "left"/"right" (and -most) as words; "right of way" is a right, not a side.
-_SIDE_WORD = re.compile(r"\b(left|right)(most)?\b(?! of way)", re.IGNORECASE)
+_SIDE_WORD = re.compile(r"\b(left|right)(most)?\b(?! of way)", re.IGNORECASE)  # "right of way" is no side
 
 
 def _swapped_side(match: re.Match) -> str:

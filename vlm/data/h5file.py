@@ -14,8 +14,7 @@ import numpy as np
 from vlm.io import existing_file
 
 FORMAT_VERSION = 2  # 2: checksums
-# Pinned so that a newer HDF5 library writes the same bytes (and older readers can open the file).
-LIBVER = ("v110", "v110")
+LIBVER = ("v110", "v110")  # pinned: a newer HDF5 library writes the same bytes (and older readers can open them)
 STRING_DTYPE = h5py.string_dtype("utf-8")
 
 

@@ -34,9 +34,7 @@ class GemmaConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     initializer_range: float = 0.02  # std of the initial projections and embeddings (HF's name)
-    # Width of each attention head. None: hidden_size / num_attention_heads. As in HF it may differ from that
-    # (Gemma-7B: hidden 3072, 16 heads of 256); the projections then map hidden_size <-> heads * head_dim.
-    head_dim: int | None = None
+    head_dim: int | None = None  # None: hidden_size / heads; as in HF it may differ (Gemma-7B: 3072, 16 x 256)
 
     def __post_init__(self):
         if self.head_dim is None and self.num_attention_heads > 0 and self.hidden_size % self.num_attention_heads == 0:
@@ -100,8 +98,7 @@ class GemmaRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # pointwise ops only, which autocast leaves alone: the statistics stay in float32 under bf16 autocast
-        x32 = x.float()
+        x32 = x.float()  # pointwise ops only, which autocast leaves alone: float32 statistics under bf16 autocast
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * (1.0 + self.weight.float())).type_as(x)
 

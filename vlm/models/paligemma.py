@@ -37,8 +37,7 @@ from vlm.models.siglip import (
 )
 from vlm.params import ParamError, build_config, check
 
-# Fields of the model config that come from the data, never from params.yaml.
-_FROM_DATA = {
+_FROM_DATA = {  # fields of the model config that come from the data, never from params.yaml
     ("gemma", "vocab_size"): "the vocabulary size (data/processed/vocab.json)",
     ("siglip", "image_size"): "the packed image size (data/processed/*_images.h5)",
     ("siglip", "image_width"): "the packed image size (data/processed/*_images.h5)",

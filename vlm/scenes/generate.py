@@ -27,9 +27,7 @@ from vlm.scenes.schema import Scene, scene_from_frame, scene_to_frame
 
 @dataclass
 class BDD100KConfig:
-    # the dataset folder, a dependency of generate_scenes in dvc.yaml; images and labels are relative to it (a path
-    # outside it would not be tracked)
-    root: str = "data/bdd100k"
+    root: str = "data/bdd100k"  # the dataset folder, a dvc.yaml dependency: images and labels are paths inside it
     images: str = "images/100k/train"
     labels: str = "labels/det_20/det_train.json"
     on_missing: Literal["error", "skip"] = "error"

@@ -634,8 +634,7 @@ def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
         size = (int(math.ceil(x2)) + 1 - ox, int(math.ceil(y2)) + 1 - oy)
         own = _silhouettes([t], (ox, oy), size)
         total = int(own.sum())
-        # The part of the silhouette outside the image is truncation, not occlusion.
-        cx1, cy1 = max(0, -ox), max(0, -oy)
+        cx1, cy1 = max(0, -ox), max(0, -oy)  # outside the image: truncation, not occlusion
         cx2, cy2 = min(size[0], width - ox), min(size[1], height - oy)
         own_in = own[cy1:cy2, cx1:cx2] if cx2 > cx1 and cy2 > cy1 else own[:0, :0]
         visible_total = int(own_in.sum())
@@ -686,8 +685,7 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
         for cx, cy, r in layout.decor["clouds"]:
             c = shade((235, 235, 240) if layout.weather == "clear" else (120, 122, 128))
             d.ellipse((cx - r, cy - r * 0.35, cx + r, cy + r * 0.35), fill=c)
-    # Distant hills or skyline on the horizon.
-    hills = layout.decor["hills"]
+    hills = layout.decor["hills"]  # distant hills or a skyline on the horizon
     if city:
         for i, v in enumerate(hills):
             bx = w * i / len(hills)

@@ -10,8 +10,7 @@ from typing import Any
 # det_20 detection categories, in the order of the BDD100K documentation.
 CATEGORIES = ("pedestrian", "rider", "car", "truck", "bus", "train", "motorcycle", "bicycle",
               "traffic light", "traffic sign")
-# 2018 names -> det_20 names.
-CATEGORY_ALIASES = {"person": "pedestrian", "bike": "bicycle", "motor": "motorcycle"}
+CATEGORY_ALIASES = {"person": "pedestrian", "bike": "bicycle", "motor": "motorcycle"}  # 2018 names -> det_20 names
 # Labelled in BDD100K but not part of the det_20 benchmark: skipped, as the official evaluation does.
 IGNORED_CATEGORIES = frozenset({"other person", "other vehicle", "trailer"})
 # 2018 segmentation-style labels (poly2d only, no box): skipped.

@@ -22,8 +22,7 @@ from vlm.params import check
 
 @dataclass
 class PerceptionConfig:
-    # Channels of the convolutional stem, one stride-2 stage per entry (2**len = the patch size); [] = none.
-    stem_channels: list[int] = field(default_factory=list)
+    stem_channels: list[int] = field(default_factory=list)  # a stride-2 stage each (2**len = patch size); [] = none
     heads: dict[str, float] = field(default_factory=dict)  # head name -> weight of its loss in training; 0 = off
     to_decoder: bool = False  # the decoder reads the heads' maps per patch and their summaries as one more token
     # probe: the decoder reads the label maps (Batch.targets) instead of the heads' predictions, in training and

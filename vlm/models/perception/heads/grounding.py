@@ -15,9 +15,7 @@ from vlm.models.siglip import SiglipVisionConfig
 
 NUM_THRESHOLDS = 10  # totals thermometer-coded at 0.5, 1.5, ..., 9.5
 MAX_LOG_COUNT = 4.0  # count logits are log-rates: clamped before exp in the maps (at most e^4 ~ 55 per patch)
-# The frame loss (per image) is scaled to the patch loss (a mean over many mostly-empty patches), so that it
-# does not pull the encoder away from the objects (docs/experiments.md).
-FRAME_LOSS_WEIGHT = 0.1
+FRAME_LOSS_WEIGHT = 0.1  # to the patch loss's scale: else it pulls the encoder off the objects (docs/experiments.md)
 
 
 class GroundingHead(AuxiliaryHead):

@@ -213,8 +213,7 @@ def _pick(table: pd.DataFrame, n: int, seed: int) -> list[int]:
 @torch.no_grad()
 def attention_grids(loaded: LoadedModel, rows: pd.DataFrame, image_paths: dict[str, Path], scenes: dict[str, Scene],
                     device: torch.device) -> np.ndarray | None:
-    """The attention from [SEP] to the image tokens of each row's question (mean over layers and heads) as
-    the token grid ``[B, Gh, Gw]``; None with the Q-Former, whose tokens are queries, not cells of a grid."""
+    """The mean attention from [SEP] to the image tokens as the token grid ``[B, Gh, Gw]``; None with the Q-Former."""
     config = loaded.model.config
     if config.connector != "linear":
         return None

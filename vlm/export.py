@@ -141,8 +141,7 @@ def tokenizer_config() -> dict[str, Any]:
 
 
 def processor_config(loaded: LoadedModel) -> dict[str, Any]:
-    """processor_config.json: ``PaliGemmaProcessor`` with SigLIP's image processor, which squashes an image to
-    the packed size with the packing's filter and normalises it with the train split's mean and std."""
+    """processor_config.json: SigLIP's image processor squashing to the packed size, filter and mean/std of packing."""
     config, side = loaded.model.config, loaded.image_size
     return {
         "processor_class": "PaliGemmaProcessor", "image_processor": {

@@ -126,8 +126,8 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
 
 @contextlib.contextmanager
 def json_list_writer(path: str | os.PathLike) -> Iterator[Callable[[Any], None]]:
-    """Yield ``write(item)``: a JSON list written atomically with one compact item per line, one document
-    yet diffable, as items come (none is held); the file appears when the block ends without an error."""
+    """Yield ``write(item)``: a JSON list written atomically, one compact item per line as they come (none is held);
+    the file appears when the block ends without an error."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write("[\n")
         separator = ""

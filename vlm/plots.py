@@ -46,8 +46,7 @@ def save_image(image: Image.Image, path: Path) -> None:
 
 def contact_sheet(tiles: list[tuple[Image.Image, list[Line]]], columns: int = 4, tile_width: int = 400,
                   font_size: int = 13, max_lines: int = 4) -> Image.Image:
-    """A grid of ``tiles``, ``(image, [(text, rgb), ...])``: each image resized to ``tile_width`` (the first one's
-    aspect), its caption lines underneath, clipped to ``max_lines`` lines that fit the tile width."""
+    """A grid of ``tiles`` ``(image, [(text, rgb), ...])``, images at ``tile_width``, clipped captions underneath."""
     font = ImageFont.load_default(size=font_size)
     line_h = font_size + 4
     first = tiles[0][0]
@@ -157,8 +156,7 @@ def summary_figure(metrics: dict) -> Figure:
 
 
 def slices_figure(slices: dict[str, dict], counts: dict[str, dict]) -> Figure:
-    """Accuracy per condition, VLM and blind side by side, one panel per dimension (in ``counts``' order):
-    ``slices`` ``{model: {dimension: {value: accuracy}}}``, ``counts`` ``{dimension: {value: questions}}``."""
+    """Accuracy per condition, VLM and blind side by side, a panel per dimension of ``counts`` (questions bracketed)."""
     dimensions = list(counts)
     columns = 4
     rows = -(-len(dimensions) // columns)

@@ -75,8 +75,7 @@ class Processor:
 
     def __call__(self, images: Sequence[torch.Tensor], questions: Sequence[str],
                  image_index: Sequence[int] | None = None, answers: Sequence[str] | None = None, **fields) -> Batch:
-        """A Batch asking ``questions`` of ``images`` (uint8 ``[3, H, W]`` each, from :meth:`image`): question i
-        of image ``image_index[i]`` (default: of image i); with ``answers``, labelled for a loss."""
+        """A Batch asking ``questions`` of ``images`` (whose: ``image_index``, default one each), with ``answers``."""
         question_ids = [torch.tensor(self.tokenizer.encode_question(q)) for q in questions]
         answer_ids = None if answers is None else [torch.tensor(self.tokenizer.encode_answer(a)) for a in answers]
         return make_batch(torch.stack(list(images)), range(len(questions)) if image_index is None else image_index,

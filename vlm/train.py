@@ -212,8 +212,7 @@ def compile_layers(model: torch.nn.Module) -> None:
 
 
 class Curves:
-    """The run's per-step curves through dvclive (rank 0; docs/architecture.md, train): :meth:`update` logs the
-    history's records not logged yet, each at its optimizer step, and rewrites the summary ``metrics.json``."""
+    """The run's per-step curves through dvclive (rank 0): each history record at its step, then the summary."""
 
     def __init__(self, folder: Path):
         self.live = Live(str(folder), dvcyaml=False, save_dvc_exp=False)  # a new run: the folder starts empty
@@ -262,8 +261,7 @@ class Run:
 def train(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPaths, *, blind: bool = False,
           progress: bool = True, frame_size: tuple[float, float] | None = None,
           runtime: TrainRuntime | None = None) -> dict[str, Any]:
-    """Train a VLM (or, with ``blind``, its :func:`blind_baseline`) and return its metrics. ``frame_size``: the
-    frames' width and height, which the label boxes behind the heads' targets are in (needed with heads)."""
+    """Train a VLM (or its :func:`blind_baseline`); return its metrics. ``frame_size``: the label boxes' frame size."""
     if blind:
         model_params, config = blind_baseline(model_params, config)
     run = setup(model_params, config, paths, frame_size, runtime)
@@ -276,8 +274,8 @@ def train(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
 
 
 def blind_baseline(model_params: Mapping[str, Any], config: TrainConfig) -> tuple[dict[str, Any], TrainConfig]:
-    """The text-only baseline of the VLM ``model_params`` describes (docs/architecture.md, train and train_blind):
-    the same decoder, no image, ``train.blind_epochs`` epochs, of the augmentation only the mirror."""
+    """The text-only baseline (docs/architecture.md, train_blind): the same decoder, no image, of the augmentation
+    only the mirror, ``train.blind_epochs`` epochs."""
     params = {"vision": "none", "gemma": model_params.get("gemma", {}),
               "decoder_checkpoint": model_params.get("decoder_checkpoint")}
     augment = AugmentConfig(hflip_prob=config.augment.hflip_prob, brightness=0.0, contrast=0.0, saturation=0.0,
@@ -466,8 +464,7 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
 
 # The loop's helpers
 def forward_backward(run: Run, batch: Batch, *, sync_grads: bool, where: str) -> tuple[VLMOutput, torch.Tensor]:
-    """The forward and backward pass of one batch (on device): the output and the training loss (under DDP the gradients
-    are averaged over the processes only when ``sync_grads``: the last batch of an accumulation window)."""
+    """Forward and backward pass of one batch; under DDP the gradients sync only at an accumulation window's end."""
     sync = nullcontext() if sync_grads or run.dist.world_size == 1 else run.ddp_model.no_sync()
     with sync, autocast(run.device):
         output = run.ddp_model(batch, answer_only=True)
@@ -495,8 +492,7 @@ def optimizer_step(run: Run) -> None:
 
 
 class StepWindow:
-    """Means over the forward passes of one optimizer step, for its record: the training loss, each loss of the
-    model's loss dict and the accuracy (under DDP over the processes too, so the curve is the one of one process)."""
+    """Means over the forward passes of one optimizer step (and under DDP over the processes) for its record."""
 
     def __init__(self):
         self.sums: dict[str, float] = {}
@@ -530,8 +526,7 @@ def save_resume(run: Run, state: TrainState) -> None:
 
 
 def validate(run: Run) -> dict[str, float]:
-    """``val/accuracy``, the exact-match accuracy on val (rank 0 computes, every rank receives it), and on rank 0 the
-    perception heads' own measures, the decoder left out (e.g. ``val/counts/exact``)."""
+    """``val/accuracy`` (computed on rank 0, broadcast) and, on rank 0, the perception heads' own val measures."""
     accuracy, measures = torch.zeros(1, device=run.device), {}
     if run.dist.is_main:
         run.model.eval()
@@ -563,8 +558,7 @@ def hold_in_memory(runtime: TrainRuntime, files: list[Path], processes_here: int
 
 def fingerprint(model_config: VLMConfig, config: TrainConfig, paths: TrainPaths, world_size: int,
                 frame_size: tuple[float, float] | None) -> str:
-    """Identifies a run: a resume checkpoint is used only by a run with the same fingerprint (params, data
-    and the code of the ``vlm`` package: a checkpoint written by other code is not resumed)."""
+    """Identifies a run (params, data and the ``vlm`` code): only a run with the same uses a resume checkpoint."""
     files = [paths.vocab, *paths.split("train"), *paths.split("val")]
     payload = {"model": model_config.to_dict(), "train": asdict(config), "world_size": world_size,
                "frame_size": frame_size, "code": code_sha256(),

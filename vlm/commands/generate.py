@@ -263,8 +263,7 @@ class BalancedCommands:
         return out
 
     def write(self, folder: str | os.PathLike, collect: Collection[str] = ()) -> list[tuple[str, list[dict]]]:
-        """Write each split's records to ``folder/{split}.json`` (one record per line, written as picked);
-        return ``(image file name, records)`` of the images whose ids are in ``collect``, in id order."""
+        """Write each split's records to ``folder/{split}.json``; return ``(file name, records)`` of ``collect``'s."""
         collected: dict[str, tuple[str, list[dict]]] = {}
         position_in_split: Counter = Counter()
         with contextlib.ExitStack() as stack:

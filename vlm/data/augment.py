@@ -63,8 +63,7 @@ def sample_augment_params(config: AugmentConfig, seed: int, epoch: int, image_ro
 
 @contextlib.contextmanager
 def single_threaded_torch() -> Iterator[None]:
-    """Run torch ops on the calling thread only (as in DataLoader workers), restoring the thread count afterwards:
-    reductions (the contrast mean) then run in the same order, so 0 and N workers give bit-identical images."""
+    """Run torch ops on the calling thread only (as in workers): reductions in one order, bit-identical images."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -77,8 +77,7 @@ class TrafficVQADataset(Dataset):
             self.images.close()
 
     def _match_records(self) -> tuple[list[dict[str, Any]], np.ndarray, int]:
-        """The split's records whose image is packed, the row of each one's image ``[Q]``, and how many were
-        dropped because the pack stage skipped their image as corrupt (any other missing image is an error)."""
+        """The records whose image is packed, each one's image row ``[Q]``, and how many the pack stage left out."""
         row_of_image = {image_id: row for row, image_id in enumerate(self.images.image_ids)}
         skipped = set(self.images.skipped_image_ids)
         records, rows, dropped = [], [], 0
@@ -108,8 +107,7 @@ class TrafficVQADataset(Dataset):
             self._mirrored_answer_ids = TokenTable(self._mirrored_answers, tokenizer.encode_answer)
 
     def _prepare_targets(self) -> tuple[np.ndarray | None, list[str] | None]:
-        """In RAM, every image's targets float32 ``[N, Gh*Gw, C]``; else the label frames they are built from per
-        fetch (checked now, so that a bad label fails before training, not in the middle of an epoch)."""
+        """In RAM, every image's targets ``[N, Gh*Gw, C]``; else their label frames, checked now (not mid-epoch)."""
         if self.targets is None:
             return None, None
         annotations = self.images.read_annotations()

@@ -79,8 +79,7 @@ class PackedImageWriter:
 
 
 class PackedImageReader:
-    """Read access to a packed file, safe across ``fork``: the header (ids, ``image_size`` the height,
-    ``image_width``, stats) is read in the constructor; each process opens its own handle on first use."""
+    """Read access to a packed file, safe across ``fork``: the header is read now, a handle per process on first use."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = existing_file(path, "packed image file")

@@ -47,15 +47,13 @@ def decode_image(path: str | os.PathLike | IO[bytes], image_size: int, resample:
 
 
 def native_width(frame_size: tuple[float, float], height: int, multiple: int) -> int:
-    """The width of an image ``height`` pixels high with the aspect of a ``frame_size`` (width, height) frame,
-    rounded to the nearest multiple of ``multiple`` (at least one): ``pack.aspect: native``'s width."""
+    """``pack.aspect: native``'s width: ``frame_size``'s aspect at ``height``, rounded to a multiple of ``multiple``."""
     frame_width, frame_height = frame_size
     return max(1, round(height * frame_width / frame_height / multiple)) * multiple
 
 
 def letterbox(image: Image.Image, aspect: float) -> Image.Image:
-    """``image`` centred on black bars (above and below, or left and right) so that its width / height is
-    ``aspect``: nothing cropped, nothing stretched; an image of that aspect comes back as it is."""
+    """``image`` centred on black bars to the ``aspect`` width / height: nothing cropped, nothing stretched."""
     width, height = image.size
     padded = (max(width, round(height * aspect)), max(height, round(width / aspect)))
     if padded == (width, height):

@@ -130,8 +130,7 @@ class SplitImages:
 def collect_split_images(labels_path: str | os.PathLike, source_path: str | os.PathLike,
                          commands_dir: str | os.PathLike, splits: tuple[str, ...] = SPLITS,
                          root: str | os.PathLike = ".") -> list[SplitImages]:
-    """Resolve every split's images before any decoding: each has a frame in the labels file and a file under the
-    source's ``image_dir``, and no image id is used by two splits (else one clear error)."""
+    """Every split's images, resolved before decoding: a frame, a file, and no image in two splits (else one error)."""
     frames = read_json(labels_path, "labels file")
     if not isinstance(frames, list):
         raise ValueError(f"{labels_path}: expected a list of frames, got {type(frames).__name__}")
@@ -266,8 +265,7 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
 
 def repack_resized(src_path: str | os.PathLike, dst_path: str | os.PathLike, image_size: int,
                    max_images: int | None = None, resample: str = "bicubic") -> None:
-    """Copy a packed file at another image size (the first ``max_images`` images), streamed: ``image_size`` high
-    and as wide as the packed file's aspect (rounded); the loader profile's second resolution."""
+    """Copy a packed file (its first ``max_images``) at ``image_size`` high, its aspect kept: the profile's 2nd size."""
     reader = PackedImageReader(src_path)
     count = len(reader) if max_images is None else min(max_images, len(reader))
     annotations = reader.read_annotations()

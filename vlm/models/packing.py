@@ -23,8 +23,7 @@ class PackedRows:
     @classmethod
     def build(cls, image_index: torch.Tensor, num_rows: int, num_image_tokens: int,
               attention_mask: torch.Tensor, prefix_lengths: torch.Tensor) -> PackedRows:
-        """The layout of B right-padded questions (``attention_mask`` ``[B, L]``, ``prefix_lengths`` ``[B]``)
-        in ``num_rows`` rows, question b in row ``image_index[b]``, after ``num_image_tokens`` image slots."""
+        """The layout of B right-padded questions in ``num_rows`` rows (``image_index``), after the image slots."""
         device = attention_mask.device
         num, length = attention_mask.shape
         image_slots = num_image_tokens

@@ -134,8 +134,7 @@ class PaliGemmaConfig:
 
 
 def encoder_patch_size(model_section: Mapping[str, Any]) -> tuple[Any, str] | None:
-    """The vision encoder's patch size (``model.siglip.patch_size``, or the pretrained
-    ``model.vision_checkpoint``'s) and the key that sets it; None for the blind baseline, which reads no image."""
+    """The encoder's patch size (``model.siglip``'s or ``model.vision_checkpoint``'s) and its key; None: blind."""
     if model_section.get("vision", "siglip") != "siglip":
         return None
     checkpoint = model_section.get("vision_checkpoint")

@@ -46,8 +46,7 @@ def read_labels(path: str | os.PathLike) -> list[Scene]:
 
 def match_images(scenes: list[Scene], image_dir: str | os.PathLike, on_missing: str = "error",
                  show: int = 5) -> tuple[list[Scene], ReadReport]:
-    """Keep the scenes whose image exists in ``image_dir``; for the others ``on_missing="error"`` raises
-    :class:`MissingImagesError` with the count and the first names, ``"skip"`` drops them and reports how many."""
+    """Keep the scenes whose image is in ``image_dir``; for the others, ``on_missing``: raise (``"error"``) or skip."""
     image_dir = Path(image_dir)
     if not image_dir.is_dir():
         raise FileNotFoundError(f"BDD100K images folder not found: {image_dir}")

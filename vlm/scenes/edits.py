@@ -92,8 +92,7 @@ def _clear_of(box: tuple[float, float, float, float], things: list[Thing]) -> bo
 
 
 def add_pedestrian(original: Rendered, rng: np.random.Generator, config: RenderConfig, tries: int = 20):
-    """A pedestrian where nothing hides it and it hides nothing, feet below rules.PATH_MIN_Y of the frame
-    (7 to 12 m ahead) and centred in one manoeuvre's band; not applicable when no such place is found."""
+    """A pedestrian 7 to 12 m ahead in one manoeuvre's band, hiding nothing and hidden by nothing; None if none fits."""
     manoeuvre = ("left", "straight", "right")[int(rng.integers(3))]
     cam = Camera(config.width, config.height, original.layout.horizon, original.layout.vanish_x)
     low, high = rules.PATHS[manoeuvre]

@@ -262,8 +262,7 @@ def _sample_crossing_vehicles(rng: np.random.Generator, layout: Layout, cam: Cam
 
 
 def _sample_two_wheelers(rng: np.random.Generator, layout: Layout, cam: Camera) -> None:
-    """Motorcycles, and on a city street bicycles, with their riders, side view, along the road edges or
-    crossing. A bike and its rider share a group (1, 2, ... in the order drawn), so neither occludes the other."""
+    """Motorcycles (and bicycles on a city street) with riders, side view; a bike and its rider share a group."""
     left, right = road_extent(layout)
     n_motor = int(rng.choice(3, p=(0.55, 0.3, 0.15)))
     n_bike = int(rng.choice(3, p=(0.55, 0.3, 0.15))) if layout.scene == "city street" else 0
@@ -309,8 +308,7 @@ def _sample_pedestrians(rng: np.random.Generator, layout: Layout, cam: Camera, c
 
 
 def _sample_traffic_lights(rng: np.random.Generator, layout: Layout, cam: Camera) -> None:
-    """One to three traffic lights at the intersection of most city streets, all showing the same phase (or
-    all dark); overhead when they stand over the road, on a pole beside it otherwise. None on a highway."""
+    """One to three traffic lights at most city intersections, one phase (or dark), overhead or on a pole."""
     if layout.scene != "city street" or rng.random() >= 0.9:
         return
     left, right = road_extent(layout)
@@ -617,8 +615,7 @@ def _silhouettes(things: list[Thing], origin: tuple[int, int], size: tuple[int, 
 
 
 def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
-    """Fraction of each thing's silhouette (``things`` far to near) hidden by nearer things of other groups; only
-    things whose box meets a nearer thing's box, or leaves the image, need their silhouettes drawn."""
+    """Fraction of each thing's silhouette hidden by nearer things of other groups (``things`` far to near)."""
     boxes = np.array([t.box for t in things], dtype=np.float64).reshape(-1, 4)
     hidden = []
     for k, t in enumerate(things):
@@ -819,8 +816,7 @@ def with_visibility(things: list[Thing], width: int, height: int) -> list[tuple[
 
 def render_layout(layout: Layout, settled: list[tuple[Thing, float]], name: str, config: RenderConfig
                   ) -> tuple[Image.Image, Scene]:
-    """Paint ``layout`` with the ``settled`` things (far to near, each with its hidden fraction, as
-    :func:`settle_occlusion` or :func:`with_visibility` give them); return the image and its labels."""
+    """Paint ``layout`` with the ``settled`` things (far to near, with hidden fractions); return image and labels."""
     w, h = config.width, config.height
     cam = Camera(w, h, layout.horizon, layout.vanish_x)
     shade = make_shade(layout.timeofday, layout.weather)

@@ -107,8 +107,7 @@ class TargetTransform:
 
 
 def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[int, int]) -> np.ndarray:
-    """float32 ``[Gh*Gw, C]`` targets of one scene whose frame is ``width`` x ``height`` pixels, on ``grid``
-    (a side, or ``(rows, columns)``): the frame's boxes scaled to the grid on each axis."""
+    """float32 ``[Gh*Gw, C]`` targets of a scene whose frame is ``width`` x ``height`` pixels on ``grid``."""
     rows, columns = grid_shape(grid)
     targets = np.zeros((rows, columns, len(CHANNELS)), dtype=np.float32)  # [Gh, Gw, C]
 

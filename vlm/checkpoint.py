@@ -1,8 +1,6 @@
 """Every checkpoint file is written and read here: the model (``models/vlm.pt``, a ``torch.save`` dict whose keys
 docs/architecture.md lists, train) and the resume state (:func:`save_resume`, :func:`read_resume`)."""
 
-from __future__ import annotations
-
 import hashlib
 import io
 import logging

@@ -1,8 +1,6 @@
 """Running a stage script: bad input ends with one clear line on stderr, not a traceback; DDP under torchrun; paths
 that must outlive DVC's temporary copy of the repository."""
 
-from __future__ import annotations
-
 import logging
 import os
 import sys

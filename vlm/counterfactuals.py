@@ -1,8 +1,6 @@
 """Counterfactual consistency: change one thing in a test scene (:mod:`vlm.scenes.edits`), and check that the model's
 answers change exactly where the answer rules say they must (docs/architecture.md, counterfactuals)."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -1,8 +1,6 @@
 """The ``evaluate`` stage: the VLM and its blind baseline on the test split, side by side (the headline metrics, the
 slices, the details, tables and pictures: docs/architecture.md, evaluate)."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

@@ -4,8 +4,6 @@ the function that writes it): ``python -m vlm.export --checkpoint models/vlm.pt 
 design is transformers' PaliGemma: :func:`departures` lists everything else, and the export stops with one line
 naming what to change. How our token layout maps to transformers': docs/architecture.md, the model."""
 
-from __future__ import annotations
-
 import argparse
 import json
 import shlex

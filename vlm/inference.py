@@ -1,7 +1,5 @@
 """Running a trained model: constrained answers over a dataset, or over any images and questions."""
 
-from __future__ import annotations
-
 from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np

@@ -1,8 +1,6 @@
 """Atomic, deterministic file output: every stage writes through these helpers, so that a failed or killed stage never
 leaves a half-written file that looks valid (a temporary sibling first, moved into place with ``os.replace``)."""
 
-from __future__ import annotations
-
 import contextlib
 import errno
 import glob

@@ -1,8 +1,6 @@
 """Reading ``params.yaml`` and validating its sections before any expensive work starts. ``load_params``' view records
 every key read inside ``with recording_reads()``: tests/test_stage_params.py checks them against dvc.yaml."""
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import os

@@ -1,8 +1,6 @@
 """The processor: images and questions (and answers) -> a :class:`vlm.batch.Batch`, as HuggingFace's
 ``PaliGemmaProcessor``; :func:`make_batch` lays out the token sequences for the training collate too."""
 
-from __future__ import annotations
-
 import io
 import os
 from collections.abc import Sequence

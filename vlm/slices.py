@@ -1,8 +1,6 @@
 """Robustness slices: the conditions each test question was asked under (a value per dimension, ``None`` where it does
 not apply; the dimensions: docs/architecture.md, evaluate), from the labels only (synthetic and BDD100K alike)."""
 
-from __future__ import annotations
-
 import pandas as pd
 
 from vlm.commands import rules

@@ -1,8 +1,6 @@
 """The project's model: the PaliGemma core (:mod:`vlm.models`) with the traffic perception beside it
 (:mod:`vlm.models.perception`; off: the plain core), built from the ``model:`` section of params.yaml."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 
 from vlm.models.paligemma import PaliGemma, PaliGemmaConfig, load_pretrained

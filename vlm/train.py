@@ -2,8 +2,6 @@
 to bottom in :func:`train`: :func:`setup`, :func:`resume`, :func:`train_epoch` and :func:`end_epoch` for each epoch,
 :func:`finish`. What it writes, how it resumes and runs under ``torchrun``: docs/architecture.md (train, Training)."""
 
-from __future__ import annotations
-
 import hashlib
 import json
 import logging

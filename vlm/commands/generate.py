@@ -1,8 +1,6 @@
 """Turning labelled scenes into balanced question/answer records, split by image. Balancing follows CLEVR
 (docs/architecture.md, generate_commands): greedy picks per image (:func:`_pick`), then rejection (:func:`_trim`)."""
 
-from __future__ import annotations
-
 import contextlib
 import math
 import os

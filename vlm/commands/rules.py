@@ -1,8 +1,6 @@
 """Every answer rule in one place, from a normalised :class:`~vlm.scenes.Scene` only: the same rules answer questions
 about synthetic scenes and BDD100K frames, so nothing here looks at pixels; geometry is in fractions of the image."""
 
-from __future__ import annotations
-
 from vlm.scenes.schema import UNDEFINED, Scene, SceneObject
 
 ROAD_USERS = frozenset({"pedestrian", "rider", "car", "truck", "bus", "train", "motorcycle", "bicycle"})

@@ -1,8 +1,6 @@
 """Question templates: what can be asked about a scene, in several phrasings, with the answer. A template with its
 parameters is a *question key* (``counting/more_than|car|3``): answer balancing works on keys, not phrasings."""
 
-from __future__ import annotations
-
 import re
 import string
 from dataclasses import dataclass

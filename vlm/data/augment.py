@@ -1,8 +1,6 @@
 """Training augmentation (docs/architecture.md, data path): an image's draw comes from a generator seeded by ``(seed,
 epoch, image_row)``, so 0 or N DataLoader workers yield identical batches; a flip swaps "left" and "right" in text."""
 
-from __future__ import annotations
-
 import contextlib
 import re
 from collections.abc import Iterator

@@ -1,7 +1,5 @@
 """Collate samples into a :class:`vlm.batch.Batch`, with dynamic padding and one copy per image."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from typing import Any
 

@@ -1,7 +1,5 @@
 """Reading the per-split commands files (``data/processed/commands/{split}.json``) with checked fields."""
 
-from __future__ import annotations
-
 import os
 from typing import Any
 

@@ -1,8 +1,6 @@
 """``TrafficVQADataset``: one sample per question over a split's commands and its packed images; text tokenised once
 at construction, each distinct image of a batch read and augmented once (docs/architecture.md, data path)."""
 
-from __future__ import annotations
-
 import os
 from collections.abc import Callable, Sequence
 from itertools import chain

@@ -1,7 +1,5 @@
 """Decoding an image file as the packed data holds it: what pack_hdf5 stores and what the processor feeds a model."""
 
-from __future__ import annotations
-
 import os
 from typing import IO
 

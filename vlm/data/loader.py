@@ -1,7 +1,5 @@
 """The project's DataLoader: grouped batches, batched fetch, our collate, uint8 images."""
 
-from __future__ import annotations
-
 import functools
 
 import torch

@@ -2,8 +2,6 @@
 reads one image, converts, normalises and permutes it with numpy and tokenises the question and answer, padded for the
 default collate; ``TrafficVQADataset`` does each of these once per split or once per image."""
 
-from __future__ import annotations
-
 import os
 from typing import Any
 

@@ -1,8 +1,6 @@
 """The ``pack_hdf5`` stage (docs/architecture.md): each split's JPEGs decoded and resized into one HDF5 file, in a
 process pool whose results come back in order, a bounded number in flight, streamed to disk (memory stays flat)."""
 
-from __future__ import annotations
-
 import json
 import multiprocessing
 import os

@@ -1,8 +1,6 @@
 """The ``profile_dataloader`` stage (docs/architecture.md): samples/s of the naive loader and ours (``ours_hdf5``,
 ``ours_ram``), interleaved and repeated (``rounds``, the best counts) so that machine noise hits all alike."""
 
-from __future__ import annotations
-
 import functools
 import itertools
 import json

@@ -1,8 +1,6 @@
 """A batch sampler that keeps the questions of an image together (the image is encoded once): per epoch the images are
 shuffled by ``(seed, epoch)``, packed greedily; under DDP rank r takes part r (docs/architecture.md, Training)."""
 
-from __future__ import annotations
-
 from collections.abc import Iterator, Sequence
 
 import numpy as np

@@ -1,7 +1,5 @@
 """What the SigLIP encoder, the Gemma decoder and the connectors share: the attention core and the weight init."""
 
-from __future__ import annotations
-
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,8 +1,6 @@
 """The linear connector: PaliGemma's multi-modal projector, with optional pixel shuffle (each r x r block of
 neighbouring patch features concatenated into one token; r = 1 is PaliGemma's; docs/architecture.md, departure 4)."""
 
-from __future__ import annotations
-
 import torch
 from torch import nn
 

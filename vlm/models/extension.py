@@ -1,8 +1,6 @@
 """The one interface through which a task adds to the PaliGemma core: **adapt** the pixels, **read** the patch
 features, **learn** from ``Batch.targets`` (docs/architecture.md, "Where it departs"); parameters: ``extension.*``."""
 
-from __future__ import annotations
-
 from typing import Any, NamedTuple
 
 import torch

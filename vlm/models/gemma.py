@@ -3,8 +3,6 @@ Attention masks are boolean ``[B, 1, Q, K]`` (True = may attend), built once per
 shared by all layers. Tokens live in *slots* (their index in the key sequence or the cache) and have *positions* (their
 RoPE index); the two differ only when several continuations share one prefix (see ``PaliGemma.answer``)."""
 
-from __future__ import annotations
-
 import dataclasses
 import logging
 import os

@@ -1,8 +1,6 @@
 """Reading HuggingFace checkpoints on disk (no download): a folder with ``config.json`` and
 ``model.safetensors`` or ``pytorch_model.bin``, or one such weights file."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 from typing import Any

@@ -2,8 +2,6 @@
 the vision features in layers 0, f, 2f, ... (f = ``cross_attention_freq``), then projected to the decoder's width;
 HuggingFace BLIP-2's parameter names, so ``QFormerModel`` loads a ``Blip2QFormerModel`` state_dict."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch

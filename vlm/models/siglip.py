@@ -1,8 +1,6 @@
 """SigLIP vision encoder (ViT without CLS token) with the parameter names of the pinned transformers'
 ``SiglipVisionModel`` (``vision_use_head=False``; docs/architecture.md, the model): its state_dict loads strictly."""
 
-from __future__ import annotations
-
 import math
 import os
 import re

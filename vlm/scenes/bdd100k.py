@@ -1,7 +1,5 @@
 """Reading a real BDD100K labels file and matching it against the images on disk."""
 
-from __future__ import annotations
-
 import logging
 import os
 from dataclasses import dataclass

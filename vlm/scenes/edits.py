@@ -1,8 +1,6 @@
 """Edits of a rendered scene: one thing changes, the rest of the layout is drawn again as it was (occlusion is
 measured again). What each edit does: docs/architecture.md (counterfactuals); one that cannot apply returns None."""
 
-from __future__ import annotations
-
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -1,8 +1,6 @@
 """The ``generate_scenes`` stage (docs/architecture.md): synthetic scenes rendered in parallel, or a BDD100K folder
 read (its images in place, their content digest in ``source.json``), into one folder replaced atomically."""
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import hashlib

@@ -10,8 +10,6 @@ Geometry is a pinhole camera over a flat road: a point at ground depth ``z`` met
 row ``y = horizon + s * (H - horizon)`` with ``s = Z_BOTTOM / z``, and a width of ``w`` metres at that
 depth spans ``w * PX_PER_M * s`` pixels."""
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache

@@ -1,8 +1,6 @@
 """The normalised scene record every downstream stage sees, read from both BDD100K dialects (2018 and det_20;
 docs/architecture.md, generate_scenes) by :func:`scene_from_frame` and written as det_20 by :func:`scene_to_frame`."""
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 from typing import Any

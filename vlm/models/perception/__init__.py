@@ -4,8 +4,6 @@
 (``to_decoder``). What each part does and why: docs/architecture.md ("Where it departs from PaliGemma", points 1 to
 3); adding a head: its worked example."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from numbers import Real
 

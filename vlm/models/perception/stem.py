@@ -1,7 +1,5 @@
 """The convolutional stem: a vision adapter whose output the PaliGemma core adds to SigLIP's patch embedding."""
 
-from __future__ import annotations
-
 import math
 
 import torch

@@ -5,8 +5,6 @@ at the finest grid the enabled heads declare, from the label frame the packed da
 carries them as ``Batch.targets`` ``[N_img, Gh*Gw, C]`` (``Gh x Gw`` cells, rows first: square unless the images are,
 ``pack.aspect: native``)."""
 
-from __future__ import annotations
-
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass

@@ -3,8 +3,6 @@ map, a heatmap per category (``heat`` targets) and footpoint group (``foot``) wi
 reads the peaks (local maxima above 0.5) counted per channel and region (``CENTRE_REGIONS``, ``FOOT_REGIONS``),
 thermometer-coded, in the shared extra token (why: docs/architecture.md, departure 2)."""
 
-from __future__ import annotations
-
 import math
 
 import torch

@@ -3,8 +3,6 @@ quarter of the image size, Poisson per cell and per region sum; the decoder read
 and not detached, a token per channel (density counting: Lempitsky & Zisserman 2010; counting for VQA: Zhang et al.
 2018; why beside the centres head: docs/architecture.md, departure 2)."""
 
-from __future__ import annotations
-
 import math
 
 import torch

@@ -3,8 +3,6 @@ binary cross-entropy, ``centre`` counts with a Poisson loss, the ``frame`` group
 reads per patch, as thermometer-coded image totals and as a token per light colour (docs/architecture.md, departures
 2 and 3; why the lights have tokens of their own: docs/experiments.md)."""
 
-from __future__ import annotations
-
 import torch
 import torch.nn.functional as F
 from torch import nn

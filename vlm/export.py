@@ -1,8 +1,7 @@
-"""Export a trained model for transformers: a folder that ``PaliGemmaForConditionalGeneration`` and
-``AutoProcessor`` (or ``AutoTokenizer`` alone) load, with no code of this project (:data:`FILES`, each described by
-the function that writes it): ``python -m vlm.export --checkpoint models/vlm.pt --out models/hf``. Only the plain
-design is transformers' PaliGemma: :func:`departures` lists everything else, and the export stops with one line
-naming what to change. How our token layout maps to transformers': docs/architecture.md, the model."""
+"""Export a trained model for transformers: a folder that ``PaliGemmaForConditionalGeneration`` and ``AutoProcessor``
+(or ``AutoTokenizer`` alone) load without this project's code (:data:`FILES`):
+``python -m vlm.export --checkpoint models/vlm.pt --out models/hf``. Only the plain design exports: the export stops at
+any of :func:`departures`, naming what to change (the token layout's mapping: docs/architecture.md, the model)."""
 
 import argparse
 import json
@@ -115,9 +114,8 @@ def hf_config(config: VLMConfig) -> dict[str, Any]:
 
 
 def hf_tokenizer(vocab: Mapping[str, int]) -> Tokenizer:
-    """The ``tokenizers.Tokenizer`` of ``vocab`` (token -> id): vlm/tokenizer.py's words, "yes", "no", "maybe" the
-    ids of [YES], [NO], [MAYBE] (named by their word, so they decode to it), a line break [SEP]; the special tokens
-    match only as written and are skipped when decoding. Alone it encodes a question as ``encode_question`` does."""
+    """The ``tokenizers.Tokenizer`` of ``vocab``: our words, "yes"/"no"/"maybe" the ids of [YES]/[NO]/[MAYBE], a line
+    break [SEP], special tokens matched only as written; alone it encodes a question as ``encode_question`` does."""
     words = {token: i for token, i in vocab.items() if i >= FIRST_WORD_ID and token not in ANSWER_TOKEN_WORDS}
     table = {name: i for i, name in SPECIAL.items()} | ANSWER_TOKEN_WORDS | words
     tokenizer = Tokenizer(models.WordLevel(table, unk_token=SPECIAL[UNK]))

@@ -43,9 +43,8 @@ def perception_metrics(model, dataset: TrafficVQADataset, batch_size: int, devic
 def answer_questions(model, processor: Processor, images: Mapping[Hashable, torch.Tensor],
                      questions: Sequence[tuple[Hashable, str]], candidates: list[list[int]], batch_size: int,
                      device: torch.device, targets: Mapping[Hashable, torch.Tensor] | None = None) -> np.ndarray:
-    """Candidate probabilities ``[Q, C]`` of each ``(image key, question)``, the images uint8 ``[3, S, S]`` by key, in
-    batches of ``batch_size`` questions, an image's together so that it is encoded once; ``targets``: each image's
-    label maps, by key, for a model that reads them (:meth:`LoadedModel.label_targets`)."""
+    """Candidate probabilities ``[Q, C]`` of each ``(image key, question)``, the images uint8 by key, an image's
+    questions batched together; ``targets``: the label maps by key, for a model that reads them."""
     order = sorted(range(len(questions)), key=lambda i: str(questions[i][0]))  # an image's questions together
     probs = np.zeros((len(questions), len(candidates)), dtype=np.float32)
     for start in range(0, len(order), batch_size):

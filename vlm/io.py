@@ -18,10 +18,9 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EAC
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path`` (the caller creates a file or a folder there), moved onto ``path`` on
-    success. On any exception the temporary is removed and ``path`` left untouched; a full disk or an unwritable folder
-    is re-raised as an ``OSError`` naming ``path``. The temporary (``.{name}.{pid}.{random}.tmp``) carries the writer's
-    pid, so those of a killed process (no ``finally`` runs on SIGKILL) are removed by the next write of ``path``."""
+    """Yield a temporary path beside ``path`` (the caller creates a file or folder there), moved onto ``path`` on
+    success; on an exception it is removed, ``path`` untouched (a full disk, an unwritable folder: an ``OSError`` naming
+    ``path``). Its name (``.{name}.{pid}.{random}.tmp``) lets the next write of ``path`` remove a killed writer's."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

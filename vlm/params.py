@@ -113,9 +113,8 @@ def check(condition: bool, key: str, rule: str) -> None:
 
 def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str, keys: Iterable[str] | None = None):
     """Build the dataclass ``cls`` from a params mapping (``prefix``: its dotted path, for errors), rejecting unknown
-    keys and wrong types, building dataclass fields from nested mappings, then running its ``validate()``. With
-    ``keys`` (dotted for nested fields: ``augment.hflip_prob``) only those values are read, the other fields keep
-    their defaults: a stage that uses part of a section (every key of ``values`` is still checked to be a field)."""
+    keys and wrong types, nested dataclasses from mappings, then ``validate()``; with ``keys`` (dotted:
+    ``augment.hflip_prob``) only those are read, the rest default (every key is still checked)."""
     values = values or {}
     _check_known(cls, values, prefix)
     values = dict(values if keys is None else pick(values, keys))

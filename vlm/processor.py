@@ -27,10 +27,9 @@ class QATokenizer(Protocol):
 
 def make_batch(images: torch.Tensor | None, image_index: Sequence[int], question_ids: Sequence[torch.Tensor],
                answer_ids: Sequence[torch.Tensor] | None = None, pad_token_id: int = 0, **fields) -> Batch:
-    """A right-padded :class:`Batch` of B questions: ``input_ids`` = question ids + answer ids (question ids
-    alone without ``answer_ids``), ``labels`` on the answer tokens (their [EOS] included) and ``IGNORE_INDEX``
-    elsewhere (None without answers). ``images`` uint8 ``[N_img, 3, H, W]`` holds each distinct image once,
-    ``image_index`` ``[B]`` points each question at its own; ``fields``: the Batch's other fields."""
+    """A right-padded :class:`Batch` of B questions: ``input_ids`` = question + answer ids (if any), ``labels`` on the
+    answer tokens ([EOS] included), else ``IGNORE_INDEX`` (None without answers). ``images`` uint8 ``[N_img, 3, H, W]``:
+    each distinct image once, ``image_index`` ``[B]``: each question's; ``fields``: the Batch's others."""
     question_lengths = torch.tensor([len(q) for q in question_ids], dtype=torch.int64)  # [B]
     if answer_ids is None:
         lengths, parts = question_lengths, list(question_ids)

@@ -77,9 +77,8 @@ class CoverageReport:
 
 
 class TrafficCommandTokenizer:
-    """Word-level tokenizer with a fixed special-token layout: :meth:`encode_question` and :meth:`encode_answer` give
-    the ids the VLM reads and learns, :meth:`batch_encode` padded ``[SOS] ... [EOS]`` tensors, :meth:`decode_answer`
-    reads an answer back (e.g. from ``PaliGemma.generate``; [UNK] stays visible as "[UNK]")."""
+    """Word-level tokenizer with fixed special ids: :meth:`encode_question` / :meth:`encode_answer` give the VLM's ids,
+    :meth:`batch_encode` padded tensors, :meth:`decode_answer` an answer back ([UNK] stays visible)."""
 
     def __init__(self, vocab: dict[str, int], *, max_length: int | None = 32, statistics: dict | None = None,
                  config: dict | None = None):
@@ -143,11 +142,10 @@ class TrafficCommandTokenizer:
     def batch_encode(self, texts: Sequence[str], add_special_tokens: bool = True,
                      padding: Literal[True, "max_length"] = True, max_length: int | None = None,
                      truncation: bool = True) -> dict[str, torch.Tensor]:
-        """Encode many texts into right-padded tensors: ``input_ids`` int64 ``[B, L]``, ``attention_mask`` int64
-        ``[B, L]`` (1 on real tokens) and ``length`` int64 ``[B]``. ``add_special_tokens`` wraps the words in
-        [SOS] ... [EOS]. ``max_length`` (default: the tokenizer's) counts the special tokens; with ``truncation`` words
-        are cut from the end and [EOS] is kept. ``padding=True`` is dynamic: L is the longest sequence rounded up to a
-        multiple of 8, capped at ``max_length`` when truncating; ``"max_length"`` makes L exactly ``max_length``."""
+        """Encode texts into right-padded int64 ``input_ids`` ``[B, L]``, ``attention_mask`` ``[B, L]`` (1 on tokens),
+        ``length`` ``[B]``; ``add_special_tokens``: [SOS] ... [EOS]. ``max_length`` (default: the tokenizer's) counts
+        them; ``truncation`` cuts words from the end, [EOS] kept. ``padding=True``: L = the longest rounded up to 8,
+        capped at ``max_length`` when truncating; ``"max_length"``: L = ``max_length``."""
         if isinstance(texts, str):
             raise TypeError("batch_encode expects a sequence of strings, got one str")
         if padding not in (True, "max_length"):

@@ -156,10 +156,9 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
 
 
 def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """Fused AdamW (the same update as the per-parameter loop) with weight decay on matrices only, as in nanoGPT.
-    ``optimizer: muon``: Muon on the 2-D matrices inside the encoder's and decoder's layers, its step scaled to
-    AdamW's (``match_rms_adamw``, Liu et al. 2025) so that ``lr`` and ``weight_decay`` apply alike; AdamW on the rest
-    (embeddings, connector, norms, biases, the perception heads), as Keller Jordan's recipe has it."""
+    """Fused AdamW with weight decay on matrices only, as in nanoGPT; ``optimizer: muon``: Muon on the 2-D matrices of
+    the encoder's and decoder's layers, its step scaled to AdamW's (``match_rms_adamw``, Liu et al. 2025: the same
+    ``lr`` and ``weight_decay``), AdamW on the rest, as Keller Jordan's recipe has it."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     hidden = {name for name, p in named if config.optimizer == "muon" and p.dim() == 2 and ".layers." in name}
     decay = [p for name, p in named if p.dim() >= 2 and name not in hidden]

@@ -49,11 +49,9 @@ class TokenTable:
 
 
 class TrafficVQADataset(Dataset):
-    """Samples: ``image`` uint8 ``[3, S, W]``, ``question_ids`` / ``answer_ids`` int64 tensors, the record's fields
-    and, given a ``targets`` transform (the perception heads'), the image's targets ``[Gh*Gw, C]``. ``augment``: an
-    ``AugmentConfig`` for training (call ``set_epoch`` each epoch), None for evaluation. ``in_memory``: the split and
-    its targets read into RAM once, else read per fetch. Questions whose image the pack stage skipped as corrupt are
-    dropped (``num_dropped``); any other question without its image is an error."""
+    """Samples: ``image`` uint8 ``[3, S, W]``, ``question_ids`` / ``answer_ids`` int64, the record's fields and, given a
+    transform, the image's ``targets``; ``augment``: training's (``set_epoch`` each epoch); ``in_memory``: all in RAM.
+    Questions of images skipped as corrupt are dropped (``num_dropped``), others without one fail."""
 
     def __init__(self, commands_path: str | os.PathLike, h5_path: str | os.PathLike, tokenizer: QATokenizer,
                  augment: AugmentConfig | None = None, in_memory: bool = False, seed: int = 0,

@@ -13,8 +13,7 @@ class CorruptImageError(ValueError):
     """An image file that exists but cannot be decoded; the message names the file."""
 
 
-# The largest image decoded, in pixels (an 8K frame is 33 M, a BDD100K frame 0.9 M): a larger one, or a
-# decompression bomb that claims to be larger, is refused from its header before any pixel is decoded.
+# Pixels of the largest image decoded (8K frame: 33 M, BDD100K: 0.9 M); larger ones, or bombs, refused from the header
 MAX_IMAGE_PIXELS = 50_000_000
 
 

@@ -1,6 +1,5 @@
-"""The textbook per-sample loader, the baseline of the ``profile_dataloader`` stage: per item it opens the HDF5 file,
-reads one image, converts, normalises and permutes it with numpy and tokenises the question and answer, padded for the
-default collate; ``TrafficVQADataset`` does each of these once per split or once per image."""
+"""The textbook per-sample loader, the ``profile_dataloader`` stage's baseline: per item it opens the HDF5 file, reads,
+normalises and permutes an image and tokenises its texts, what ``TrafficVQADataset`` does once."""
 
 import os
 from typing import Any

@@ -8,10 +8,9 @@ from torch.utils.data import Sampler
 
 
 class GroupedBatchSampler(Sampler[list[int]]):
-    """Batches of question indices, all questions of an image (``image_rows[q]`` is question q's) in the same batch
-    but for one with more than ``batch_size`` (rare), split over consecutive batches. Call ``set_epoch(epoch, start)``
-    before each epoch: it yields that epoch's batches from batch ``start`` on (a resumed run skips those it trained
-    without reading them); ``len`` counts the batches it yields."""
+    """Batches of question indices, an image's questions (``image_rows[q]`` is question q's) in one batch but for more
+    than ``batch_size`` of them (rare: consecutive batches). ``set_epoch(epoch, start)`` before each epoch: its batches
+    from ``start`` on (a resumed run skips, unread, those it trained); ``len`` counts those it yields."""
 
     def __init__(self, image_rows: Sequence[int] | np.ndarray, batch_size: int, *, shuffle: bool = True,
                  seed: int = 0, rank: int = 0, world_size: int = 1):

@@ -7,10 +7,9 @@ from torch import nn
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None = None,
               output_attentions: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scaled dot-product attention of ``query`` ``[B, H, Q, Dh]`` over ``key``/``value`` ``[B, H_kv, K, Dh]``
-    (grouped-query when H_kv < H), with an optional boolean ``mask`` broadcastable to ``[B, H, Q, K]`` (True:
-    visible). Returns the output ``[B, H, Q, Dh]`` and, with ``output_attentions``, the probabilities
-    ``[B, H, Q, K]`` of an explicit softmax (float32, cast back to the query's dtype), else None (fused SDPA)."""
+    """Scaled dot-product attention of ``query`` ``[B, H, Q, Dh]`` over ``key``/``value`` ``[B, H_kv, K, Dh]`` (grouped
+    when H_kv < H) with a boolean ``mask`` (True: visible): the output ``[B, H, Q, Dh]`` and, with
+    ``output_attentions``, an explicit softmax's probabilities (float32, cast back), else None."""
     groups = query.shape[1] // key.shape[1]
     if not output_attentions:
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=groups > 1), None

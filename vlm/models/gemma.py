@@ -1,7 +1,6 @@
 """Gemma-style decoder, parameter-compatible with HuggingFace ``GemmaForCausalLM`` (docs/architecture.md, the model).
-Attention masks are boolean ``[B, 1, Q, K]`` (True = may attend), built once per forward by :func:`prefix_lm_mask` and
-shared by all layers. Tokens live in *slots* (their index in the key sequence or the cache) and have *positions* (their
-RoPE index); the two differ only when several continuations share one prefix (see ``PaliGemma.answer``)."""
+Masks are boolean ``[B, 1, Q, K]`` (True: may attend), built once per forward (:func:`prefix_lm_mask`). Tokens have
+*slots* (index in the keys or the cache) and *positions* (RoPE), different only where continuations share a prefix."""
 
 import dataclasses
 import logging
@@ -54,10 +53,9 @@ class GemmaConfig:
 
 def prefix_lm_mask(key_valid: torch.Tensor, query_slots: torch.Tensor,
                    prefix_lengths: torch.Tensor | None = None, isolated: int = 0) -> torch.Tensor:
-    """Boolean attention mask ``[B, 1, Q, K]``: a query sees every valid key at or before its own slot and every valid
-    key of the first ``prefix_lengths[b]`` slots (full attention inside the prefix, causal after it), except that a
-    query in the first ``isolated`` slots sees those slots only. ``key_valid`` ``[B, K]`` is False on padding and empty
-    cache slots; ``query_slots`` ``[B, Q]``: each query's slot; ``prefix_lengths`` ``[B]`` (None: purely causal)."""
+    """Boolean attention mask ``[B, 1, Q, K]``: a query sees every valid key at or before its slot and of the first
+    ``prefix_lengths[b]`` slots (None: purely causal), but one in the first ``isolated`` slots sees those only.
+    ``key_valid`` ``[B, K]``: False on padding and empty cache slots; ``query_slots`` ``[B, Q]``: each query's slot."""
     key_slots = torch.arange(key_valid.shape[1], device=key_valid.device)  # [K]
     visible = key_slots <= query_slots[:, :, None]  # [B, Q, K]
     if prefix_lengths is not None:
@@ -68,9 +66,9 @@ def prefix_lm_mask(key_valid: torch.Tensor, query_slots: torch.Tensor,
 
 
 class KVCache:
-    """Preallocated keys and values, one ``[B, H_kv, max_length, Dh]`` buffer pair per layer, allocated on first use
-    with the dtype the layer produces (bf16 under autocast). Each new token is written at its own slot (right-padded
-    prompts need no re-alignment); attention runs over the whole buffer, a mask hiding the empty slots."""
+    """Preallocated keys and values, a ``[B, H_kv, max_length, Dh]`` buffer pair per layer, allocated on first use in
+    the layer's dtype (bf16 under autocast); each new token goes to its own slot (right-padded prompts need no
+    re-alignment), a mask hiding the empty ones."""
 
     def __init__(self, num_layers: int, max_length: int):
         self.max_length = max_length
@@ -216,10 +214,9 @@ class GemmaModel(nn.Module):
     def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 cache: KVCache | None = None, cache_slots: torch.Tensor | None = None,
                 output_attentions: bool = False, output_slots: torch.Tensor | None = None):
-        """``inputs_embeds`` ``[B, S, D]`` (already scaled), ``position_ids`` ``[B, S]``, ``attention_mask`` bool
-        ``[B, 1, S, K]``; with a ``cache``, ``cache_slots`` ``[B, S]`` says where each token goes. Returns the normed
-        hidden states ``[B, Q, D]`` of the tokens at ``output_slots`` ``[B, Q]`` (None: all S; the last layer computes
-        nothing else: the other tokens only feed its keys and values), and the per-layer attention probabilities."""
+        """``inputs_embeds`` ``[B, S, D]`` (scaled), ``position_ids`` ``[B, S]``, ``attention_mask`` ``[B, 1, S, K]``;
+        with a ``cache``, ``cache_slots`` ``[B, S]``. Returns the normed hidden states ``[B, Q, D]`` at ``output_slots``
+        ``[B, Q]`` (None: all; the last layer computes only those) and the per-layer attention probabilities."""
         rotary = self.rotary_emb(position_ids)
         hidden_states = inputs_embeds
         attentions = []
@@ -247,11 +244,10 @@ class GemmaForCausalLM(nn.Module):
     def generate(self, inputs_embeds: torch.Tensor, key_valid: torch.Tensor, lengths: torch.Tensor,
                  max_new_tokens: int, eos_token_id: int, pad_token_id: int = 0, prefix_lm: bool = False,
                  use_cache: bool = True, isolated: int = 0) -> torch.Tensor:
-        """Greedy decoding after right-padded prompts ``inputs_embeds`` ``[B, S, D]`` (``key_valid`` ``[B, S]`` marks
-        real tokens, ``lengths`` ``[B]`` counts them): new token t of row b goes to slot ``lengths[b] + t``,
-        overwriting padding. With ``prefix_lm`` the prompt attends to itself in full, but for its first ``isolated``
-        slots, which see each other only (:func:`prefix_lm_mask`). Returns ``[B, T]`` ids (T <= max_new_tokens),
-        each row ending at its first ``eos_token_id`` and padded with ``pad_token_id`` after it."""
+        """Greedy decoding after right-padded prompts ``inputs_embeds`` ``[B, S, D]`` (``key_valid`` ``[B, S]``,
+        ``lengths`` ``[B]``): new token t of row b goes to slot ``lengths[b] + t``. With ``prefix_lm`` the prompt
+        attends to itself in full, but for its first ``isolated`` slots (:func:`prefix_lm_mask`). Returns ``[B, T]``
+        ids, T <= max_new_tokens, a row ending at its first ``eos_token_id`` and padded with ``pad_token_id``."""
         batch, prompt_length, _ = inputs_embeds.shape
         device = inputs_embeds.device
         total = prompt_length + max_new_tokens

@@ -259,10 +259,9 @@ class PaliGemma(nn.Module):
 
     def forward(self, batch: Batch, answer_only: bool = False) -> VLMOutput:
         """Logits ``[B, L, V]`` for the text positions and, with ``batch.labels``, the losses (the answer's; with
-        ``batch.targets`` too, the extension's). ``answer_only`` (training): the last decoder layer and the LM head
-        compute only the A positions that predict the answer tokens (column a of row b: the token at text position
-        ``prefix_lengths[b] + a``), so the logits are ``[B, A, V]``; the loss is the same (labels sit on the answer
-        tokens only). With ``pack_questions`` the decoder reads one row per image (:class:`PackedRows`)."""
+        ``batch.targets`` the extension's too). ``answer_only`` (training): the last decoder layer and the LM head
+        compute only the A positions predicting answer tokens (column a of row b: text position
+        ``prefix_lengths[b] + a``): logits ``[B, A, V]``, the same loss. ``pack_questions``: a row per image."""
         length = batch.input_ids.shape[1]
         if answer_only:
             if batch.labels is None:
@@ -386,10 +385,9 @@ def answer_length(batch: Batch) -> int:
 
 def packed_candidates_mask(key_valid: torch.Tensor, prefix_total: torch.Tensor, cand_valid: torch.Tensor,
                            isolated: int = 0) -> torch.Tensor:
-    """Attention mask ``[B, 1, S + C*T, S + C*T]`` for a prefix (``key_valid`` ``[B, S]``, prefix-LM over
-    its first ``prefix_total`` slots) followed by C candidates of T tokens (``cand_valid`` ``[C, T]``): the
-    prefix never sees the candidates; a candidate token sees the prefix and its own candidate's earlier
-    tokens, as if it were alone after the prefix; the first ``isolated`` slots see each other only."""
+    """Attention mask ``[B, 1, S + C*T, S + C*T]``: a prefix (``key_valid`` ``[B, S]``, prefix-LM over
+    ``prefix_total``), then C candidates of T tokens (``cand_valid`` ``[C, T]``) it never sees, each seeing it and its
+    own earlier tokens as if alone after it; the first ``isolated`` slots see each other only."""
     batch, prefix_length = key_valid.shape
     num_candidates, cand_length = cand_valid.shape
     packed = num_candidates * cand_length

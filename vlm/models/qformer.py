@@ -1,6 +1,5 @@
-"""Q-Former connector (BLIP-2 / XrayGPT): learned queries through BERT-style (post-LayerNorm) layers, cross-attending to
-the vision features in layers 0, f, 2f, ... (f = ``cross_attention_freq``), then projected to the decoder's width;
-HuggingFace BLIP-2's parameter names, so ``QFormerModel`` loads a ``Blip2QFormerModel`` state_dict."""
+"""Q-Former connector (BLIP-2 / XrayGPT): learned queries through BERT-style layers, cross-attending to the vision
+features every ``cross_attention_freq`` layers, projected to the decoder's width; BLIP-2's parameter names."""
 
 from dataclasses import dataclass
 

@@ -201,11 +201,9 @@ def siglip_config_from_pretrained(path: str | os.PathLike, num_attention_heads: 
 def load_pretrained_siglip(path: str | os.PathLike, image_size: int | None = None,
                            num_attention_heads: int | None = None, image_width: int | None = None
                            ) -> SiglipVisionModel:
-    """Build a :class:`SiglipVisionModel` from a HuggingFace checkpoint on disk: a folder (``config.json`` and
-    ``model.safetensors`` or ``pytorch_model.bin``) or one weights file (sizes from a ``config.json`` beside it, else
-    from the tensor shapes plus ``num_attention_heads``). The vision weights, found whatever their prefix (text tower
-    and pooling head dropped), load strictly; an ``image_size`` (the height; ``image_width``, None: square) other
-    than the checkpoint's resamples its position grid once (bicubic) to ``H / patch x W / patch``."""
+    """A :class:`SiglipVisionModel` from a HuggingFace checkpoint on disk, a folder or one weights file (sizes from a
+    ``config.json``, else the tensor shapes and ``num_attention_heads``): the vision weights, whatever their prefix,
+    load strictly; another ``image_size`` (``image_width`` None: square) resamples the positions once."""
     path = Path(path)
     state_dict = _vision_state_dict(path)
     config = _config_from_json(path) or _config_from_shapes(state_dict, num_attention_heads, path)

@@ -50,8 +50,7 @@ class Pair:
     edited_things: list[Thing] | None  # as drawn (None: the mirror image, drawn by flipping the pixels)
 
 
-# an edit: the original, its own seeded generator, the render config -> (image, labels, things drawn, description),
-# or None where it does not apply to the scene
+# an edit: the original, its seeded generator, the render config -> (image, labels, things drawn, description) or None
 Edit = Callable[[Rendered, np.random.Generator, RenderConfig],
                 "tuple[Image.Image, Scene, list[Thing] | None, str] | None"]
 

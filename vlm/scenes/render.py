@@ -219,8 +219,7 @@ def _sample_lane_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera,
     the car target; return how many cars go to the cross street instead (:func:`_sample_crossing_vehicles`)."""
     city = layout.scene == "city street"
     lanes = list(range(-layout.lanes_left, layout.lanes_right + 1))  # lane 0 is the ego lane, negative to the left
-    # Counted categories get a uniform target count; a few extra objects are placed because some are
-    # removed when occlusion settles, and the surplus is removed afterwards (see settle_occlusion).
+    # A counted category's target is uniform; extra objects are placed for settle_occlusion, which cuts the surplus
     target_cars = int(rng.integers(0, config.max_count + 1))
     layout.targets["car"] = target_cars
     n_cars = target_cars + (target_cars + 1) // 2

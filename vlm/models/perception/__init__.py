@@ -23,8 +23,7 @@ class PerceptionConfig:
     stem_channels: list[int] = field(default_factory=list)  # a stride-2 stage each (2**len = patch size); [] = none
     heads: dict[str, float] = field(default_factory=dict)  # head name -> weight of its loss in training; 0 = off
     to_decoder: bool = False  # the decoder reads the heads' maps per patch and their summaries as one more token
-    # probe: the decoder reads the label maps (Batch.targets) instead of the heads' predictions, in training and
-    # evaluation alike: each question type's accuracy with perfect perception (the heads still learn)
+    # probe: the decoder reads the label maps, not the heads' predictions (which still learn): perfect perception
     oracle: bool = False
 
     @property

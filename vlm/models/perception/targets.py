@@ -1,9 +1,7 @@
-"""The target schema: what each cell of an image shows, from the same labels that answer the questions (why the
-heads learn it: docs/architecture.md, departure 2). The channels are named here only, by :data:`GROUPS` (what each
-group holds: its comment there); a head reads its groups with :func:`channels`. :class:`TargetTransform` builds them,
-at the finest grid the enabled heads declare, from the label frame the packed data stores beside each image; the batch
-carries them as ``Batch.targets`` ``[N_img, Gh*Gw, C]`` (``Gh x Gw`` cells, rows first: square unless the images are,
-``pack.aspect: native``)."""
+"""The target schema: what each cell of an image shows, from the labels that answer the questions (why:
+docs/architecture.md, departure 2). The channels are named here only, by :data:`GROUPS` (a group's content: its
+comment); a head reads its groups with :func:`channels`. :class:`TargetTransform` builds them at the finest grid the
+enabled heads declare from the label frame stored beside each packed image: ``Batch.targets`` ``[N_img, Gh*Gw, C]``."""
 
 import json
 from collections.abc import Sequence
@@ -29,9 +27,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 CHANNELS = tuple(chain.from_iterable(GROUPS.values()))
 START = dict(zip(GROUPS, accumulate((len(g) for g in GROUPS.values()), initial=0)))  # group -> first channel
-# Regions (x from, x to, y from; fractions of the image) in which objects are counted: for the object centres
-# the image and its left and right thirds ("on the left side"), for the footpoints the near part of each
-# manoeuvre's path (the safety rule's bands, bottom below PATH_MIN_Y).
+# Regions (x from, x to, y from; fractions of the image) objects are counted in: centres in the image and its thirds
+# ("on the left side"), footpoints in the near part of each manoeuvre's path (the safety rule's bands).
 CENTRE_REGIONS = ((0.0, 1.0, 0.0), *((lo, hi, 0.0) for lo, hi in rules.SIDES.values()))
 FOOT_REGIONS = tuple((lo, hi, rules.PATH_MIN_Y) for lo, hi in rules.PATHS.values())
 

@@ -23,9 +23,8 @@ NONE = 1e-6
 
 class AuxiliaryHead(nn.Module):
     """One head (the contract: docs/architecture.md, departure 2): it reads the patch features, or with ``reads_fine``
-    the stride-4 map of :class:`~vlm.models.perception.stem.StemPyramid`, and learns maps of target channels
-    (:mod:`vlm.models.perception.targets`). A subclass names itself, which adds it to :data:`HEADS`, and sets the
-    fields below in ``__init__`` (a head that ``reads_fine`` has its ``target_stride`` and cells ``grid`` set here)."""
+    the stem's stride-4 map (:class:`~vlm.models.perception.stem.StemPyramid`), and learns target maps. A subclass names
+    itself, joining :data:`HEADS`, and sets the fields below (``reads_fine``: ``target_stride``, ``grid`` set here)."""
 
     name: ClassVar[str]  # its key under model.perception.heads
     reads_fine: ClassVar[bool] = False

@@ -1,7 +1,6 @@
-"""Object-centre heatmaps for counting (CenterNet: Zhou et al. 2019, "Objects as Points"): from the stem's stride-4
-map, a heatmap per category (``heat`` targets) and footpoint group (``foot``) with CenterNet's focal loss; the decoder
-reads the peaks (local maxima above 0.5) counted per channel and region (``CENTRE_REGIONS``, ``FOOT_REGIONS``),
-thermometer-coded, in the shared extra token (why: docs/architecture.md, departure 2)."""
+"""Object-centre heatmaps for counting (CenterNet: Zhou et al. 2019, "Objects as Points"): from the stem's stride-4 map,
+a heatmap per category (``heat``) and footpoint group (``foot``), CenterNet's focal loss; the decoder reads the peaks
+(local maxima above 0.5) per channel and region, thermometer-coded (why: docs/architecture.md, departure 2)."""
 
 import math
 

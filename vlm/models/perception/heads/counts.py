@@ -1,7 +1,6 @@
-"""Counts the losses reach: a density map per category (``centre`` targets) and footpoint group (``feet``) at a
-quarter of the image size, Poisson per cell and per region sum; the decoder reads the region sums thermometer-coded
-and not detached, a token per channel (density counting: Lempitsky & Zisserman 2010; counting for VQA: Zhang et al.
-2018; why beside the centres head: docs/architecture.md, departure 2)."""
+"""Counts the losses reach: a density map per category (``centre`` targets) and footpoint group (``feet``) at a quarter
+of the image size, Poisson per cell and per region sum; the decoder reads the region sums thermometer-coded, not
+detached, a token per channel (Lempitsky & Zisserman 2010; Zhang et al. 2018; docs/architecture.md, departure 2)."""
 
 import math
 

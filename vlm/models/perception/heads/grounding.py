@@ -1,7 +1,6 @@
-"""The grounding head: patch features -> per-patch maps of what the labels say each patch shows (binary groups with
-binary cross-entropy, ``centre`` counts with a Poisson loss, the ``frame`` group once per image), which the decoder
-reads per patch, as thermometer-coded image totals and as a token per light colour (docs/architecture.md, departures
-2 and 3; why the lights have tokens of their own: docs/experiments.md)."""
+"""The grounding head: patch features -> per-patch maps of what the labels say each patch shows (binary groups: BCE;
+``centre`` counts: Poisson; ``frame``: once per image), which the decoder reads per patch, as thermometer-coded totals
+and a token per light colour (docs/architecture.md, departures 2 and 3; light tokens: docs/experiments.md)."""
 
 import torch
 import torch.nn.functional as F

@@ -1,8 +1,6 @@
 """Every checkpoint file is written and read here: the model (``models/vlm.pt``, a ``torch.save`` dict whose keys
 docs/architecture.md lists, train) and the resume state (:func:`save_resume`, :func:`read_resume`)."""
 
-from __future__ import annotations
-
 import hashlib
 import io
 import logging
@@ -13,7 +11,7 @@ from typing import Any
 
 import torch
 
-from vlm.io import atomic_path
+from vlm.io import atomic_path, existing_file
 from vlm.models import PaliGemma
 from vlm.models.perception.targets import TargetTransform
 from vlm.processor import Processor
@@ -41,8 +39,7 @@ def save(path: str | os.PathLike, payload: dict[str, Any]) -> None:
 
 
 def model_payload(model: PaliGemma, info: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
-    """The model checkpoint of ``model``'s current weights: ``info`` holds the fields beside them (config,
-    vocab, vocab_sha256, answers, image_size, resample, blind)."""
+    """The model checkpoint of ``model``'s current weights, ``info`` the fields beside them (docs/architecture.md)."""
     state_dict = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     return {"format_version": FORMAT_VERSION, **info, "state_dict": state_dict, "metrics": metrics}
 
@@ -67,9 +64,7 @@ def read_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:
 
 def read(path: str | os.PathLike, what: str = "checkpoint") -> dict[str, Any]:
     """Load a checkpoint dict with errors that name the file and what is wrong."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path}")
+    path = existing_file(path, what)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # torch raises many types for a damaged file
@@ -95,9 +90,8 @@ class LoadedModel:
 
     @property
     def processor(self) -> Processor:
-        """Images and questions -> the model's Batch, as the model was trained: squashed to ``image_size``
-        square, or for a model of native aspect letterboxed to the aspect of the frames it was trained on
-        (``frame_size``; its input's ``W / H`` when unknown) and then resized to ``W x H``."""
+        """Images and questions -> the model's Batch, as trained: squashed to ``image_size`` square, or (native
+        aspect) letterboxed to the training frames' aspect (else the input's) and resized to ``W x H``."""
         aspect = None
         if self.image_width is not None:
             frame_width, frame_height = self.checkpoint.get("frame_size") or (self.image_width, self.image_size)
@@ -105,8 +99,7 @@ class LoadedModel:
         return Processor(self.tokenizer, self.image_size, self.resample, self.image_width, aspect)
 
     def label_targets(self) -> TargetTransform | None:
-        """For a model that reads the label maps when answering (``model.perception.oracle``), the transform that
-        builds them; else None."""
+        """The transform of the label maps a model reads when answering (``model.perception.oracle``), else None."""
         extension = self.model.extension
         if extension is None or not extension.reads_targets:
             return None

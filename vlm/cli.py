@@ -1,8 +1,6 @@
 """Running a stage script: bad input ends with one clear line on stderr, not a traceback; DDP under torchrun; paths
 that must outlive DVC's temporary copy of the repository."""
 
-from __future__ import annotations
-
 import logging
 import os
 import sys
@@ -24,9 +22,8 @@ def run(main: Callable[[], object]) -> None:
 
 
 def relaunch_distributed(nproc: int, module: str, argv: Sequence[str]) -> None:
-    """Replace this process by ``torchrun --standalone --nproc_per_node nproc -m module argv`` (``nproc``
-    DDP processes on this machine), unless it is one of them already (torchrun sets ``LOCAL_RANK``) or
-    ``nproc`` is 1. Several machines: run ``torchrun`` with its multi-node flags yourself."""
+    """Replace this process by ``torchrun --standalone --nproc_per_node nproc -m module argv`` unless it is one of
+    its processes already (``LOCAL_RANK`` set) or ``nproc`` is 1; several machines: run ``torchrun`` yourself."""
     if nproc <= 1 or "LOCAL_RANK" in os.environ:
         return
     sys.stdout.flush()

@@ -1,8 +1,6 @@
 """Counterfactual consistency: change one thing in a test scene (:mod:`vlm.scenes.edits`), and check that the model's
 answers change exactly where the answer rules say they must (docs/architecture.md, counterfactuals)."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,8 +50,7 @@ class CounterfactualsConfig:
 
 def pair_questions(pair: Pair, width: float, height: float, options: TemplateOptions, asked: set,
                    answers: set[str], unchanged_per_pair: int, rng: np.random.Generator) -> list[dict]:
-    """The questions of one pair: every must-change one and up to ``unchanged_per_pair`` must-not ones, among
-    those asked in training (``asked``: (template, frozenset of params)) whose answers the model knows."""
+    """The questions of one pair asked in training: all that must change, up to ``unchanged_per_pair`` that must not."""
     before = {c.key: c for c in candidates(pair.original.scene, width, height, options)}
     after = {c.key: c for c in candidates(pair.edited_scene, width, height, options)}
     keys = [k for k in sorted(before.keys() & after.keys())
@@ -74,8 +71,7 @@ def pair_questions(pair: Pair, width: float, height: float, options: TemplateOpt
 
 def answer_pairs(loaded: LoadedModel, pairs: list[Pair], questions: list[list[dict]], jpeg_quality: int,
                  batch_size: int, device: torch.device) -> list[tuple[list[str], list[str]]]:
-    """The model's answers to each pair's questions on the original and on the edited image, both saved as
-    JPEGs of ``jpeg_quality`` first (a question asked of the same original by several pairs is answered once)."""
+    """The model's answers on each pair's original and edited images, both saved as JPEGs of ``jpeg_quality`` first."""
     images: dict[str, torch.Tensor] = {}  # image key -> uint8 [3, S, S]
     transform = loaded.label_targets()  # the label maps, for a model that reads them (an oracle probe)
     targets: dict[str, torch.Tensor] | None = None if transform is None else {}  # image key -> [cells, C]
@@ -147,8 +143,7 @@ class CounterfactualsPaths:
 def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsConfig, paths: CounterfactualsPaths,
         progress: bool = True) -> dict[str, Any]:
     """Render the pairs, ask the model, write the metrics, the question table, the plot and the sheet; return the
-    summary per edit (empty for BDD100K frames, which cannot be re-rendered). Of ``scenes`` and ``commands`` only
-    the fields of ``SCENES_KEYS`` and ``COMMANDS_KEYS`` are read."""
+    summary per edit (empty for BDD100K frames). Of ``scenes`` and ``commands`` only ``*_KEYS``' fields are read."""
     raw = load_raw(paths.raw)
     if raw.source != "synthetic":
         write_outputs({"counterfactuals": {}}, pd.DataFrame(), [], paths,
@@ -180,8 +175,7 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
 
 
 def headline(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """What ``dvc exp show`` compares (``metrics/counterfactuals.json``): the consistency (right on both images)
-    per edit."""
+    """What ``dvc exp show`` compares (``metrics/counterfactuals.json``): per edit, the consistency (right on both)."""
     return {"consistency": {edit: rates["consistency"] for edit, rates in summary.items()}}
 
 

@@ -1,7 +1,5 @@
 """Where the model runs: the one place that picks the device and its mixed precision."""
 
-from __future__ import annotations
-
 from contextlib import AbstractContextManager, nullcontext
 
 import torch

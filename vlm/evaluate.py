@@ -1,8 +1,6 @@
 """The ``evaluate`` stage: the VLM and its blind baseline on the test split, side by side (the headline metrics, the
 slices, the details, tables and pictures: docs/architecture.md, evaluate)."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,9 +101,8 @@ def summarize(table: pd.DataFrame) -> dict[str, Any]:
 
 
 def calibration(confidence: np.ndarray, correct: np.ndarray, bins: int = CALIBRATION_BINS) -> dict[str, Any]:
-    """Expected calibration error of the predicted answers' probabilities (``confidence``, binned in equal-width
-    bins over [0, 1]): the question-weighted mean of |accuracy - mean probability| over the bins, 0 when a
-    probability of p is right p of the time; and the reliability bins."""
+    """Expected calibration error of the answers' probabilities ``confidence`` in equal-width bins over [0, 1] (the
+    questions-weighted mean of |accuracy - mean probability|: 0 when p is right p of the time), and the bins."""
     index = np.clip((confidence * bins).astype(int), 0, bins - 1)
     rows, ece = [], 0.0
     for b in range(bins):
@@ -184,8 +181,7 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
 
 def write_tables(table: pd.DataFrame, metrics: dict, folder: Path) -> None:
     """CSV tables for ``dvc plots``: every prediction, per-type and per-slice accuracy (a row per type or
-    ``dimension=value`` and model, for bars side by side), the VLM's yes/no/maybe (actual, predicted) pairs with
-    ``other`` predictions."""
+    ``dimension=value`` and model: bars side by side), the VLM's yes/no/maybe (actual, predicted) pairs."""
     per_type = [{"command_type": t, "model": model, "accuracy": metrics[model]["per_type"].get(t, 0.0)}
                 for t in metrics["vlm"]["per_type"] for model in ("vlm", "blind")]
     slices = metrics["slices"]
@@ -215,8 +211,7 @@ def _pick(table: pd.DataFrame, n: int, seed: int) -> list[int]:
 @torch.no_grad()
 def attention_grids(loaded: LoadedModel, rows: pd.DataFrame, image_paths: dict[str, Path], scenes: dict[str, Scene],
                     device: torch.device) -> np.ndarray | None:
-    """The attention from [SEP] to the image tokens of each row's question (mean over layers and heads) as
-    the token grid ``[B, Gh, Gw]``; None with the Q-Former, whose tokens are queries, not cells of a grid."""
+    """The mean attention from [SEP] to the image tokens as the token grid ``[B, Gh, Gw]``; None with the Q-Former."""
     config = loaded.model.config
     if config.connector != "linear":
         return None
@@ -229,5 +224,4 @@ def attention_grids(loaded: LoadedModel, rows: pd.DataFrame, image_paths: dict[s
     attention = loaded.model.image_attention(batch)  # [B, layers, heads, T]
     weights = attention.float().mean(dim=(1, 2)).cpu().numpy()  # [B, T]
     grid_rows, grid_columns = (side // config.pixel_shuffle for side in config.siglip.grid)
-    # tokens 0 .. Gh*Gw - 1: the grid's cells, row-major
-    return weights[:, : grid_rows * grid_columns].reshape(-1, grid_rows, grid_columns)
+    return weights[:, : grid_rows * grid_columns].reshape(-1, grid_rows, grid_columns)  # the cells, row-major

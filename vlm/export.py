@@ -1,13 +1,7 @@
-"""Export a trained model for transformers: a folder that ``PaliGemmaForConditionalGeneration`` and
-``AutoProcessor`` (or ``AutoTokenizer`` alone) load, with no code of this project (:data:`FILES`, each described by
-the function that writes it): ``python -m vlm.export --checkpoint models/vlm.pt --out models/hf``.
-
-Only the plain design is transformers' PaliGemma: :func:`departures` lists everything else, and the export stops
-with one line naming what to change. The folder is written whole or not at all. How our token layout maps to
-transformers' (the reserved id 8 as ``<image>``, the processor's line break as [SEP]): docs/architecture.md, the model.
-"""
-
-from __future__ import annotations
+"""Export a trained model for transformers: a folder that ``PaliGemmaForConditionalGeneration`` and ``AutoProcessor``
+(or ``AutoTokenizer`` alone) load without this project's code (:data:`FILES`):
+``python -m vlm.export --checkpoint models/vlm.pt --out models/hf``. Only the plain design exports: the export stops at
+any of :func:`departures`, naming what to change (the token layout's mapping: docs/architecture.md, the model)."""
 
 import argparse
 import json
@@ -81,8 +75,7 @@ def departures(config: VLMConfig) -> list[Departure]:
 
 
 def check_exportable(config: VLMConfig, source: str | Path) -> None:
-    """Raise a one-line ``ValueError`` naming each departure of ``config`` (:func:`departures`) and the
-    ``dvc exp run`` that trains a model which exports."""
+    """A one-line ``ValueError`` naming each of :func:`departures` and the ``dvc exp run`` training one that exports."""
     found = departures(config)
     if not found:
         return
@@ -98,15 +91,9 @@ def hf_config(config: VLMConfig) -> dict[str, Any]:
     siglip, gemma = config.siglip, config.gemma
     token_ids = {"bos_token_id": SOS, "eos_token_id": EOS, "pad_token_id": PAD}
     return {
-        "architectures": ["PaliGemmaForConditionalGeneration"],
-        "model_type": "paligemma",
-        "image_token_index": IMAGE_TOKEN_ID,
-        "vocab_size": gemma.vocab_size,
-        "hidden_size": gemma.hidden_size,
-        "projection_dim": gemma.hidden_size,
-        "tie_word_embeddings": True,
-        "dtype": "float32",
-        **token_ids,
+        "architectures": ["PaliGemmaForConditionalGeneration"], "model_type": "paligemma",
+        "image_token_index": IMAGE_TOKEN_ID, "vocab_size": gemma.vocab_size, "hidden_size": gemma.hidden_size,
+        "projection_dim": gemma.hidden_size, "tie_word_embeddings": True, "dtype": "float32", **token_ids,
         "vision_config": {
             "model_type": "siglip_vision_model", "hidden_size": siglip.hidden_size,
             "intermediate_size": siglip.intermediate_size, "num_hidden_layers": siglip.num_hidden_layers,
@@ -127,9 +114,8 @@ def hf_config(config: VLMConfig) -> dict[str, Any]:
 
 
 def hf_tokenizer(vocab: Mapping[str, int]) -> Tokenizer:
-    """The ``tokenizers.Tokenizer`` of ``vocab`` (token -> id): vlm/tokenizer.py's words, "yes", "no", "maybe" the
-    ids of [YES], [NO], [MAYBE] (named by their word, so they decode to it), a line break [SEP]; the special tokens
-    match only as written and are skipped when decoding. Alone it encodes a question as ``encode_question`` does."""
+    """The ``tokenizers.Tokenizer`` of ``vocab``: our words, "yes"/"no"/"maybe" the ids of [YES]/[NO]/[MAYBE], a line
+    break [SEP], special tokens matched only as written; alone it encodes a question as ``encode_question`` does."""
     words = {token: i for token, i in vocab.items() if i >= FIRST_WORD_ID and token not in ANSWER_TOKEN_WORDS}
     table = {name: i for i, name in SPECIAL.items()} | ANSWER_TOKEN_WORDS | words
     tokenizer = Tokenizer(models.WordLevel(table, unk_token=SPECIAL[UNK]))
@@ -151,12 +137,10 @@ def tokenizer_config() -> dict[str, Any]:
 
 
 def processor_config(loaded: LoadedModel) -> dict[str, Any]:
-    """processor_config.json: ``PaliGemmaProcessor`` with SigLIP's image processor, which squashes an image to
-    the packed size with the packing's filter and normalises it with the train split's mean and std."""
+    """processor_config.json: SigLIP's image processor squashing to the packed size, filter and mean/std of packing."""
     config, side = loaded.model.config, loaded.image_size
     return {
-        "processor_class": "PaliGemmaProcessor",
-        "image_processor": {
+        "processor_class": "PaliGemmaProcessor", "image_processor": {
             "image_processor_type": "SiglipImageProcessor", "image_seq_length": loaded.model.num_image_tokens,
             "do_convert_rgb": True, "do_resize": True, "size": {"height": side, "width": side},
             "resample": int(RESAMPLE[loaded.resample]), "do_rescale": True, "rescale_factor": 1 / 255,
@@ -172,8 +156,7 @@ def generation_config(loaded: LoadedModel) -> dict[str, Any]:
 
 
 def model_card(loaded: LoadedModel, source: str, folder: str) -> str:
-    """README.md: what the model was trained on, its sizes and params, its metrics, and how to ask it (the text:
-    vlm/templates/model_card.md)."""
+    """README.md (text: vlm/templates/model_card.md): the training data, sizes, params, metrics, how to ask it."""
     config, payload = loaded.model.config, loaded.checkpoint
     statistics = payload["vocab"].get("statistics", {})
     metrics = "\n".join(f"| {key} | {_number(value)} |" for key, value in payload.get("metrics", {}).items())

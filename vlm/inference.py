@@ -1,7 +1,5 @@
 """Running a trained model: constrained answers over a dataset, or over any images and questions."""
 
-from __future__ import annotations
-
 from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
@@ -17,8 +15,7 @@ from vlm.processor import Processor
 @torch.no_grad()
 def predict_dataset(model, dataset: TrafficVQADataset, candidates: list[list[int]], batch_size: int,
                     device: torch.device) -> tuple[np.ndarray, np.ndarray]:
-    """Index of the most probable candidate ``[Q]`` and the candidate probabilities ``[Q, C]`` per question (an
-    image's questions share a batch, so each image is encoded once)."""
+    """The most probable candidate ``[Q]`` and the probabilities ``[Q, C]`` (each image encoded once per batch)."""
     probs = np.zeros((len(dataset), len(candidates)), dtype=np.float32)
     for indices in GroupedBatchSampler(dataset.image_rows, batch_size, shuffle=False):
         batch = collate_questions(dataset.__getitems__(indices), dataset.pad_token_id).to(device)
@@ -28,8 +25,7 @@ def predict_dataset(model, dataset: TrafficVQADataset, candidates: list[list[int
 
 @torch.no_grad()
 def perception_metrics(model, dataset: TrafficVQADataset, batch_size: int, device: torch.device) -> dict[str, float]:
-    """Means over the dataset's images of the perception heads' own measures (the decoder left out, e.g. exact
-    region counts); empty for a model without heads or a dataset without targets."""
+    """Means over the images of the perception heads' own measures; empty without heads or targets."""
     if model.extension is None or dataset.targets is None:
         return {}
     totals: dict[str, float] = {}
@@ -47,10 +43,8 @@ def perception_metrics(model, dataset: TrafficVQADataset, batch_size: int, devic
 def answer_questions(model, processor: Processor, images: Mapping[Hashable, torch.Tensor],
                      questions: Sequence[tuple[Hashable, str]], candidates: list[list[int]], batch_size: int,
                      device: torch.device, targets: Mapping[Hashable, torch.Tensor] | None = None) -> np.ndarray:
-    """Candidate probabilities ``[Q, C]`` of each ``(image key, question)`` in ``questions``, the images uint8
-    ``[3, S, S]`` by key (:meth:`Processor.image`). Batches of ``batch_size`` questions, an image's questions
-    kept together so that each image is encoded once per batch; ``targets``: each image's label maps, by key, for
-    a model that reads them (:meth:`LoadedModel.label_targets`)."""
+    """Candidate probabilities ``[Q, C]`` of each ``(image key, question)``, the images uint8 by key, an image's
+    questions batched together; ``targets``: the label maps by key, for a model that reads them."""
     order = sorted(range(len(questions)), key=lambda i: str(questions[i][0]))  # an image's questions together
     probs = np.zeros((len(questions), len(candidates)), dtype=np.float32)
     for start in range(0, len(order), batch_size):

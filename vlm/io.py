@@ -1,8 +1,5 @@
-"""Atomic, deterministic file output: every stage writes through these helpers, so that a failed or killed stage
-never leaves a half-written file that looks valid (content goes to a temporary sibling first and is moved into
-place with ``os.replace``, atomic on POSIX within one filesystem)."""
-
-from __future__ import annotations
+"""Atomic, deterministic file output: every stage writes through these helpers, so that a failed or killed stage never
+leaves a half-written file that looks valid (a temporary sibling first, moved into place with ``os.replace``)."""
 
 import contextlib
 import errno
@@ -21,11 +18,9 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EAC
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path`` (the caller creates a file or a folder there); on success move it onto
-    ``path``. On any exception the temporary is removed and ``path`` left untouched; a full disk or an unwritable
-    folder is re-raised as an ``OSError`` that names ``path``. The temporary's name carries the writer's pid
-    (``.{name}.{pid}.{random}.tmp``), so those of a killed process (no ``finally`` runs on SIGKILL) are removed by
-    the next write of ``path``."""
+    """Yield a temporary path beside ``path`` (the caller creates a file or folder there), moved onto ``path`` on
+    success; on an exception it is removed, ``path`` untouched (a full disk, an unwritable folder: an ``OSError`` naming
+    ``path``). Its name (``.{name}.{pid}.{random}.tmp``) lets the next write of ``path`` remove a killed writer's."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,9 +82,8 @@ def _naming(error: OSError, path: Path) -> OSError:
 
 
 def check_writable(*paths: str | os.PathLike) -> None:
-    """Fail now, naming the folder, if an output could not be written there: for stages to call before
-    their expensive work. Tries a temporary file in each output's folder, or in its nearest existing
-    ancestor when the folder is still to be created (nothing is left behind)."""
+    """Fail now, naming the folder, if an output could not be written there (for stages, before their expensive
+    work): a temporary file in each output's folder, or its nearest existing ancestor, nothing left behind."""
     for path in paths:
         folder = Path(path).absolute().parent
         while not folder.exists() and folder != folder.parent:
@@ -109,11 +103,17 @@ def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> 
         f.write("\n")
 
 
-def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
-    """Read JSON with errors that name the file and the position of a syntax error."""
+def existing_file(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a Path when it is a file, else a ``FileNotFoundError`` naming ``what``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
+    return path
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
+    """Read JSON with errors that name the file and the position of a syntax error."""
+    path = existing_file(path, what)
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -123,8 +123,8 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
 
 @contextlib.contextmanager
 def json_list_writer(path: str | os.PathLike) -> Iterator[Callable[[Any], None]]:
-    """Yield ``write(item)``: a JSON list written atomically with one compact item per line, one document
-    yet diffable, as items come (none is held); the file appears when the block ends without an error."""
+    """Yield ``write(item)``: a JSON list written atomically, one compact item per line as they come (none is held);
+    the file appears when the block ends without an error."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write("[\n")
         separator = ""
@@ -139,8 +139,7 @@ def json_list_writer(path: str | os.PathLike) -> Iterator[Callable[[Any], None]]
 
 
 def write_json_list(path: str | os.PathLike, items: Iterable) -> int:
-    """Write ``items`` with :func:`json_list_writer` as they are yielded (a generator is never held whole);
-    returns how many there were."""
+    """Write ``items`` with :func:`json_list_writer` as they come (a generator is never held whole); return how many."""
     count = 0
     with json_list_writer(path) as write:
         for item in items:
@@ -152,9 +151,7 @@ def write_json_list(path: str | os.PathLike, items: Iterable) -> int:
 def iter_json_list(path: str | os.PathLike, what: str = "JSON list") -> Iterator[Any]:
     """The items of a JSON list that :func:`write_json_list` wrote (one item per line), one at a time: the file
     is never held whole. Errors name the file and the line."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} not found: {path}")
+    path = existing_file(path, what)
     with open(path, encoding="utf-8") as f:
         if f.readline().strip() != "[":
             raise ValueError(f"{path}: line 1: expected '[' (a JSON list written one item per line)")

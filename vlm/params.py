@@ -1,8 +1,5 @@
-"""Reading ``params.yaml`` and validating its sections before any expensive work starts. ``load_params`` returns a
-read-only :class:`Params` view that records every key the process reads (inside ``with recording_reads() as
-reads:``), which tests/test_stage_params.py checks against dvc.yaml (docs/architecture.md, stage contracts)."""
-
-from __future__ import annotations
+"""Reading ``params.yaml`` and validating its sections before any expensive work starts. ``load_params``' view records
+every key read inside ``with recording_reads()``: tests/test_stage_params.py checks them against dvc.yaml."""
 
 import contextlib
 import dataclasses
@@ -83,8 +80,7 @@ RUNTIME = "runtime"  # the section of speed-only settings, one sub-section per s
 
 
 def runtime_section(params: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    """``runtime.<name>``: the settings that change how fast the stages of section ``name`` run, never what they
-    write; ``{}`` (the defaults) when params.yaml has none."""
+    """``runtime.<name>``: how fast the stages of section ``name`` run, never what they write; ``{}`` when absent."""
     runtime = section(params, RUNTIME) if RUNTIME in params else {}
     value = runtime.get(name, {})
     check(isinstance(value, Mapping), "params.yaml",
@@ -94,8 +90,7 @@ def runtime_section(params: Mapping[str, Any], name: str) -> Mapping[str, Any]:
 
 def pick(values: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
     """The entries of ``values`` named by ``keys`` (dotted for a nested one: ``augment.hflip_prob``) that it has,
-    nested as in ``values``: what a stage reads of a section it uses only part of (only those keys are recorded
-    as read, and dvc.yaml declares those)."""
+    nested as in ``values``: what a stage reads of a section it uses part of (only those keys are recorded as read)."""
     picked: dict[str, Any] = {}
     for key in keys:
         head, _, rest = key.partition(".")
@@ -118,9 +113,8 @@ def check(condition: bool, key: str, rule: str) -> None:
 
 def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str, keys: Iterable[str] | None = None):
     """Build the dataclass ``cls`` from a params mapping (``prefix``: its dotted path, for errors), rejecting unknown
-    keys and wrong types, building dataclass fields from nested mappings, then running its ``validate()``. With
-    ``keys`` (dotted for nested fields: ``augment.hflip_prob``) only those values are read, the other fields keep
-    their defaults: a stage that uses part of a section (every key of ``values`` is still checked to be a field)."""
+    keys and wrong types, nested dataclasses from mappings, then ``validate()``; with ``keys`` (dotted:
+    ``augment.hflip_prob``) only those are read, the rest default (every key is still checked)."""
     values = values or {}
     _check_known(cls, values, prefix)
     values = dict(values if keys is None else pick(values, keys))

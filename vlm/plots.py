@@ -46,8 +46,7 @@ def save_image(image: Image.Image, path: Path) -> None:
 
 def contact_sheet(tiles: list[tuple[Image.Image, list[Line]]], columns: int = 4, tile_width: int = 400,
                   font_size: int = 13, max_lines: int = 4) -> Image.Image:
-    """A grid of ``tiles``, ``(image, [(text, rgb), ...])``: each image resized to ``tile_width`` (the first one's
-    aspect), its caption lines underneath, clipped to ``max_lines`` lines that fit the tile width."""
+    """A grid of ``tiles`` ``(image, [(text, rgb), ...])``, images at ``tile_width``, clipped captions underneath."""
     font = ImageFont.load_default(size=font_size)
     line_h = font_size + 4
     first = tiles[0][0]
@@ -93,8 +92,7 @@ def _prediction(row: Any, color: tuple[int, int, int]) -> Line:
 
 
 def attention_sheet(rows: pd.DataFrame, image_paths: dict[str, Path], heat: np.ndarray | None) -> Image.Image:
-    """Each row's image with ``heat`` ``[B, Gh, Gw]`` (attention over the token grid, None: none to draw) blended
-    over it as a heat map, captioned with the question and the prediction."""
+    """Each row's image under its ``heat`` ``[B, Gh, Gw]`` map (None: none), with the question and the prediction."""
     from matplotlib import colormaps
 
     tiles = []
@@ -119,8 +117,7 @@ def failure_sheet(failures: pd.DataFrame, image_paths: dict[str, Path]) -> Image
 
 
 def counterfactual_sheet(shown: list[tuple[Any, Any]]) -> Image.Image:
-    """Original and edit side by side, for questions whose answer had to change and did not follow; ``shown``
-    holds ``(vlm.scenes.edits.Pair, its row of the question table)``."""
+    """Original and edit side by side where the answer had to change and did not; ``shown``: (Pair, table row)."""
     tiles = []
     for pair, row in shown:
         tiles.append((pair.original.image, [(row.command, TEXT),
@@ -159,8 +156,7 @@ def summary_figure(metrics: dict) -> Figure:
 
 
 def slices_figure(slices: dict[str, dict], counts: dict[str, dict]) -> Figure:
-    """Accuracy per condition, VLM and blind side by side, one panel per dimension (in ``counts``' order):
-    ``slices`` ``{model: {dimension: {value: accuracy}}}``, ``counts`` ``{dimension: {value: questions}}``."""
+    """Accuracy per condition, VLM and blind side by side, a panel per dimension of ``counts`` (questions bracketed)."""
     dimensions = list(counts)
     columns = 4
     rows = -(-len(dimensions) // columns)
@@ -186,8 +182,7 @@ def slices_figure(slices: dict[str, dict], counts: dict[str, dict]) -> Figure:
 
 
 def reliability_figure(metrics: dict, bins: int) -> Figure:
-    """Reliability diagram: accuracy against the mean probability of the answer given, per confidence bin (``bins``
-    equal-width bins over [0, 1])."""
+    """Reliability diagram: accuracy against the mean probability of the answer given, in ``bins`` equal bins."""
     fig = _figure(figsize=(10, 4.2))
     for ax, model in zip(fig.subplots(1, 2), ("vlm", "blind")):
         rows = metrics[model]["reliability"]

@@ -3,8 +3,6 @@
 Images of any size and format are preprocessed exactly as in training; the answer is constrained decoding over the
 model's answer set, printed with its probability (usage: README). Unknown words become [UNK], with a warning."""
 
-from __future__ import annotations
-
 import argparse
 
 import numpy as np

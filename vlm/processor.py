@@ -1,8 +1,5 @@
-"""The processor: images and questions (and answers) -> a :class:`vlm.batch.Batch`. As HuggingFace's
-``PaliGemmaProcessor``, :class:`Processor` pairs the packing's image decode with the tokenizer; :func:`make_batch`
-lays out the token sequences, for the training collate and the processor alike (docs/architecture.md, data path)."""
-
-from __future__ import annotations
+"""The processor: images and questions (and answers) -> a :class:`vlm.batch.Batch`, as HuggingFace's
+``PaliGemmaProcessor``; :func:`make_batch` lays out the token sequences for the training collate too."""
 
 import io
 import os
@@ -30,10 +27,9 @@ class QATokenizer(Protocol):
 
 def make_batch(images: torch.Tensor | None, image_index: Sequence[int], question_ids: Sequence[torch.Tensor],
                answer_ids: Sequence[torch.Tensor] | None = None, pad_token_id: int = 0, **fields) -> Batch:
-    """A right-padded :class:`Batch` of B questions: ``input_ids`` = question ids + answer ids (question ids
-    alone without ``answer_ids``), ``labels`` on the answer tokens (their [EOS] included) and ``IGNORE_INDEX``
-    elsewhere (None without answers). ``images`` uint8 ``[N_img, 3, H, W]`` holds each distinct image once,
-    ``image_index`` ``[B]`` points each question at its own; ``fields``: the Batch's other fields."""
+    """A right-padded :class:`Batch` of B questions: ``input_ids`` = question + answer ids (if any), ``labels`` on the
+    answer tokens ([EOS] included), else ``IGNORE_INDEX`` (None without answers). ``images`` uint8 ``[N_img, 3, H, W]``:
+    each distinct image once, ``image_index`` ``[B]``: each question's; ``fields``: the Batch's others."""
     question_lengths = torch.tensor([len(q) for q in question_ids], dtype=torch.int64)  # [B]
     if answer_ids is None:
         lengths, parts = question_lengths, list(question_ids)
@@ -59,19 +55,16 @@ class Processor:
     image_size: int  # the packed images' height (and width when square)
     resample: str  # the filter they were packed with
     image_width: int | None = None  # their width; None: square
-    # an image of another width / height is first letterboxed to this one (black bars); None: squashed
-    aspect: float | None = None
+    aspect: float | None = None  # an image of another aspect is first letterboxed to this one; None: squashed
 
     def image(self, source: str | os.PathLike | IO[bytes]) -> torch.Tensor:
-        """uint8 ``[3, H, W]`` of an image file or file object (any size and format), decoded and resized
-        exactly as the pack stage does (an image of the frames' aspect) or, with ``aspect``, letterboxed to it
-        first (a photo of another aspect: 4:3, portrait)."""
+        """uint8 ``[3, H, W]`` of an image file or file object (any size and format), decoded and resized as the
+        pack stage does or, with ``aspect``, letterboxed to it first (a photo of another aspect: 4:3, portrait)."""
         pixels = decode_image(source, self.image_size, self.resample, self.image_width, self.aspect)  # [H, W, 3]
         return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
 
     def rendered(self, image: Image.Image, jpeg_quality: int) -> torch.Tensor:
-        """uint8 ``[3, H, W]`` of a freshly drawn frame as the packed data would hold it: saved as the scenes
-        stage saves its JPEGs, then decoded as :meth:`image` does."""
+        """uint8 ``[3, H, W]`` of a freshly drawn frame as packed: saved as the scenes stage saves JPEGs, then read."""
         buffer = io.BytesIO()
         image.save(buffer, format="JPEG", quality=jpeg_quality)
         buffer.seek(0)
@@ -79,8 +72,7 @@ class Processor:
 
     def __call__(self, images: Sequence[torch.Tensor], questions: Sequence[str],
                  image_index: Sequence[int] | None = None, answers: Sequence[str] | None = None, **fields) -> Batch:
-        """A Batch asking ``questions`` of ``images`` (uint8 ``[3, H, W]`` each, from :meth:`image`): question i
-        of image ``image_index[i]`` (default: of image i); with ``answers``, labelled for a loss."""
+        """A Batch asking ``questions`` of ``images`` (whose: ``image_index``, default one each), with ``answers``."""
         question_ids = [torch.tensor(self.tokenizer.encode_question(q)) for q in questions]
         answer_ids = None if answers is None else [torch.tensor(self.tokenizer.encode_answer(a)) for a in answers]
         return make_batch(torch.stack(list(images)), range(len(questions)) if image_index is None else image_index,

@@ -5,8 +5,6 @@
 
 Every key must be one of params.yaml's, so a typo stops here rather than in a stage after hours of work."""
 
-from __future__ import annotations
-
 import argparse
 import json
 from collections.abc import Mapping

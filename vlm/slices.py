@@ -1,8 +1,5 @@
-"""Robustness slices: the conditions each test question was asked under (a value per dimension that applies to it,
-``None`` where none does; the dimensions: docs/architecture.md, evaluate), from the scene labels only, so that
-synthetic and BDD100K frames go through the same code."""
-
-from __future__ import annotations
+"""Robustness slices: the conditions each test question was asked under (a value per dimension, ``None`` where it does
+not apply; the dimensions: docs/architecture.md, evaluate), from the labels only (synthetic and BDD100K alike)."""
 
 import pandas as pd
 
@@ -65,9 +62,8 @@ def conditions_table(records: list[dict], scenes: dict[str, Scene], width: float
 
 
 def slice_accuracy(table: pd.DataFrame, correct_columns: dict[str, str]) -> tuple[dict, dict]:
-    """Accuracy per (dimension, value) of each model's boolean ``correct_columns[model]`` column of ``table`` (which
-    holds the :data:`DIMENSIONS` columns), and the questions per slice: ``{model: {dimension: {value: accuracy}}}``
-    and ``{dimension: {value: n}}``."""
+    """Accuracy per (dimension, value) of each model's boolean ``correct_columns[model]`` column of ``table``, and the
+    questions per slice: ``{model: {dimension: {value: accuracy}}}`` and ``{dimension: {value: n}}``."""
     accuracy: dict[str, dict] = {model: {} for model in correct_columns}
     counts: dict[str, dict] = {}
     for dimension in DIMENSIONS:

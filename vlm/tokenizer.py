@@ -1,6 +1,5 @@
-"""Word-level tokenizer for traffic commands and the vocabulary it is built from: the commands come from a few
-hundred templates, so a closed word vocabulary of the train split covers them (no sub-word merges). The fixed ids,
-the normalisation and ``vocab.json``: docs/architecture.md (build_vocab)."""
+"""Word-level tokenizer for traffic commands and the vocabulary it is built from: a few hundred templates, so a closed
+word vocabulary of the train split covers them. The ids, the normalisation and ``vocab.json``: docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -33,23 +32,18 @@ SPECIAL_TOKENS = {"[PAD]": PAD, "[UNK]": UNK, "[SOS]": SOS, "[EOS]": EOS, "[YES]
 RESERVED_TOKENS = {"[RESERVED_8]": 8, "[RESERVED_9]": 9}
 FIRST_WORD_ID = 10
 
-# The answer words that are single special tokens rather than vocabulary words.
-ANSWER_TOKEN_WORDS = {"yes": YES, "no": NO, "maybe": MAYBE}
+ANSWER_TOKEN_WORDS = {"yes": YES, "no": NO, "maybe": MAYBE}  # answer words that are special tokens
 # the rest of the commands contract's answers: always in the vocabulary, even when the train split misses one
 CONTRACT_ANSWER_WORDS = ("red", "yellow", "green", *(str(n) for n in range(10)))
 
 PUNCTUATION = ("?", ".", ",", "!")
-# A token is one punctuation mark or a run of characters that are neither whitespace nor punctuation.
-_TOKEN_RE = re.compile(r"[?.,!]|[^\s?.,!]+")
+_TOKEN_RE = re.compile(r"[?.,!]|[^\s?.,!]+")  # a punctuation mark, or a run of neither whitespace nor punctuation
 
-# Ids that steer the sequence rather than stand for a word: dropped by ``skip_special_tokens``.
-CONTROL_IDS = frozenset({PAD, SOS, EOS, SEP, *RESERVED_TOKENS.values()})
+CONTROL_IDS = frozenset({PAD, SOS, EOS, SEP, *RESERVED_TOKENS.values()})  # no words: decode_answer drops them
 
-# The fields of a command record that the vocabulary is built from and covers.
-_TEXT_FIELDS = ("command", "answer")
+_TEXT_FIELDS = ("command", "answer")  # the fields of a command record that the vocabulary is built from and covers
 
-# Distinct strings whose encoding is kept; commands repeat (templates), arbitrary text is bounded.
-ENCODE_CACHE_SIZE = 100_000
+ENCODE_CACHE_SIZE = 100_000  # distinct strings kept encoded: commands repeat (templates), any text is bounded
 
 
 @dataclasses.dataclass
@@ -83,9 +77,8 @@ class CoverageReport:
 
 
 class TrafficCommandTokenizer:
-    """Word-level tokenizer with a fixed special-token layout: :meth:`encode_question` and :meth:`encode_answer` give
-    the ids the VLM reads and learns, :meth:`batch_encode` padded ``[SOS] ... [EOS]`` tensors, :meth:`decode_answer`
-    reads an answer back (e.g. from ``PaliGemma.generate``; [UNK] stays visible as "[UNK]")."""
+    """Word-level tokenizer with fixed special ids: :meth:`encode_question` / :meth:`encode_answer` give the VLM's ids,
+    :meth:`batch_encode` padded tensors, :meth:`decode_answer` an answer back ([UNK] stays visible)."""
 
     def __init__(self, vocab: dict[str, int], *, max_length: int | None = 32, statistics: dict | None = None,
                  config: dict | None = None):
@@ -97,8 +90,7 @@ class TrafficCommandTokenizer:
         self._id_to_token = sorted(vocab, key=vocab.__getitem__)  # index = id
         # Word -> id for encoding: vocabulary words plus "yes"/"no"/"maybe" -> answer tokens.
         self._word_to_id = {t: i for t, i in vocab.items() if i >= FIRST_WORD_ID} | ANSWER_TOKEN_WORDS
-        # Id -> text for decoding: [YES]/[NO]/[MAYBE] are the words "yes"/"no"/"maybe".
-        self._id_to_text = list(self._id_to_token)
+        self._id_to_text = list(self._id_to_token)  # for decoding: [YES]/[NO]/[MAYBE] are "yes"/"no"/"maybe"
         for word, token_id in ANSWER_TOKEN_WORDS.items():
             self._id_to_text[token_id] = word
         self._encode_cache: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {}
@@ -107,9 +99,8 @@ class TrafficCommandTokenizer:
     @classmethod
     def build_vocab(cls, commands: Sequence[dict], min_freq: int = 1, max_vocab_size: int = 1000,
                     max_length: int = 32, source: str = "commands") -> TrafficCommandTokenizer:
-        """Build the vocabulary from command records (``command`` and ``answer``; ``source`` names them in errors),
-        ordered as docs/architecture.md (build_vocab) says. Every answer word stays whatever its count; other words
-        need ``min_freq`` occurrences and are cut, least frequent first, to fit."""
+        """Build the vocabulary of command records (``source`` names them in errors), ordered as docs/architecture.md
+        says: every answer word whatever its count, others from ``min_freq`` on, the least frequent cut to fit."""
         VocabConfig(min_freq, max_vocab_size, max_length).validate("vocab")
         check_commands(commands, source, _TEXT_FIELDS)
         counts: Counter[str] = Counter()
@@ -151,11 +142,10 @@ class TrafficCommandTokenizer:
     def batch_encode(self, texts: Sequence[str], add_special_tokens: bool = True,
                      padding: Literal[True, "max_length"] = True, max_length: int | None = None,
                      truncation: bool = True) -> dict[str, torch.Tensor]:
-        """Encode many texts into right-padded tensors: ``input_ids`` int64 ``[B, L]``, ``attention_mask`` int64
-        ``[B, L]`` (1 on real tokens) and ``length`` int64 ``[B]``. ``add_special_tokens`` wraps the words in
-        [SOS] ... [EOS]. ``max_length`` (default: the tokenizer's) counts the special tokens; with ``truncation`` words
-        are cut from the end and [EOS] is kept. ``padding=True`` is dynamic: L is the longest sequence rounded up to a
-        multiple of 8, capped at ``max_length`` when truncating; ``"max_length"`` makes L exactly ``max_length``."""
+        """Encode texts into right-padded int64 ``input_ids`` ``[B, L]``, ``attention_mask`` ``[B, L]`` (1 on tokens),
+        ``length`` ``[B]``; ``add_special_tokens``: [SOS] ... [EOS]. ``max_length`` (default: the tokenizer's) counts
+        them; ``truncation`` cuts words from the end, [EOS] kept. ``padding=True``: L = the longest rounded up to 8,
+        capped at ``max_length`` when truncating; ``"max_length"``: L = ``max_length``."""
         if isinstance(texts, str):
             raise TypeError("batch_encode expects a sequence of strings, got one str")
         if padding not in (True, "max_length"):
@@ -223,8 +213,7 @@ class TrafficCommandTokenizer:
         return entry[0]
 
     def decode_answer(self, ids: Iterable[int] | torch.Tensor | np.ndarray) -> str:
-        """Inverse of :meth:`encode_answer`: words up to the first [EOS], [YES] -> "yes" etc., punctuation
-        attached to the word before."""
+        """Inverse of :meth:`encode_answer` ([YES] -> "yes"; stops at [EOS]), punctuation joined to the word before."""
         if isinstance(ids, (torch.Tensor, np.ndarray)):
             if ids.ndim != 1:
                 raise ValueError(f"expected a 1-D sequence of ids, got shape {tuple(ids.shape)}")

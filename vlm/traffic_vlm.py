@@ -1,8 +1,6 @@
 """The project's model: the PaliGemma core (:mod:`vlm.models`) with the traffic perception beside it
 (:mod:`vlm.models.perception`; off: the plain core), built from the ``model:`` section of params.yaml."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 
 from vlm.models.paligemma import PaliGemma, PaliGemmaConfig, load_pretrained
@@ -24,9 +22,8 @@ class VLMConfig(PaliGemmaConfig):
 
 
 def build_vlm(config: VLMConfig, pretrained: bool = True) -> PaliGemma:
-    """The model of ``config``: the core, given the perception when it is on. ``pretrained``: start the encoder
-    and decoder from ``vision_checkpoint`` / ``decoder_checkpoint`` where set (to train; a trained model is
-    restored with ``load_state_dict`` instead)."""
+    """The model of ``config``: the core, given the perception when it is on; with ``pretrained`` (to train) the
+    encoder and decoder start from ``vision_checkpoint`` / ``decoder_checkpoint`` where set."""
     extension = TrafficPerception(config.perception, config.siglip, config.gemma.hidden_size) \
         if config.perception.enabled else None
     model = PaliGemma(config, extension)

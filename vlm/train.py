@@ -1,10 +1,6 @@
-"""The training loop: AdamW (or Muon), warmup + cosine, clipping, accumulation, checkpoints, resume, DDP.
-
-Read it top to bottom in :func:`train`: :func:`setup` (inputs checked, data, model, optimizer), :func:`resume`,
-:func:`train_epoch` and :func:`end_epoch` for each epoch, :func:`finish`. What a run writes, how it resumes and how
-it runs under ``torchrun``: docs/architecture.md (train, and Training)."""
-
-from __future__ import annotations
+"""The training loop: AdamW (or Muon), warmup + cosine, clipping, accumulation, checkpoints, resume, DDP. Read it top
+to bottom in :func:`train`: :func:`setup`, :func:`resume`, :func:`train_epoch` and :func:`end_epoch` for each epoch,
+:func:`finish`. What it writes, how it resumes and runs under ``torchrun``: docs/architecture.md (train, Training)."""
 
 import hashlib
 import json
@@ -150,11 +146,6 @@ class Distributed:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    @classmethod
-    def from_env(cls) -> Distributed:
-        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                   int(os.environ.get("LOCAL_RANK", 0)))
-
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
     """Linear warmup to 1, then cosine down to ``min_ratio`` at ``total_steps``."""
@@ -165,10 +156,9 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
 
 
 def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """Fused AdamW (the same update as the per-parameter loop) with weight decay on matrices only, as in nanoGPT.
-    ``optimizer: muon``: Muon on the 2-D matrices inside the encoder's and decoder's layers, its step scaled to
-    AdamW's (``match_rms_adamw``, Liu et al. 2025) so that ``lr`` and ``weight_decay`` apply alike; AdamW on the rest
-    (embeddings, connector, norms, biases, the perception heads), as Keller Jordan's recipe has it."""
+    """Fused AdamW with weight decay on matrices only, as in nanoGPT; ``optimizer: muon``: Muon on the 2-D matrices of
+    the encoder's and decoder's layers, its step scaled to AdamW's (``match_rms_adamw``, Liu et al. 2025: the same
+    ``lr`` and ``weight_decay``), AdamW on the rest, as Keller Jordan's recipe has it."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     hidden = {name for name, p in named if config.optimizer == "muon" and p.dim() == 2 and ".layers." in name}
     decay = [p for name, p in named if p.dim() >= 2 and name not in hidden]
@@ -183,8 +173,7 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.O
 
 
 class Optimizers(torch.optim.Optimizer):
-    """Several optimizers over disjoint parameters as one: one learning-rate schedule over all their groups, one
-    state dict in the resume checkpoint."""
+    """Several optimizers over disjoint parameters as one: one LR schedule over all groups, one resume state dict."""
 
     def __init__(self, *optimizers: torch.optim.Optimizer):  # pylint: disable=super-init-not-called
         self.optimizers = optimizers
@@ -220,8 +209,7 @@ def compile_layers(model: torch.nn.Module) -> None:
 
 
 class Curves:
-    """The run's per-step curves through dvclive (rank 0; docs/architecture.md, train): :meth:`update` logs the
-    history's records not logged yet, each at its optimizer step, and rewrites the summary ``metrics.json``."""
+    """The run's per-step curves through dvclive (rank 0): each history record at its step, then the summary."""
 
     def __init__(self, folder: Path):
         self.live = Live(str(folder), dvcyaml=False, save_dvc_exp=False)  # a new run: the folder starts empty
@@ -262,8 +250,7 @@ class Run:
 
     @property
     def last_path(self) -> Path:
-        """This run's resume checkpoint: named by its fingerprint, so runs of other params, data or code (queued
-        experiments sharing the folder) never take each other's."""
+        """The resume checkpoint, named by the fingerprint: runs of other params, data or code never take it."""
         return self.paths.checkpoints / f"{self.name}-{self.fingerprint[:16]}.pt"
 
 
@@ -271,8 +258,7 @@ class Run:
 def train(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPaths, *, blind: bool = False,
           progress: bool = True, frame_size: tuple[float, float] | None = None,
           runtime: TrainRuntime | None = None) -> dict[str, Any]:
-    """Train a VLM (or, with ``blind``, its :func:`blind_baseline`) and return its metrics. ``frame_size``: the
-    frames' width and height, which the label boxes behind the heads' targets are in (needed with heads)."""
+    """Train a VLM (or its :func:`blind_baseline`); return its metrics. ``frame_size``: the label boxes' frame size."""
     if blind:
         model_params, config = blind_baseline(model_params, config)
     run = setup(model_params, config, paths, frame_size, runtime)
@@ -285,8 +271,8 @@ def train(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
 
 
 def blind_baseline(model_params: Mapping[str, Any], config: TrainConfig) -> tuple[dict[str, Any], TrainConfig]:
-    """The text-only baseline of the VLM ``model_params`` describes (docs/architecture.md, train and train_blind):
-    the same decoder, no image, ``train.blind_epochs`` epochs, of the augmentation only the mirror."""
+    """The text-only baseline (docs/architecture.md, train_blind): the same decoder, no image, of the augmentation
+    only the mirror, ``train.blind_epochs`` epochs."""
     params = {"vision": "none", "gemma": model_params.get("gemma", {}),
               "decoder_checkpoint": model_params.get("decoder_checkpoint")}
     augment = AugmentConfig(hflip_prob=config.augment.hflip_prob, brightness=0.0, contrast=0.0, saturation=0.0,
@@ -333,7 +319,8 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
 def start_processes(config: TrainConfig, runtime: TrainRuntime, paths: TrainPaths) -> Distributed:
     """This process's place in the run (the DDP group joined under torchrun), its CPU threads and seeds; on
     rank 0 an unwritable output folder fails now, not at the first checkpoint."""
-    dist_info = Distributed.from_env()
+    dist_info = Distributed(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                            int(os.environ.get("LOCAL_RANK", 0)))
     if dist_info.is_main:
         check_writable(paths.model, paths.checkpoints / "last.pt", paths.metrics, paths.timing, paths.live)
     if dist_info.world_size > 1 and not dist.is_initialized():
@@ -347,8 +334,7 @@ def start_processes(config: TrainConfig, runtime: TrainRuntime, paths: TrainPath
 
 def model_config_of(model_params: Mapping[str, Any], tokenizer: TrafficCommandTokenizer,
                     paths: TrainPaths) -> tuple[VLMConfig, str]:
-    """The model config (params plus what the data fixes: vocabulary, image size, train-split pixel statistics)
-    and the filter the images were packed with."""
+    """The model config (params plus what the data fixes: vocabulary, image size, pixel stats), the packing filter."""
     header = PackedImageReader(paths.split("train")[1])
     config = VLMConfig.from_params(model_params, tokenizer.vocab_size, header.image_size, header.mean.tolist(),
                                    header.std.tolist(), image_width=header.image_width)
@@ -358,8 +344,7 @@ def model_config_of(model_params: Mapping[str, Any], tokenizer: TrafficCommandTo
 def load_splits(model: PaliGemma, config: TrainConfig, runtime: TrainRuntime, paths: TrainPaths,
                 tokenizer: TrafficCommandTokenizer,
                 frame_size: tuple[float, float] | None) -> tuple[TrafficVQADataset, TrafficVQADataset]:
-    """The train split (augmented, with the targets the model's extension declares) and the val split, in RAM
-    when ``runtime.train.in_memory`` says so."""
+    """The train split (augmented, with the extension's targets) and val, in RAM per ``runtime.train.in_memory``."""
     (train_commands, train_h5), (val_commands, val_h5) = paths.split("train"), paths.split("val")
     targets = None
     if model.extension is not None:
@@ -377,8 +362,7 @@ def load_splits(model: PaliGemma, config: TrainConfig, runtime: TrainRuntime, pa
 
 
 def planned_steps(loader: torch.utils.data.DataLoader, config: TrainConfig) -> int:
-    """Optimizer steps over every epoch, what the LR schedule spans (an image's questions share a batch, so the
-    number of batches varies by epoch)."""
+    """Optimizer steps over all epochs, what the LR schedule spans (an image's questions share a batch: epochs vary)."""
     total_steps = 0
     for epoch in range(config.epochs):
         set_epoch(loader, epoch)
@@ -441,13 +425,8 @@ def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
 def end_epoch(run: Run, state: TrainState) -> None:
     """Val accuracy, the best model so far, early stopping, the resume checkpoint."""
     record = state.history[-1]
-    record["val/accuracy"] = accuracy = val_accuracy(run)
-    if run.dist.is_main:  # the perception heads' own measures, the decoder left out (e.g. exact region counts)
-        run.model.eval()
-        with autocast(run.device):
-            measures = perception_metrics(run.model, run.val_set, run.runtime.eval_batch_size, run.device)
-        run.model.train()
-        record.update({f"val/{name}": value for name, value in measures.items()})
+    record.update(validate(run))
+    accuracy = record["val/accuracy"]
     if accuracy > state.best_accuracy:
         state.best_accuracy, state.bad_epochs = accuracy, 0
         state.best = checkpoint.model_payload(run.model, run.model_info,
@@ -464,8 +443,7 @@ def end_epoch(run: Run, state: TrainState) -> None:
 
 
 def finish(run: Run, state: TrainState) -> dict[str, Any]:
-    """The best model and the metrics: written only by a finished run (a killed one leaves none of its outputs,
-    only its resume checkpoint, which the finished run then removes)."""
+    """The best model and the metrics, written only by a finished run, which removes its resume checkpoint."""
     metrics = {}
     if run.dist.is_main:
         run.curves.update(state.history)  # a run resumed at its end has logged nothing yet
@@ -483,8 +461,7 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
 
 # The loop's helpers
 def forward_backward(run: Run, batch: Batch, *, sync_grads: bool, where: str) -> tuple[VLMOutput, torch.Tensor]:
-    """The forward and backward pass of one batch (on device): the output and the training loss (under DDP the gradients
-    are averaged over the processes only when ``sync_grads``: the last batch of an accumulation window)."""
+    """Forward and backward pass of one batch; under DDP the gradients sync only at an accumulation window's end."""
     sync = nullcontext() if sync_grads or run.dist.world_size == 1 else run.ddp_model.no_sync()
     with sync, autocast(run.device):
         output = run.ddp_model(batch, answer_only=True)
@@ -512,8 +489,7 @@ def optimizer_step(run: Run) -> None:
 
 
 class StepWindow:
-    """Means over the forward passes of one optimizer step, for its record: the training loss, each loss of the
-    model's loss dict and the accuracy (under DDP over the processes too, so the curve is the one of one process)."""
+    """Means over the forward passes of one optimizer step (and under DDP over the processes) for its record."""
 
     def __init__(self):
         self.sums: dict[str, float] = {}
@@ -546,20 +522,21 @@ def save_resume(run: Run, state: TrainState) -> None:
         run.curves.update(state.history)
 
 
-def val_accuracy(run: Run) -> float:
-    """Exact-match accuracy on val (rank 0 computes, every rank receives it)."""
-    accuracy = torch.zeros(1, device=run.device)
+def validate(run: Run) -> dict[str, float]:
+    """``val/accuracy`` (computed on rank 0, broadcast) and, on rank 0, the perception heads' own val measures."""
+    accuracy, measures = torch.zeros(1, device=run.device), {}
     if run.dist.is_main:
         run.model.eval()
         with autocast(run.device):
             predicted, _ = predict_dataset(run.model, run.val_set, run.candidates, run.runtime.eval_batch_size,
                                            run.device)
+            measures = perception_metrics(run.model, run.val_set, run.runtime.eval_batch_size, run.device)
         run.model.train()
         truth = [r["answer"] for r in run.val_set.records]
         accuracy[0] = float(np.mean([run.answers[p] == t for p, t in zip(predicted, truth)]))
     if run.dist.world_size > 1:
         dist.broadcast(accuracy, src=0)
-    return float(accuracy.item())
+    return {"val/accuracy": float(accuracy.item()), **{f"val/{name}": value for name, value in measures.items()}}
 
 
 def hold_in_memory(runtime: TrainRuntime, files: list[Path], processes_here: int, targets_bytes: int = 0) -> bool:
@@ -578,8 +555,7 @@ def hold_in_memory(runtime: TrainRuntime, files: list[Path], processes_here: int
 
 def fingerprint(model_config: VLMConfig, config: TrainConfig, paths: TrainPaths, world_size: int,
                 frame_size: tuple[float, float] | None) -> str:
-    """Identifies a run: a resume checkpoint is used only by a run with the same fingerprint (params, data
-    and the code of the ``vlm`` package: a checkpoint written by other code is not resumed)."""
+    """Identifies a run (params, data and the ``vlm`` code): only a run with the same uses a resume checkpoint."""
     files = [paths.vocab, *paths.split("train"), *paths.split("val")]
     payload = {"model": model_config.to_dict(), "train": asdict(config), "world_size": world_size,
                "frame_size": frame_size, "code": code_sha256(),
@@ -603,12 +579,10 @@ def train_metrics(state: TrainState, model: torch.nn.Module) -> dict[str, Any]:
     return {
         "val_accuracy": round(state.best_accuracy, 4),
         "best_epoch": state.best["metrics"]["epoch"] if state.best else None,
-        "epochs": evals[-1]["epoch"] if evals else 0,
-        "stopped_early": state.stopped_early,
+        "epochs": evals[-1]["epoch"] if evals else 0, "stopped_early": state.stopped_early,
         "train_loss": round(float(np.mean([r["train/loss"] for r in last_epoch])), 4),
         "train_accuracy": round(float(np.mean([r["train/accuracy"] for r in last_epoch])), 4),
-        "steps": state.step,
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "steps": state.step, "parameters": sum(p.numel() for p in model.parameters()),
         # the perception heads' own val measures at the last epoch (e.g. val_counts_exact)
         **{key.replace("/", "_"): round(value, 4) for key, value in (evals[-1] if evals else {}).items()
            if key.startswith("val/") and key != "val/accuracy"},

@@ -1,8 +1,5 @@
 """Turning labelled scenes into balanced question/answer records, split by image. Balancing follows CLEVR
-(docs/architecture.md, generate_commands): greedy picks image by image (:func:`_pick`), then a rejection pass
-(:func:`_trim`)."""
-
-from __future__ import annotations
+(docs/architecture.md, generate_commands): greedy picks per image (:func:`_pick`), then rejection (:func:`_trim`)."""
 
 import contextlib
 import math
@@ -26,9 +23,8 @@ from vlm.scenes.schema import CATEGORIES, Scene
 class CommandsConfig:
     seed: int = 0
     questions_per_image: int = 8
-    # the train split's own mix (README, params): questions per image (None: the above), type weights (unnamed: 1)
-    train_questions_per_image: int | None = None
-    train_type_weights: dict = field(default_factory=dict)
+    train_questions_per_image: int | None = None  # the train split's own mix (README, params); None: the above
+    train_type_weights: dict = field(default_factory=dict)  # the train split's command type weights (unnamed: 1)
     splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     balance_tolerance: float = 1.1
     command_types: list[str] = field(default_factory=lambda: list(COMMAND_TYPES))
@@ -91,8 +87,7 @@ def held_out(scene: Scene, holdout: dict) -> bool:
 
 
 def split_images(image_ids: list[str], fractions: dict, seed: int) -> dict[str, list[str]]:
-    """Assign every image to exactly one split: a seeded permutation of the sorted ids, cut by fraction in the
-    order of ``fractions``; the last split takes what the rounding leaves."""
+    """Each image in one split: a seeded permutation of the sorted ids cut by ``fractions``; the last takes the rest."""
     ids = sorted(image_ids)
     order = np.random.default_rng([seed, 1]).permutation(len(ids))
     splits, start = {}, 0
@@ -116,8 +111,8 @@ def _deficit(counts: Counter, answer: str) -> int:
 
 def _pick(scene_candidates: list[Candidate], n: int, key_counts, type_counts, types: tuple[str, ...],
           rng: np.random.Generator, weights: dict[str, float]) -> list[Candidate]:
-    """Greedy, balance-seeking choice of ``n`` distinct questions for one image, the types' shares of the
-    slots in proportion to their ``weights`` (absent: 1)."""
+    """Greedy, balance-seeking choice of ``n`` distinct questions for one image, the types' shares of its slots in
+    proportion to their ``weights`` (absent: 1)."""
     by_type: dict[str, list[Candidate]] = defaultdict(list)
     for c in scene_candidates:
         by_type[c.command_type].append(c)
@@ -149,21 +144,10 @@ class _Picker:
     type_counts: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
 
 
-@dataclass
-class _Picked:
-    """What balancing needs of a split's picked questions, one small integer each, in the order picked."""
-
-    image: array = field(default_factory=lambda: array("i"))  # the image's position in the scenes
-    key: array = field(default_factory=lambda: array("i"))  # codes of BalancedCommands' tables
-    command_type: array = field(default_factory=lambda: array("i"))
-    answer: array = field(default_factory=lambda: array("i"))
-
-
 def _trim(groups: np.ndarray, answers: np.ndarray, answer_names: list[str], keep: np.ndarray, tolerance: float,
           rng: np.random.Generator) -> None:
-    """Clear ``keep`` of questions until, in every group, the top answer is at most ``tolerance`` x the runner-up
-    (``groups`` and ``answers``: codes per question); groups are visited in the order they first occur among the
-    kept questions, and ties between answers go to the answer name that sorts first."""
+    """Clear ``keep`` of questions until in every group (``groups``, ``answers``: codes) the top answer is at most
+    ``tolerance`` x the runner-up; groups in order of first occurrence, answer ties to the name sorting first."""
     kept = np.flatnonzero(keep)
     group_of_kept = groups[kept]
     _, first = np.unique(group_of_kept, return_index=True)
@@ -227,21 +211,20 @@ class BalancedCommands:
     def _pickers(self) -> dict[str, _Picker]:
         return {split: _Picker(np.random.default_rng([self._config.seed, SPLITS.index(split), 2])) for split in SPLITS}
 
-    def _balance(self) -> tuple[dict[str, _Picked], dict[str, np.ndarray], dict[str, list[str]]]:
-        """Each split's picked questions, which of them balancing keeps, and the values of the tables' codes."""
+    def _balance(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, list[str]]]:
+        """Each split's picked questions in the order picked, int32 rows ``(image position, key, command type,
+        answer)`` (the last three codes, whose values the third dict lists), and which of them balancing keeps."""
         codes: dict[str, dict[str, int]] = {"key": {}, "command_type": {}, "answer": {}}
-        picked = {split: _Picked() for split in SPLITS}
+        rows = {split: array("i") for split in SPLITS}  # four small integers per question, none held as an object
         pickers = self._pickers()
         for split, position, _, _, c, _ in self._pick_all(pickers):
-            table = picked[split]
-            table.image.append(position)
-            for column, value in (("key", c.key), ("command_type", c.command_type), ("answer", c.answer)):
-                getattr(table, column).append(codes[column].setdefault(value, len(codes[column])))
+            values = {"key": c.key, "command_type": c.command_type, "answer": c.answer}
+            rows[split].extend([position, *(codes[k].setdefault(v, len(codes[k])) for k, v in values.items())])
         names = {column: list(values) for column, values in codes.items()}
-        keep = {}
-        for split, table in picked.items():
-            key, command_type, answer = (np.frombuffer(column, dtype=np.int32)
-                                         for column in (table.key, table.command_type, table.answer))
+        picked, keep = {}, {}
+        for split in SPLITS:
+            picked[split] = np.frombuffer(rows[split], dtype=np.int32).reshape(-1, 4)
+            _, key, command_type, answer = picked[split].T
             keep[split] = np.ones(len(answer), dtype=bool)
             rng = pickers[split].rng  # balancing goes on with the split's stream after its picks
             while True:  # trimming a type can unbalance a key and vice versa: repeat until both hold
@@ -258,7 +241,7 @@ class BalancedCommands:
 
     def images(self, split: str) -> list[str]:
         """The sorted ids of the split's images that kept at least one question."""
-        positions = np.frombuffer(self._picked[split].image, dtype=np.int32)[self._keep[split]]
+        positions = self._picked[split][self._keep[split], 0]
         return sorted(self._image_ids[i] for i in np.unique(positions).tolist())
 
     @property
@@ -268,20 +251,17 @@ class BalancedCommands:
         for split, table in self._picked.items():
             keep = self._keep[split]
             per_type: dict[str, Counter] = defaultdict(Counter)
-            for t, a in zip(np.frombuffer(table.command_type, dtype=np.int32)[keep].tolist(),
-                            np.frombuffer(table.answer, dtype=np.int32)[keep].tolist()):
+            for t, a in table[keep, 2:].tolist():
                 per_type[self._names["command_type"][t]][self._names["answer"][a]] += 1
             out[split] = {
-                "images": len(self.images(split)),
-                "questions": int(keep.sum()),
+                "images": len(self.images(split)), "questions": int(keep.sum()),
                 "types": {t: {"questions": sum(per_type[t].values()), "answers": dict(sorted(per_type[t].items()))}
                           for t in COMMAND_TYPES if t in per_type},
             }
         return out
 
     def write(self, folder: str | os.PathLike, collect: Collection[str] = ()) -> list[tuple[str, list[dict]]]:
-        """Write each split's records to ``folder/{split}.json`` (one record per line, written as picked);
-        return ``(image file name, records)`` of the images whose ids are in ``collect``, in id order."""
+        """Write each split's records to ``folder/{split}.json``; return ``(file name, records)`` of ``collect``'s."""
         collected: dict[str, tuple[str, list[dict]]] = {}
         position_in_split: Counter = Counter()
         with contextlib.ExitStack() as stack:

@@ -1,9 +1,5 @@
-"""Every answer rule in one place, computed from a normalised :class:`~vlm.scenes.Scene` only.
-
-The same rules answer questions about synthetic scenes and real BDD100K frames, so nothing here may
-look at pixels. Geometry is expressed as fractions of the image size."""
-
-from __future__ import annotations
+"""Every answer rule in one place, from a normalised :class:`~vlm.scenes.Scene` only: the same rules answer questions
+about synthetic scenes and BDD100K frames, so nothing here looks at pixels; geometry is in fractions of the image."""
 
 from vlm.scenes.schema import UNDEFINED, Scene, SceneObject
 
@@ -13,8 +9,7 @@ VULNERABLE = frozenset({"pedestrian", "rider"})
 # a road user is in a manoeuvre's path when its box's bottom-centre is in its band of columns, below PATH_MIN_Y
 PATHS = {"left": (0.0, 0.5), "straight": (1 / 3, 2 / 3), "right": (0.5, 1.0)}
 PATH_MIN_Y = 0.6
-# "On the left/right side": the box centre lies in the left/right third of the image.
-SIDES = {"left": (0.0, 1 / 3), "right": (2 / 3, 1.0)}
+SIDES = {"left": (0.0, 1 / 3), "right": (2 / 3, 1.0)}  # "on the left side": the box centre in the left third
 
 YES, NO, MAYBE = "yes", "no", "maybe"
 
@@ -34,12 +29,9 @@ def on_side(scene: Scene, category: str, side: str, width: float) -> str:
 
 
 def governing_light(scene: Scene) -> SceneObject | None:
-    """The light that governs the car: the largest (nearest; ties: the leftmost) light whose colour can be read,
-    i.e. lit, of known colour and not occluded."""
+    """The light that governs the car: the largest (nearest; ties: leftmost) readable one: lit, known, not occluded."""
     readable = [o for o in scene.objects if o.category == "traffic light" and o.light_color and not o.occluded]
-    if not readable:
-        return None
-    return max(readable, key=lambda o: (o.area, -o.box[0]))
+    return max(readable, key=lambda o: (o.area, -o.box[0]), default=None)
 
 
 def light_color(scene: Scene) -> str:
@@ -55,15 +47,11 @@ def light_is(scene: Scene, color: str) -> str:
     return YES if actual == color else NO
 
 
-def in_path(obj: SceneObject, manoeuvre: str, width: float, height: float) -> bool:
-    lo, hi = PATHS[manoeuvre]
-    return obj.category in ROAD_USERS and obj.bottom >= PATH_MIN_Y * height and lo * width <= obj.center_x <= hi * width
-
-
 def safety(scene: Scene, manoeuvre: str, width: float, height: float) -> str:
     """Can the car safely make ``manoeuvre`` ('left' | 'straight' | 'right')? The rule: docs/architecture.md."""
-    light = light_color(scene)
-    blocking = [o for o in scene.objects if in_path(o, manoeuvre, width, height)]
+    light, (lo, hi) = light_color(scene), PATHS[manoeuvre]
+    blocking = [o for o in scene.objects if o.category in ROAD_USERS and o.bottom >= PATH_MIN_Y * height
+                and lo * width <= o.center_x <= hi * width]
     if light == "red" or any(o.category in VULNERABLE for o in blocking):
         return NO
     if light == "yellow" or any(o.occluded for o in blocking):

@@ -1,9 +1,5 @@
-"""Question templates: what can be asked about a scene, in several phrasings, with the answer.
-
-A template instantiated with its parameters is a *question key* (``counting/more_than|car|3``); the key, not the
-phrasing, is what answer balancing works on, so that the question text alone never predicts the answer."""
-
-from __future__ import annotations
+"""Question templates: what can be asked about a scene, in several phrasings, with the answer. A template with its
+parameters is a *question key* (``counting/more_than|car|3``): answer balancing works on keys, not phrasings."""
 
 import re
 import string

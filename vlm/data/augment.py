@@ -1,8 +1,5 @@
-"""Training augmentation (docs/architecture.md, data path): an image's draw comes from a generator seeded by
-``(seed, epoch, image_row)``, never the global or worker RNG, so 0 or N DataLoader workers yield identical batches;
-a horizontal flip swaps "left" and "right" in the question and the answer too."""
-
-from __future__ import annotations
+"""Training augmentation (docs/architecture.md, data path): an image's draw comes from a generator seeded by ``(seed,
+epoch, image_row)``, so 0 or N DataLoader workers yield identical batches; a flip swaps "left" and "right" in text."""
 
 import contextlib
 import re
@@ -55,20 +52,16 @@ class AugmentParams:
 def sample_augment_params(config: AugmentConfig, seed: int, epoch: int, image_row: int) -> AugmentParams:
     rng = np.random.default_rng((seed, epoch, image_row))
     draws = rng.uniform(-1.0, 1.0, size=5)
-    return AugmentParams(
-        hflip=bool(rng.random() < config.hflip_prob),
-        brightness=1.0 + config.brightness * float(draws[0]),
-        contrast=1.0 + config.contrast * float(draws[1]),
-        saturation=1.0 + config.saturation * float(draws[2]),
-        hue=config.hue * float(draws[3]),
-        angle=config.rotation_degrees * float(draws[4]),
-    )
+    return AugmentParams(hflip=bool(rng.random() < config.hflip_prob),
+                         brightness=1.0 + config.brightness * float(draws[0]),
+                         contrast=1.0 + config.contrast * float(draws[1]),
+                         saturation=1.0 + config.saturation * float(draws[2]),
+                         hue=config.hue * float(draws[3]), angle=config.rotation_degrees * float(draws[4]))
 
 
 @contextlib.contextmanager
 def single_threaded_torch() -> Iterator[None]:
-    """Run torch ops on the calling thread only (as in DataLoader workers), restoring the thread count afterwards:
-    reductions (the contrast mean) then run in the same order, so 0 and N workers give bit-identical images."""
+    """Run torch ops on the calling thread only (as in workers): reductions in one order, bit-identical images."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -94,8 +87,7 @@ def augment_image(image: torch.Tensor, params: AugmentParams) -> torch.Tensor:
     return image.contiguous()
 
 
-# "left"/"right" (and -most) as words; "right of way" is a right, not a side.
-_SIDE_WORD = re.compile(r"\b(left|right)(most)?\b(?! of way)", re.IGNORECASE)
+_SIDE_WORD = re.compile(r"\b(left|right)(most)?\b(?! of way)", re.IGNORECASE)  # "right of way" is no side
 
 
 def _swapped_side(match: re.Match) -> str:

@@ -1,7 +1,5 @@
 """Collate samples into a :class:`vlm.batch.Batch`, with dynamic padding and one copy per image."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,8 +11,7 @@ from vlm.processor import make_batch
 
 
 def collate_questions(samples: Sequence[dict[str, Any]], pad_token_id: int = 0) -> Batch:
-    """Samples of ``TrafficVQADataset`` -> Batch (:func:`vlm.processor.make_batch`). Samples with the same
-    ``image_id`` (the dataset gives them the same augmented image) share one stored image, and their targets."""
+    """Samples of ``TrafficVQADataset`` -> Batch; those of one ``image_id`` share one stored image and its targets."""
     if not samples:
         raise ValueError("collate_questions: empty batch")
     slot_of_image: dict[str, int] = {}

@@ -1,7 +1,5 @@
 """Reading the per-split commands files (``data/processed/commands/{split}.json``) with checked fields."""
 
-from __future__ import annotations
-
 import os
 from typing import Any
 
@@ -19,8 +17,7 @@ def read_commands(path: str | os.PathLike, fields: tuple[str, ...] = _STRING_FIE
 
 
 def check_commands(records: Any, source: str, fields: tuple[str, ...] = _STRING_FIELDS) -> None:
-    """``records`` must be a list of objects whose ``fields`` are non-empty strings (``metadata``, when checked, an
-    object); an error names ``source`` (e.g. the file), the record index and the field."""
+    """``records`` must be objects whose ``fields`` are non-empty strings (``metadata`` an object); errors say where."""
     if not isinstance(records, list):
         raise ValueError(f"{source}: expected a list of command records, got {type(records).__name__}")
     for index, record in enumerate(records):

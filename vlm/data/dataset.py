@@ -1,8 +1,6 @@
 """``TrafficVQADataset``: one sample per question over a split's commands and its packed images; text tokenised once
 at construction, each distinct image of a batch read and augmented once (docs/architecture.md, data path)."""
 
-from __future__ import annotations
-
 import os
 from collections.abc import Callable, Sequence
 from itertools import chain
@@ -51,11 +49,9 @@ class TokenTable:
 
 
 class TrafficVQADataset(Dataset):
-    """Samples: ``image`` uint8 ``[3, S, W]``, ``question_ids`` / ``answer_ids`` int64 tensors, the record's fields
-    and, given a ``targets`` transform (the perception heads'), the image's targets ``[Gh*Gw, C]``. ``augment``: an
-    ``AugmentConfig`` for training (call ``set_epoch`` each epoch), None for evaluation. ``in_memory``: the split and
-    its targets read into RAM once, else read per fetch. Questions whose image the pack stage skipped as corrupt are
-    dropped (``num_dropped``); any other question without its image is an error."""
+    """Samples: ``image`` uint8 ``[3, S, W]``, ``question_ids`` / ``answer_ids`` int64, the record's fields and, given a
+    transform, the image's ``targets``; ``augment``: training's (``set_epoch`` each epoch); ``in_memory``: all in RAM.
+    Questions of images skipped as corrupt are dropped (``num_dropped``), others without one fail."""
 
     def __init__(self, commands_path: str | os.PathLike, h5_path: str | os.PathLike, tokenizer: QATokenizer,
                  augment: AugmentConfig | None = None, in_memory: bool = False, seed: int = 0,
@@ -77,8 +73,7 @@ class TrafficVQADataset(Dataset):
             self.images.close()
 
     def _match_records(self) -> tuple[list[dict[str, Any]], np.ndarray, int]:
-        """The split's records whose image is packed, the row of each one's image ``[Q]``, and how many were
-        dropped because the pack stage skipped their image as corrupt (any other missing image is an error)."""
+        """The records whose image is packed, each one's image row ``[Q]``, and how many the pack stage left out."""
         row_of_image = {image_id: row for row, image_id in enumerate(self.images.image_ids)}
         skipped = set(self.images.skipped_image_ids)
         records, rows, dropped = [], [], 0
@@ -108,8 +103,7 @@ class TrafficVQADataset(Dataset):
             self._mirrored_answer_ids = TokenTable(self._mirrored_answers, tokenizer.encode_answer)
 
     def _prepare_targets(self) -> tuple[np.ndarray | None, list[str] | None]:
-        """In RAM, every image's targets float32 ``[N, Gh*Gw, C]``; else the label frames they are built from per
-        fetch (checked now, so that a bad label fails before training, not in the middle of an epoch)."""
+        """In RAM, every image's targets ``[N, Gh*Gw, C]``; else their label frames, checked now (not mid-epoch)."""
         if self.targets is None:
             return None, None
         annotations = self.images.read_annotations()
@@ -159,12 +153,8 @@ class TrafficVQADataset(Dataset):
                 "image": chw_images[slot],  # uint8 [3, S, W]
                 "question_ids": question_ids,  # int64 [Lq]: [SOS] words [SEP]
                 "answer_ids": answer_ids,  # int64 [La]: answer tokens [EOS]
-                "question_id": record["question_id"],
-                "image_id": record["image_id"],
-                "command": command,
-                "answer": answer,
-                "command_type": record["command_type"],
-                "metadata": record["metadata"],
+                "question_id": record["question_id"], "image_id": record["image_id"], "command": command,
+                "answer": answer, "command_type": record["command_type"], "metadata": record["metadata"],
             }
             if targets is not None:
                 sample["targets"] = targets[slot]  # float32 numpy [Gh*Gw, C], shared by the image's questions

@@ -1,10 +1,6 @@
-"""The packed-image HDF5 format (its layout: docs/architecture.md, pack_hdf5): one writer, one reader, one place
-that knows the layout.
-
-Byte-identical output for identical input: no object timestamps, a pinned file-format version, fixed chunk shapes
-and a fixed order of writes. Images are stored as raw chunks (``write_direct_chunk``/``read_direct_chunk``), which
-skips HDF5's selection machinery: a read is one ``pread`` into the caller's buffer, then its CRC-32 (about 12 us
-for 128 px, a fraction of the read)."""
+"""The packed-image HDF5 format (its layout, and why a re-run is byte-identical: docs/architecture.md, pack_hdf5), the
+one place that knows it. Images are raw chunks (``write_direct_chunk``/``read_direct_chunk``): a read is one ``pread``
+into the caller's buffer, then its CRC-32 (about 12 us for 128 px, a fraction of the read)."""
 
 from __future__ import annotations
 
@@ -15,9 +11,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from vlm.io import existing_file
+
 FORMAT_VERSION = 2  # 2: checksums
-# Pinned so that a newer HDF5 library writes the same bytes (and older readers can open the file).
-LIBVER = ("v110", "v110")
+LIBVER = ("v110", "v110")  # pinned: a newer HDF5 library writes the same bytes (and older readers can open them)
 STRING_DTYPE = h5py.string_dtype("utf-8")
 
 
@@ -82,13 +79,10 @@ class PackedImageWriter:
 
 
 class PackedImageReader:
-    """Read access to a packed file, safe across ``fork``: the header (ids, ``image_size`` the height,
-    ``image_width``, stats) is read in the constructor; each process opens its own handle on first use."""
+    """Read access to a packed file, safe across ``fork``: the header is read now, a handle per process on first use."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"packed image file not found: {self.path}")
+        self.path = existing_file(path, "packed image file")
         try:
             with h5py.File(self.path, "r") as f:
                 self._check_layout(f)
@@ -147,8 +141,7 @@ class PackedImageReader:
         return self._file["images"]
 
     def read_into(self, rows: list[int], out: np.ndarray) -> np.ndarray:
-        """Copy the images at ``rows`` into ``out`` (uint8 ``[len(rows), S, W, 3]``, C-contiguous), each
-        checked against its stored CRC-32."""
+        """Copy the images at ``rows`` into ``out`` (C-contiguous uint8 ``[len(rows), S, W, 3]``), each CRC-checked."""
         if not out.flags.c_contiguous or out.dtype != np.uint8:
             raise ValueError("read_into needs a C-contiguous uint8 output array")
         images = self._images()

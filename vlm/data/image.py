@@ -1,34 +1,26 @@
 """Decoding an image file as the packed data holds it: what pack_hdf5 stores and what the processor feeds a model."""
 
-from __future__ import annotations
-
 import os
 from typing import IO
 
 import numpy as np
 from PIL import Image
 
-RESAMPLE = {
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-}
+RESAMPLE = {name: Image.Resampling[name.upper()] for name in ("bilinear", "bicubic", "lanczos")}
 
 
 class CorruptImageError(ValueError):
     """An image file that exists but cannot be decoded; the message names the file."""
 
 
-# The largest image decoded, in pixels (an 8K frame is 33 M, a BDD100K frame 0.9 M): a larger one, or a
-# decompression bomb that claims to be larger, is refused from its header before any pixel is decoded.
+# Pixels of the largest image decoded (8K frame: 33 M, BDD100K: 0.9 M); larger ones, or bombs, refused from the header
 MAX_IMAGE_PIXELS = 50_000_000
 
 
 def decode_image(path: str | os.PathLike | IO[bytes], image_size: int, resample: str = "bicubic",
                  image_width: int | None = None, aspect: float | None = None) -> np.ndarray:
-    """Decode any PIL-readable image to RGB uint8 ``[H, W, 3]``, squashed to ``W x H`` (``H`` = ``image_size``,
-    ``W`` = ``image_width``, None: square); with ``aspect`` (width / height), first :func:`letterbox`-ed to it.
-    EXIF orientation is deliberately not applied: label boxes are in stored-pixel coordinates."""
+    """Any PIL-readable image as RGB uint8 ``[H, W, 3]``, squashed to ``image_width`` x ``image_size`` (None: square),
+    first :func:`letterbox`-ed to ``aspect`` if given; EXIF orientation not applied (boxes are in stored pixels)."""
     size = (image_width or image_size, image_size)  # PIL's (width, height)
     try:
         with Image.open(path) as image:
@@ -52,15 +44,13 @@ def decode_image(path: str | os.PathLike | IO[bytes], image_size: int, resample:
 
 
 def native_width(frame_size: tuple[float, float], height: int, multiple: int) -> int:
-    """The width of an image ``height`` pixels high with the aspect of a ``frame_size`` (width, height) frame,
-    rounded to the nearest multiple of ``multiple`` (at least one): ``pack.aspect: native``'s width."""
+    """``pack.aspect: native``'s width: ``frame_size``'s aspect at ``height``, rounded to a multiple of ``multiple``."""
     frame_width, frame_height = frame_size
     return max(1, round(height * frame_width / frame_height / multiple)) * multiple
 
 
 def letterbox(image: Image.Image, aspect: float) -> Image.Image:
-    """``image`` centred on black bars (above and below, or left and right) so that its width / height is
-    ``aspect``: nothing cropped, nothing stretched; an image of that aspect comes back as it is."""
+    """``image`` centred on black bars to the ``aspect`` width / height: nothing cropped, nothing stretched."""
     width, height = image.size
     padded = (max(width, round(height * aspect)), max(height, round(width / aspect)))
     if padded == (width, height):

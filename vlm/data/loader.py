@@ -1,7 +1,5 @@
 """The project's DataLoader: grouped batches, batched fetch, our collate, uint8 images."""
 
-from __future__ import annotations
-
 import functools
 
 import torch
@@ -24,7 +22,6 @@ def build_loader(dataset: TrafficVQADataset, batch_size: int, *, shuffle: bool, 
 
 
 def set_epoch(loader: DataLoader, epoch: int, start: int = 0) -> None:
-    """Select the shuffle (sampler) and the augmentation draw (dataset) of ``epoch``; the loader then yields the
-    epoch's batches from batch ``start`` on (the others are never read)."""
+    """Select the shuffle (sampler) and augmentation (dataset) of ``epoch``, its batches yielded from ``start`` on."""
     loader.batch_sampler.set_epoch(epoch, start)
     loader.dataset.set_epoch(epoch)

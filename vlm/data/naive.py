@@ -1,9 +1,5 @@
-"""The textbook per-sample loader, kept as the baseline of the ``profile_dataloader`` stage: per item it opens the
-HDF5 file, reads one image, converts, normalises and permutes it with numpy and tokenises the question and answer,
-padding to a fixed length for the default collate. Everything it does per item, ``TrafficVQADataset`` does once
-per split or once per image."""
-
-from __future__ import annotations
+"""The textbook per-sample loader, the ``profile_dataloader`` stage's baseline: per item it opens the HDF5 file, reads,
+normalises and permutes an image and tokenises its texts, what ``TrafficVQADataset`` does once."""
 
 import os
 from typing import Any
@@ -58,7 +54,6 @@ class NaiveTrafficVQADataset(Dataset):
 
 def build_naive_loader(dataset: NaiveTrafficVQADataset, batch_size: int, num_workers: int = 0, seed: int = 0,
                        num_samples: int | None = None) -> DataLoader:
-    """Shuffled batches with the default collate: the textbook DataLoader. ``num_samples`` (default: one epoch) may
-    exceed the dataset: the shuffle then wraps around."""
+    """Shuffled batches, the default collate: the textbook DataLoader; ``num_samples`` past the dataset wraps around."""
     sampler = RandomSampler(dataset, num_samples=num_samples, generator=torch.Generator().manual_seed(seed))
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers)

@@ -1,8 +1,5 @@
-"""The ``pack_hdf5`` stage: the JPEGs of each split decoded and resized (docs/architecture.md, pack_hdf5) into one
-HDF5 file per split. Decoding runs in a process pool; results come back in order, a bounded number of chunks in
-flight, and are streamed to disk, so memory does not grow with the number of images."""
-
-from __future__ import annotations
+"""The ``pack_hdf5`` stage (docs/architecture.md): each split's JPEGs decoded and resized into one HDF5 file, in a
+process pool whose results come back in order, a bounded number in flight, streamed to disk (memory stays flat)."""
 
 import json
 import multiprocessing
@@ -37,8 +34,7 @@ class PackConfig:
         check(16 <= self.image_size <= 1024, f"{prefix}.image_size", f"must be in [16, 1024], got {self.image_size}")
 
     def image_width(self, source_path: str | os.PathLike, multiple: int) -> int:
-        """The packed images' width: S, or with aspect native the frames' aspect at S high, rounded to
-        ``multiple`` (:func:`vlm.data.image.native_width`); the frame size is ``source_path``'s."""
+        """The packed images' width: S, or with aspect native the frames' (``source_path``'s) at S high, rounded."""
         if self.aspect == "square":
             return self.image_size
         source = read_json(source_path, "source file")
@@ -89,8 +85,7 @@ def _decode_chunk(paths: list[str], image_size: int, resample: str, image_width:
 
 def _decode_in_order(paths: list[str], config: PackConfig, pool: Any, runtime: PackRuntime | None = None,
                      image_width: int | None = None) -> Iterator[DecodedImage]:
-    """Decoded images ``image_width`` wide (None: square) in the order of ``paths``; with a pool, at most
-    ``2 * num_workers`` chunks in flight."""
+    """Decoded images ``image_width`` wide (None: square) in the order of ``paths``, <= 2 chunks a worker in flight."""
     runtime = runtime or PackRuntime()
     chunks = (paths[i:i + runtime.chunksize] for i in range(0, len(paths), runtime.chunksize))
     args = (config.image_size, config.resample, image_width or config.image_size)
@@ -108,8 +103,7 @@ def _decode_in_order(paths: list[str], config: PackConfig, pool: Any, runtime: P
 
 
 def _mean_std(histogram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 ``[3]`` mean and population std on the 0..1 scale from int64 ``[3, 256]`` pixel-value counts:
-    exact, so independent of the order and the number of workers."""
+    """float32 ``[3]`` mean and population std (0..1 scale) of int64 ``[3, 256]`` value counts: exact in any order."""
     mean, std = [], []
     for counts in histogram.tolist():  # Python ints: exact sums
         n = sum(counts)
@@ -134,8 +128,7 @@ class SplitImages:
 def collect_split_images(labels_path: str | os.PathLike, source_path: str | os.PathLike,
                          commands_dir: str | os.PathLike, splits: tuple[str, ...] = SPLITS,
                          root: str | os.PathLike = ".") -> list[SplitImages]:
-    """Resolve every split's images before any decoding: each has a frame in the labels file and a file under the
-    source's ``image_dir``, and no image id is used by two splits (else one clear error)."""
+    """Every split's images, resolved before decoding: a frame, a file, and no image in two splits (else one error)."""
     frames = read_json(labels_path, "labels file")
     if not isinstance(frames, list):
         raise ValueError(f"{labels_path}: expected a list of frames, got {type(frames).__name__}")
@@ -191,8 +184,7 @@ class PackedSplit:
 def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackConfig, pool: Any = None,
                train_stats: tuple[np.ndarray, np.ndarray] | None = None,
                runtime: PackRuntime | None = None, image_width: int | None = None) -> PackedSplit:
-    """Write ``out_path`` atomically, images ``image_width`` wide (None: square); mean/std are ``train_stats``
-    or, for the train split, its own."""
+    """Write ``out_path`` atomically, images ``image_width`` (None: S) wide, mean/std ``train_stats`` or its own."""
     histogram = np.zeros((3, 256), dtype=np.int64)  # [C, value]: the split's pixel counts
     skipped: list[str] = []
     width = image_width or config.image_size
@@ -235,8 +227,7 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
                  root: str | os.PathLike = ".", runtime: PackRuntime | None = None,
                  side_multiple: int = 1) -> dict[str, Any]:
     """Pack ``{output_dir}/{split}_images.h5`` for each split (train first) with ``runtime``'s decoding processes;
-    return the pack metrics. ``side_multiple``: what ``pack.aspect: native`` rounds the width to
-    (:func:`vlm.models.paligemma.image_side_multiple`)."""
+    return the pack metrics. ``side_multiple``: what ``pack.aspect: native`` rounds the width to."""
     runtime = runtime or PackRuntime()
     if splits[0] != "train":
         raise ValueError(f"splits must start with 'train' (its mean/std goes into every file), got {splits}")
@@ -259,15 +250,10 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
     seconds = time.perf_counter() - start
     num_images = sum(p.images + len(p.skipped_image_ids) for p in packed)
     return {
-        "image_size": config.image_size,
-        **({"image_width": image_width} if config.aspect == "native" else {}),
-        "resample": config.resample,
-        "workers": runtime.num_workers,
-        "images": sum(p.images for p in packed),
-        "skipped": sum(len(p.skipped_image_ids) for p in packed),
-        "bytes": sum(p.bytes for p in packed),
-        "seconds": round(seconds, 3),
-        "images_per_s": round(num_images / seconds, 1),
+        "image_size": config.image_size, **({"image_width": image_width} if config.aspect == "native" else {}),
+        "resample": config.resample, "workers": runtime.num_workers, "images": sum(p.images for p in packed),
+        "skipped": sum(len(p.skipped_image_ids) for p in packed), "bytes": sum(p.bytes for p in packed),
+        "seconds": round(seconds, 3), "images_per_s": round(num_images / seconds, 1),
         "splits": {p.split: {"images": p.images, "skipped": len(p.skipped_image_ids), "bytes": p.bytes}
                    for p in packed},
         "train_mean": [round(float(v), 6) for v in packed[0].mean],
@@ -277,8 +263,7 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
 
 def repack_resized(src_path: str | os.PathLike, dst_path: str | os.PathLike, image_size: int,
                    max_images: int | None = None, resample: str = "bicubic") -> None:
-    """Copy a packed file at another image size (the first ``max_images`` images), streamed: ``image_size`` high
-    and as wide as the packed file's aspect (rounded); the loader profile's second resolution."""
+    """Copy a packed file (its first ``max_images``) at ``image_size`` high, its aspect kept: the profile's 2nd size."""
     reader = PackedImageReader(src_path)
     count = len(reader) if max_images is None else min(max_images, len(reader))
     annotations = reader.read_annotations()

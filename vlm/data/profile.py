@@ -1,8 +1,6 @@
 """The ``profile_dataloader`` stage (docs/architecture.md): samples/s of the naive loader and ours (``ours_hdf5``,
 ``ours_ram``), interleaved and repeated (``rounds``, the best counts) so that machine noise hits all alike."""
 
-from __future__ import annotations
-
 import functools
 import itertools
 import json
@@ -37,8 +35,7 @@ class ProfileConfig:
     split: str = "train"
     workers: list[int] = field(default_factory=lambda: [0, 1, 2])
     batch_sizes: list[int] = field(default_factory=lambda: [32, 128])
-    # besides the packed size: heights, each as wide as the packed images' aspect
-    extra_image_sizes: list[int] = field(default_factory=lambda: [224])
+    extra_image_sizes: list[int] = field(default_factory=lambda: [224])  # more heights, at the packed aspect
     warmup_batches: int = 2  # per measurement, untimed: worker start-up and the prefetch queue filling
     batches: int = 6  # timed batches per measurement
     rounds: int = 2  # interleaved repetitions; the best round of each configuration counts

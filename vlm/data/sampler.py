@@ -1,8 +1,5 @@
-"""A batch sampler that keeps the questions of an image together (the image is encoded once). Per epoch the images
-are shuffled by ``(seed, epoch)`` and packed greedily into batches; under DDP rank r takes part r of the batches one
-process at ``world_size * batch_size`` would train on (docs/architecture.md, Training)."""
-
-from __future__ import annotations
+"""A batch sampler that keeps the questions of an image together (the image is encoded once): per epoch the images are
+shuffled by ``(seed, epoch)``, packed greedily; under DDP rank r takes part r (docs/architecture.md, Training)."""
 
 from collections.abc import Iterator, Sequence
 
@@ -11,10 +8,9 @@ from torch.utils.data import Sampler
 
 
 class GroupedBatchSampler(Sampler[list[int]]):
-    """Batches of question indices, all questions of an image (``image_rows[q]`` is question q's) in the same batch
-    but for one with more than ``batch_size`` (rare), split over consecutive batches. Call ``set_epoch(epoch, start)``
-    before each epoch: it yields that epoch's batches from batch ``start`` on (a resumed run skips those it trained
-    without reading them); ``len`` counts the batches it yields."""
+    """Batches of question indices, an image's questions (``image_rows[q]`` is question q's) in one batch but for more
+    than ``batch_size`` of them (rare: consecutive batches). ``set_epoch(epoch, start)`` before each epoch: its batches
+    from ``start`` on (a resumed run skips, unread, those it trained); ``len`` counts those it yields."""
 
     def __init__(self, image_rows: Sequence[int] | np.ndarray, batch_size: int, *, shuffle: bool = True,
                  seed: int = 0, rank: int = 0, world_size: int = 1):

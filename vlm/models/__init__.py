@@ -1,6 +1,5 @@
-"""The PaliGemma core: SigLIP vision encoder, linear and Q-Former connectors, Gemma decoder, the prefix-LM VLM,
-and the one interface a task extends it through (:mod:`vlm.models.extension`). The traffic perception lives
-beside it in :mod:`vlm.models.perception`, which this package never imports."""
+"""The PaliGemma core: SigLIP encoder, linear and Q-Former connectors, Gemma decoder, the prefix-LM VLM and the one
+interface a task extends it through (:mod:`vlm.models.extension`); it never imports :mod:`vlm.models.perception`."""
 
 from vlm.models.connector import LinearConnector
 from vlm.models.extension import ExtensionOutput, VisionExtension

@@ -1,17 +1,15 @@
-"""The attention core shared by the SigLIP encoder and the Gemma decoder."""
-
-from __future__ import annotations
+"""What the SigLIP encoder, the Gemma decoder and the connectors share: the attention core and the weight init."""
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None = None,
               output_attentions: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scaled dot-product attention of ``query`` ``[B, H, Q, Dh]`` over ``key``/``value`` ``[B, H_kv, K, Dh]``
-    (grouped-query when H_kv < H), with an optional boolean ``mask`` broadcastable to ``[B, H, Q, K]`` (True:
-    visible). Returns the output ``[B, H, Q, Dh]`` and, with ``output_attentions``, the probabilities
-    ``[B, H, Q, K]`` of an explicit softmax (float32, cast back to the query's dtype), else None (fused SDPA)."""
+    """Scaled dot-product attention of ``query`` ``[B, H, Q, Dh]`` over ``key``/``value`` ``[B, H_kv, K, Dh]`` (grouped
+    when H_kv < H) with a boolean ``mask`` (True: visible): the output ``[B, H, Q, Dh]`` and, with
+    ``output_attentions``, an explicit softmax's probabilities (float32, cast back), else None."""
     groups = query.shape[1] // key.shape[1]
     if not output_attentions:
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=groups > 1), None
@@ -22,3 +20,14 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
     return torch.matmul(weights, value), weights
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """Truncated-normal weights (``std``, cut at 2 std), zero biases, unit LayerNorms (Gemma's RMSNorm: built at 0)."""
+    if isinstance(module, (nn.Linear, nn.Conv2d, nn.Embedding)):
+        nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)

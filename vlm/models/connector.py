@@ -1,15 +1,14 @@
 """The linear connector: PaliGemma's multi-modal projector, with optional pixel shuffle (each r x r block of
 neighbouring patch features concatenated into one token; r = 1 is PaliGemma's; docs/architecture.md, departure 4)."""
 
-from __future__ import annotations
-
 import torch
 from torch import nn
 
+from vlm.models.attention import init_weights
+
 
 def pixel_shuffle(features: torch.Tensor, factor: int, grid: tuple[int, int] | None = None) -> torch.Tensor:
-    """Patch features ``[N, gh*gw, D]`` (row-major ``grid`` = ``(gh, gw)``; None: a square grid) ->
-    ``[N, (gh/r)*(gw/r), r*r*D]``, r = ``factor``."""
+    """Patch features ``[N, gh*gw, D]`` (row-major ``grid`` (gh, gw); None: square) -> ``[N, (gh/r)*(gw/r), r*r*D]``."""
     if factor == 1:
         return features
     batch, num_patches, dim = features.shape
@@ -22,16 +21,14 @@ def pixel_shuffle(features: torch.Tensor, factor: int, grid: tuple[int, int] | N
 
 
 class LinearConnector(nn.Module):
-    """Vision features ``[N, P, Dv]`` -> ``P / r^2`` image tokens ``[N, P / r^2, D_text]``
-    (``multi_modal_projector.linear``)."""
+    """Vision features ``[N, P, Dv]`` -> image tokens ``[N, P / r^2, D_text]`` (``multi_modal_projector.linear``)."""
 
     def __init__(self, vision_hidden_size: int, text_hidden_size: int, grid: tuple[int, int], pixel_shuffle: int = 1):
         super().__init__()
         self.grid = grid  # the patch grid (gh, gw)
         self.pixel_shuffle = pixel_shuffle
         self.linear = nn.Linear(vision_hidden_size * pixel_shuffle * pixel_shuffle, text_hidden_size)
-        nn.init.trunc_normal_(self.linear.weight, std=0.02, a=-0.04, b=0.04)
-        nn.init.zeros_(self.linear.bias)
+        init_weights(self.linear)
 
     def forward(self, image_features: torch.Tensor) -> torch.Tensor:
         return self.linear(pixel_shuffle(image_features, self.pixel_shuffle, self.grid))

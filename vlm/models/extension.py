@@ -1,8 +1,5 @@
-"""The one interface through which a task adds to the PaliGemma core (:mod:`vlm.models.paligemma`): its three
-optional points, **adapt** the pixels, **read** the encoder's patch features and **learn** from ``Batch.targets``, are
-described in docs/architecture.md ("Where it departs from PaliGemma"); its parameters live under ``extension.*``."""
-
-from __future__ import annotations
+"""The one interface through which a task adds to the PaliGemma core: **adapt** the pixels, **read** the patch
+features, **learn** from ``Batch.targets`` (docs/architecture.md, "Where it departs"); parameters: ``extension.*``."""
 
 from typing import Any, NamedTuple
 
@@ -25,9 +22,8 @@ class VisionExtension(nn.Module):
     reads_targets: bool = False  # it reads Batch.targets when answering too (a probe), not only for its losses
 
     def targets(self, image_size: int | tuple[int, int], frame_size: tuple[float, float]) -> Any:
-        """The transform that builds each image's ``Batch.targets`` from the label frame stored with it (label
-        boxes in frames of ``frame_size`` pixels, images of ``image_size``: a side, or ``(H, W)``), or None when
-        it learns none."""
+        """The transform that builds each image's ``Batch.targets`` from the label frame stored with it (boxes in
+        frames of ``frame_size`` pixels, images of ``image_size``: a side, or ``(H, W)``); None: it learns none."""
         return None
 
     def adapt(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor | None, Any]:

@@ -1,10 +1,6 @@
 """Gemma-style decoder, parameter-compatible with HuggingFace ``GemmaForCausalLM`` (docs/architecture.md, the model).
-
-Attention masks are boolean ``[B, 1, Q, K]`` (True = may attend), built once per forward by :func:`prefix_lm_mask` and
-shared by all layers. Tokens live in *slots* (their index in the key sequence or the cache) and have *positions* (their
-RoPE index); the two differ only when several continuations share one prefix (see ``PaliGemma.answer``)."""
-
-from __future__ import annotations
+Masks are boolean ``[B, 1, Q, K]`` (True: may attend), built once per forward (:func:`prefix_lm_mask`). Tokens have
+*slots* (index in the keys or the cache) and *positions* (RoPE), different only where continuations share a prefix."""
 
 import dataclasses
 import logging
@@ -17,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlm.models.attention import attention
+from vlm.models.attention import attention, init_weights
 from vlm.models.pretrained import read_config, sub_model_tensors, weights_file
 from vlm.params import check
 
@@ -35,9 +31,7 @@ class GemmaConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     initializer_range: float = 0.02  # std of the initial projections and embeddings (HF's name)
-    # Width of each attention head. None: hidden_size / num_attention_heads. As in HF it may differ from that
-    # (Gemma-7B: hidden 3072, 16 heads of 256); the projections then map hidden_size <-> heads * head_dim.
-    head_dim: int | None = None
+    head_dim: int | None = None  # None: hidden_size / heads; as in HF it may differ (Gemma-7B: 3072, 16 x 256)
 
     def __post_init__(self):
         if self.head_dim is None and self.num_attention_heads > 0 and self.hidden_size % self.num_attention_heads == 0:
@@ -59,11 +53,9 @@ class GemmaConfig:
 
 def prefix_lm_mask(key_valid: torch.Tensor, query_slots: torch.Tensor,
                    prefix_lengths: torch.Tensor | None = None, isolated: int = 0) -> torch.Tensor:
-    """Boolean attention mask ``[B, 1, Q, K]``: a query sees every valid key at or before its own slot,
-    and additionally every valid key of the first ``prefix_lengths[b]`` slots (full attention inside the
-    prefix, causal after it), except that a query in the first ``isolated`` slots sees those slots only.
-    ``key_valid`` ``[B, K]`` is False on padding and on empty cache slots; ``query_slots`` ``[B, Q]`` is
-    each query's slot; ``prefix_lengths`` ``[B]`` (None: purely causal)."""
+    """Boolean attention mask ``[B, 1, Q, K]``: a query sees every valid key at or before its slot and of the first
+    ``prefix_lengths[b]`` slots (None: purely causal), but one in the first ``isolated`` slots sees those only.
+    ``key_valid`` ``[B, K]``: False on padding and empty cache slots; ``query_slots`` ``[B, Q]``: each query's slot."""
     key_slots = torch.arange(key_valid.shape[1], device=key_valid.device)  # [K]
     visible = key_slots <= query_slots[:, :, None]  # [B, Q, K]
     if prefix_lengths is not None:
@@ -74,9 +66,9 @@ def prefix_lm_mask(key_valid: torch.Tensor, query_slots: torch.Tensor,
 
 
 class KVCache:
-    """Preallocated keys and values, one ``[B, H_kv, max_length, Dh]`` buffer pair per layer, allocated on first use
-    with the dtype the layer produces (bf16 under autocast). Each new token is written at its own slot (right-padded
-    prompts need no re-alignment); attention runs over the whole buffer, a mask hiding the empty slots."""
+    """Preallocated keys and values, a ``[B, H_kv, max_length, Dh]`` buffer pair per layer, allocated on first use in
+    the layer's dtype (bf16 under autocast); each new token goes to its own slot (right-padded prompts need no
+    re-alignment), a mask hiding the empty ones."""
 
     def __init__(self, num_layers: int, max_length: int):
         self.max_length = max_length
@@ -102,8 +94,7 @@ class GemmaRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # pointwise ops only, which autocast leaves alone: the statistics stay in float32 under bf16 autocast
-        x32 = x.float()
+        x32 = x.float()  # pointwise ops only, which autocast leaves alone: float32 statistics under bf16 autocast
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * (1.0 + self.weight.float())).type_as(x)
 
@@ -154,8 +145,7 @@ class GemmaAttention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
                 attention_mask: torch.Tensor, cache: KVCache | None = None, cache_slots: torch.Tensor | None = None,
                 output_attentions: bool = False, query_slots: torch.Tensor | None = None):
-        """Self-attention of the tokens at ``query_slots`` ``[B, Q]`` (None: all) over all of
-        ``hidden_states`` (and the cache): the other tokens then serve only as keys and values."""
+        """Self-attention of the tokens at ``query_slots`` ``[B, Q]`` (None: all) over all of ``hidden_states``."""
         batch, length, _ = hidden_states.shape
         cos, sin = rotary
         queries, cos_q, sin_q = hidden_states, cos, sin
@@ -201,8 +191,7 @@ class GemmaDecoderLayer(nn.Module):
 
     def forward(self, hidden_states, rotary, attention_mask, cache=None, cache_slots=None, output_attentions=False,
                 output_slots: torch.Tensor | None = None):
-        """Pre-norm attention and MLP blocks; only the tokens at ``output_slots`` ``[B, Q]`` (None: all) are
-        computed and returned."""
+        """Pre-norm attention and MLP; only the tokens at ``output_slots`` ``[B, Q]`` (None: all) are computed."""
         attn_output, weights = self.self_attn(self.input_layernorm(hidden_states), rotary, attention_mask,
                                               cache, cache_slots, output_attentions, query_slots=output_slots)
         if output_slots is not None:
@@ -225,10 +214,9 @@ class GemmaModel(nn.Module):
     def forward(self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 cache: KVCache | None = None, cache_slots: torch.Tensor | None = None,
                 output_attentions: bool = False, output_slots: torch.Tensor | None = None):
-        """``inputs_embeds`` ``[B, S, D]`` (already scaled), ``position_ids`` ``[B, S]``, ``attention_mask`` bool
-        ``[B, 1, S, K]``; with a ``cache``, ``cache_slots`` ``[B, S]`` says where each token goes. Returns the normed
-        hidden states ``[B, Q, D]`` of the tokens at ``output_slots`` ``[B, Q]`` (None: all S; the last layer computes
-        nothing else: the other tokens only feed its keys and values), and the per-layer attention probabilities."""
+        """``inputs_embeds`` ``[B, S, D]`` (scaled), ``position_ids`` ``[B, S]``, ``attention_mask`` ``[B, 1, S, K]``;
+        with a ``cache``, ``cache_slots`` ``[B, S]``. Returns the normed hidden states ``[B, Q, D]`` at ``output_slots``
+        ``[B, Q]`` (None: all; the last layer computes only those) and the per-layer attention probabilities."""
         rotary = self.rotary_emb(position_ids)
         hidden_states = inputs_embeds
         attentions = []
@@ -249,18 +237,17 @@ class GemmaForCausalLM(nn.Module):
         self.config = config
         self.model = GemmaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.apply(partial(init_decoder_weights, std=config.initializer_range))
+        self.apply(partial(init_weights, std=config.initializer_range))
         self.lm_head.weight = self.model.embed_tokens.weight
 
     @torch.no_grad()
     def generate(self, inputs_embeds: torch.Tensor, key_valid: torch.Tensor, lengths: torch.Tensor,
                  max_new_tokens: int, eos_token_id: int, pad_token_id: int = 0, prefix_lm: bool = False,
                  use_cache: bool = True, isolated: int = 0) -> torch.Tensor:
-        """Greedy decoding after right-padded prompts ``inputs_embeds`` ``[B, S, D]`` (``key_valid`` ``[B, S]`` marks
-        real tokens, ``lengths`` ``[B]`` counts them): new token t of row b goes to slot ``lengths[b] + t``,
-        overwriting padding. With ``prefix_lm`` the prompt attends to itself in full, but for its first ``isolated``
-        slots, which see each other only (:func:`prefix_lm_mask`). Returns ``[B, T]`` ids (T <= max_new_tokens),
-        each row ending at its first ``eos_token_id`` and padded with ``pad_token_id`` after it."""
+        """Greedy decoding after right-padded prompts ``inputs_embeds`` ``[B, S, D]`` (``key_valid`` ``[B, S]``,
+        ``lengths`` ``[B]``): new token t of row b goes to slot ``lengths[b] + t``. With ``prefix_lm`` the prompt
+        attends to itself in full, but for its first ``isolated`` slots (:func:`prefix_lm_mask`). Returns ``[B, T]``
+        ids, T <= max_new_tokens, a row ending at its first ``eos_token_id`` and padded with ``pad_token_id``."""
         batch, prompt_length, _ = inputs_embeds.shape
         device = inputs_embeds.device
         total = prompt_length + max_new_tokens
@@ -302,16 +289,6 @@ class GemmaForCausalLM(nn.Module):
         return torch.stack(generated, dim=1)
 
 
-def init_decoder_weights(module: nn.Module, std: float = 0.02) -> None:
-    """Truncated-normal (``std``) projections and embeddings; RMSNorm weights 0 (scale 1 + 0)."""
-    if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
-        if getattr(module, "bias", None) is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, GemmaRMSNorm):
-        nn.init.zeros_(module.weight)
-
-
 # transformers' GemmaConfig defaults (Gemma-7B): a saved config.json lists only the values that differ from them.
 _HF_GEMMA_DEFAULTS = {"vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28,
                       "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256, "rms_norm_eps": 1e-6,
@@ -336,9 +313,8 @@ def gemma_config_from_pretrained(path: str | os.PathLike) -> GemmaConfig:
 
 
 def load_pretrained_gemma(path: str | os.PathLike, vocab_size: int | None = None) -> GemmaForCausalLM:
-    """Build a :class:`GemmaForCausalLM` from a saved HF ``GemmaForCausalLM`` (or PaliGemma) checkpoint, every weight
-    loaded strictly; with a ``vocab_size`` other than the checkpoint's (this project's tokenizer is its own), the
-    token embeddings (and the tied LM head) keep their fresh initialisation."""
+    """A :class:`GemmaForCausalLM` from a saved HF ``GemmaForCausalLM`` (or PaliGemma) checkpoint, every weight loaded
+    strictly; with another ``vocab_size`` (the tokenizer's) the token embeddings and tied LM head stay fresh."""
     path = Path(path)
     config = gemma_config_from_pretrained(path)
     file = weights_file(path, "Gemma")

@@ -1,6 +1,5 @@
-"""One decoder row per image, ``[image tokens of image n | q1 a1 | q2 a2 | ... | padding]`` (``pack_questions``;
-docs/architecture.md, departure 8): every question sees the image tokens and its own tokens only (prefix-LM), at the
-RoPE positions it would have alone after the image (T, T + 1, ...); the image tokens see each other only."""
+"""One decoder row per image ``[image tokens | q1 a1 | q2 a2 | ... | padding]`` (``pack_questions``; departure 8 in
+docs/architecture.md): each question sees the image tokens and its own, at the RoPE positions it would have alone."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ class PackedRows:
     @classmethod
     def build(cls, image_index: torch.Tensor, num_rows: int, num_image_tokens: int,
               attention_mask: torch.Tensor, prefix_lengths: torch.Tensor) -> PackedRows:
-        """The layout of B right-padded questions (``attention_mask`` ``[B, L]``, ``prefix_lengths`` ``[B]``)
-        in ``num_rows`` rows, question b in row ``image_index[b]``, after ``num_image_tokens`` image slots."""
+        """The layout of B right-padded questions in ``num_rows`` rows (``image_index``), after the image slots."""
         device = attention_mask.device
         num, length = attention_mask.shape
         image_slots = num_image_tokens
@@ -65,8 +63,7 @@ class PackedRows:
                    mask=visible[:, None], questions_per_row=most_questions)
 
     def pack(self, image_tokens: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:
-        """``image_tokens`` ``[N, T, D]`` and each question's ``text_embeds`` ``[B, L, D]`` -> the decoder input
-        ``[N, S, D]``, zeros on padding."""
+        """``image_tokens`` ``[N, T, D]`` and each question's ``text_embeds`` ``[B, L, D]`` -> rows ``[N, S, D]``."""
         num_rows, image_slots, dim = image_tokens.shape
         size = self.position_ids.shape[1]
         text_valid = self.text_valid

@@ -1,10 +1,6 @@
-"""The PaliGemma core: SigLIP -> connector -> Gemma, prefix-LM, and nothing else (docs/architecture.md, the model,
-has its parameter names and the blind baseline, ``vision: none``).
-
-Sequence layout per question: ``[image tokens | [SOS] question [SEP] | answer [EOS] | padding]``, the prefix
-attended in full, the answer causally. Image tokens enter the decoder as they are, text embeddings with Gemma's
-``sqrt(hidden_size)`` scale (PaliGemma's merge). A task adds to the core only through a
-:class:`vlm.models.extension.VisionExtension` (parameters under ``extension.*``)."""
+"""The PaliGemma core: SigLIP -> connector -> Gemma, prefix-LM, and nothing else (the sequence layout, the merge, the
+parameter names and the blind baseline, ``vision: none``: docs/architecture.md, the model). A task adds to the core
+only through a :class:`vlm.models.extension.VisionExtension` (parameters under ``extension.*``)."""
 
 from __future__ import annotations
 
@@ -41,8 +37,7 @@ from vlm.models.siglip import (
 )
 from vlm.params import ParamError, build_config, check
 
-# Fields of the model config that come from the data, never from params.yaml.
-_FROM_DATA = {
+_FROM_DATA = {  # fields of the model config that come from the data, never from params.yaml
     ("gemma", "vocab_size"): "the vocabulary size (data/processed/vocab.json)",
     ("siglip", "image_size"): "the packed image size (data/processed/*_images.h5)",
     ("siglip", "image_width"): "the packed image size (data/processed/*_images.h5)",
@@ -102,9 +97,8 @@ class PaliGemmaConfig:
     def from_params(cls, model_section: Mapping[str, Any], vocab_size: int, image_size: int,
                     image_mean: list[float] | None = None, image_std: list[float] | None = None,
                     image_width: int | None = None) -> PaliGemmaConfig:
-        """Build and validate the config (of this class or a subclass: its sections too) from the ``model:``
-        section of params.yaml plus what the data fixes (vocabulary size, image height ``image_size`` and width
-        ``image_width``, None: square; train-split mean/std), before any weight exists."""
+        """Build and validate the config (of this class or a subclass) from params.yaml's ``model:`` plus what the
+        data fixes (vocabulary, image height and width (None: square), train-split mean/std), before any weight."""
         vocab_size, image_size = operator.index(vocab_size), operator.index(image_size)
         image_width = image_size if image_width is None else operator.index(image_width)
         values = dict(model_section or {})
@@ -140,8 +134,7 @@ class PaliGemmaConfig:
 
 
 def encoder_patch_size(model_section: Mapping[str, Any]) -> tuple[Any, str] | None:
-    """The vision encoder's patch size (``model.siglip.patch_size``, or the pretrained
-    ``model.vision_checkpoint``'s) and the key that sets it; None for the blind baseline, which reads no image."""
+    """The encoder's patch size (``model.siglip``'s or ``model.vision_checkpoint``'s) and its key; None: blind."""
     if model_section.get("vision", "siglip") != "siglip":
         return None
     checkpoint = model_section.get("vision_checkpoint")
@@ -153,9 +146,8 @@ def encoder_patch_size(model_section: Mapping[str, Any]) -> tuple[Any, str] | No
 
 
 def check_image_size(model_section: Mapping[str, Any], image_size: int | tuple[int, int], source: str) -> None:
-    """Raise a ``ParamError`` unless the vision encoder's patch size (:func:`encoder_patch_size`) divides
-    ``image_size``, a side or ``(H, W)``; ``source`` names where that size is set. The pack stage calls it, so an
-    impossible ``pack.image_size`` fails before any image is packed."""
+    """Raise a ``ParamError`` unless the encoder's patch size divides ``image_size`` (a side or ``(H, W)``, set where
+    ``source`` says): the pack stage calls it, so an impossible ``pack.image_size`` fails before packing."""
     found = encoder_patch_size(model_section)
     if found is None:
         return
@@ -166,9 +158,8 @@ def check_image_size(model_section: Mapping[str, Any], image_size: int | tuple[i
 
 
 def image_side_multiple(model_section: Mapping[str, Any]) -> int:
-    """What each side of the images must be a multiple of for the encoder and the connector: the patch size
-    times ``model.pixel_shuffle`` (1 for the blind baseline). The pack stage rounds ``pack.aspect: native``'s
-    width to it."""
+    """What each side of the images must be a multiple of for the encoder and the connector: the patch size times
+    ``model.pixel_shuffle`` (1 for the blind baseline). The pack stage rounds ``pack.aspect: native``'s width to it."""
     found = encoder_patch_size(model_section)
     shuffle = model_section.get("pixel_shuffle", PaliGemmaConfig.pixel_shuffle)
     if found is None or not isinstance(found[0], int) or not isinstance(shuffle, int):
@@ -227,8 +218,7 @@ class PaliGemma(nn.Module):
 
     def encode_images(self, images: torch.Tensor, targets: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """uint8 images ``[N, 3, H, W]`` -> image tokens ``[N, T, D]`` in the decoder's embedding space and,
-        given the extension's ``targets``, its losses by name."""
+        """uint8 images ``[N, 3, H, W]`` -> image tokens ``[N, T, D]``, and the extension's losses given ``targets``."""
         expected = (3, *self.config.siglip.height_width)
         if images.dtype != torch.uint8 or images.dim() != 4 or tuple(images.shape[1:]) != expected:
             raise ValueError(f"images must be uint8 [N, {', '.join(map(str, expected))}], "
@@ -245,15 +235,13 @@ class PaliGemma(nn.Module):
 
     @property
     def isolated_image_tokens(self) -> int:
-        """The leading image slots that attend to each other only: all of them with ``pack_questions``, else
-        none (PaliGemma's full prefix)."""
+        """Leading image slots that attend to each other only: all with ``pack_questions``, else none (PaliGemma)."""
         return self.num_image_tokens if self.config.pack_questions else 0
 
     def _embed(self, batch: Batch, prefix_only: bool):
-        """Image tokens (each distinct image encoded once, gathered per question) followed by the text:
-        ``inputs_embeds`` ``[B, T + L, D]``, ``key_valid`` ``[B, T + L]`` (False on padding, and after the prefix
-        when ``prefix_only``), ``prefix_total`` ``[B]`` = T + prefix length and, given ``batch.targets``, the
-        extension's losses."""
+        """Image tokens (each distinct image encoded once, gathered per question), then the text: ``inputs_embeds``
+        ``[B, T + L, D]``, ``key_valid`` ``[B, T + L]`` (False on padding, and past the prefix when ``prefix_only``),
+        ``prefix_total`` ``[B]`` = T + prefix length and, given ``batch.targets``, the extension's losses."""
         text_embeds = self.language_model.model.embed_tokens(batch.input_ids)  # [B, L, D]
         text_valid = batch.attention_mask.bool()  # [B, L]
         if prefix_only:
@@ -271,10 +259,9 @@ class PaliGemma(nn.Module):
 
     def forward(self, batch: Batch, answer_only: bool = False) -> VLMOutput:
         """Logits ``[B, L, V]`` for the text positions and, with ``batch.labels``, the losses (the answer's; with
-        ``batch.targets`` too, the extension's). ``answer_only`` (training): the last decoder layer and the LM head
-        compute only the A positions that predict the answer tokens (column a of row b: the token at text position
-        ``prefix_lengths[b] + a``), so the logits are ``[B, A, V]``; the loss is the same (labels sit on the answer
-        tokens only). With ``pack_questions`` the decoder reads one row per image (:class:`PackedRows`)."""
+        ``batch.targets`` the extension's too). ``answer_only`` (training): the last decoder layer and the LM head
+        compute only the A positions predicting answer tokens (column a of row b: text position
+        ``prefix_lengths[b] + a``): logits ``[B, A, V]``, the same loss. ``pack_questions``: a row per image."""
         length = batch.input_ids.shape[1]
         if answer_only:
             if batch.labels is None:
@@ -297,8 +284,7 @@ class PaliGemma(nn.Module):
         return VLMOutput(logits=logits, losses=losses)
 
     def _decode(self, batch: Batch, outputs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One decoder row per question ``[image tokens | text]``: the hidden states ``[B, Q, D]`` at text
-        positions ``outputs`` ``[B, Q]``, and the extension's losses."""
+        """One decoder row per question ``[image tokens | text]``: the hidden states ``[B, Q, D]`` at ``outputs``."""
         inputs_embeds, key_valid, prefix_total, losses = self._embed(batch, prefix_only=False)
         num, length, _ = inputs_embeds.shape
         slots = torch.arange(length, device=inputs_embeds.device).expand(num, length)  # [B, S]
@@ -328,8 +314,7 @@ class PaliGemma(nn.Module):
     @torch.no_grad()
     def generate(self, batch: Batch, *, eos_token_id: int, max_new_tokens: int = 8, pad_token_id: int = 0,
                  use_cache: bool = True) -> torch.Tensor:
-        """Greedy answers ``[B, T]`` after each prefix (tokens after ``prefix_lengths`` are ignored), with the
-        KV cache; each row ends at its first [EOS] and is padded after it."""
+        """Greedy answers ``[B, T]`` after each prefix, with the KV cache; a row ends at its first [EOS], then pads."""
         inputs_embeds, key_valid, prefix_total, _ = self._embed(batch, prefix_only=True)
         return self.language_model.generate(inputs_embeds, key_valid, prefix_total, max_new_tokens, eos_token_id,
                                             pad_token_id, prefix_lm=True, use_cache=use_cache,
@@ -337,8 +322,7 @@ class PaliGemma(nn.Module):
 
     @torch.no_grad()
     def answer(self, batch: Batch, candidates: list[list[int]]) -> torch.Tensor:
-        """Constrained decoding (docs/architecture.md, the model): probabilities ``[B, C]`` over the candidate
-        answers (token-id lists as ``encode_answer`` gives them), in one decoder pass."""
+        """Constrained decoding (docs/architecture.md): probabilities ``[B, C]`` over the token-id lists of answers."""
         if not candidates or any(len(c) == 0 for c in candidates):
             raise ValueError("answer(): candidates must be a non-empty list of non-empty token-id lists")
         inputs_embeds, key_valid, prefix_total, _ = self._embed(batch, prefix_only=True)
@@ -372,10 +356,9 @@ class PaliGemma(nn.Module):
 
     @torch.no_grad()
     def image_attention(self, batch: Batch) -> torch.Tensor:
-        """Attention probabilities ``[B, num_layers, num_heads, T]`` from the position that predicts the
-        first answer token ([SEP]) to the T image tokens (explicit attention path), for heat maps. With the
-        linear connector token t is cell t of the row-major (pixel-shuffled) patch grid; with the Q-Former it
-        is query t; an extension's tokens come last."""
+        """Attention probabilities ``[B, num_layers, num_heads, T]`` from the position predicting the first answer
+        token ([SEP]) to the T image tokens (explicit attention path), for heat maps: with the linear connector token
+        t is cell t of the row-major (pixel-shuffled) patch grid, with the Q-Former query t; an extension's are last."""
         if self.config.vision == "none":
             raise ValueError("image_attention(): the blind model (vision: none) has no image tokens")
         inputs_embeds, key_valid, prefix_total, _ = self._embed(batch, prefix_only=True)
@@ -402,10 +385,9 @@ def answer_length(batch: Batch) -> int:
 
 def packed_candidates_mask(key_valid: torch.Tensor, prefix_total: torch.Tensor, cand_valid: torch.Tensor,
                            isolated: int = 0) -> torch.Tensor:
-    """Attention mask ``[B, 1, S + C*T, S + C*T]`` for a prefix (``key_valid`` ``[B, S]``, prefix-LM over
-    its first ``prefix_total`` slots) followed by C candidates of T tokens (``cand_valid`` ``[C, T]``): the
-    prefix never sees the candidates; a candidate token sees the prefix and its own candidate's earlier
-    tokens, as if it were alone after the prefix; the first ``isolated`` slots see each other only."""
+    """Attention mask ``[B, 1, S + C*T, S + C*T]``: a prefix (``key_valid`` ``[B, S]``, prefix-LM over
+    ``prefix_total``), then C candidates of T tokens (``cand_valid`` ``[C, T]``) it never sees, each seeing it and its
+    own earlier tokens as if alone after it; the first ``isolated`` slots see each other only."""
     batch, prefix_length = key_valid.shape
     num_candidates, cand_length = cand_valid.shape
     packed = num_candidates * cand_length
@@ -423,9 +405,8 @@ def packed_candidates_mask(key_valid: torch.Tensor, prefix_total: torch.Tensor, 
 
 
 def load_pretrained(model: PaliGemma) -> PaliGemma:
-    """A freshly built model to train, given the pretrained SigLIP encoder when ``vision_checkpoint`` is set
-    (its position grid resampled to ``siglip.grid``) and the pretrained decoder when ``decoder_checkpoint``
-    is (its token embeddings fresh unless its vocabulary is the tokenizer's)."""
+    """A freshly built model to train, given the pretrained encoder (``vision_checkpoint``, positions resampled) and
+    decoder (``decoder_checkpoint``, token embeddings fresh unless its vocabulary is the tokenizer's) where set."""
     config = model.config
     if config.vision == "siglip" and config.vision_checkpoint is not None:
         pretrained = load_pretrained_siglip(config.vision_checkpoint, image_size=config.siglip.image_size,

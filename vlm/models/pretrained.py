@@ -1,8 +1,6 @@
 """Reading HuggingFace checkpoints on disk (no download): a folder with ``config.json`` and
 ``model.safetensors`` or ``pytorch_model.bin``, or one such weights file."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 from typing import Any
@@ -36,8 +34,7 @@ def load_tensors(file: Path) -> dict[str, torch.Tensor]:
 
 
 def sub_model_tensors(file: Path, key: str, what: str, drop: str | None = None) -> dict[str, torch.Tensor]:
-    """The tensors of one sub-model of the weights ``file``, whatever its layout: those under the one key prefix
-    that ``key`` follows, relative to it (without those then starting with ``drop``); ``what`` names the model."""
+    """The tensors of the one sub-model of ``file`` whose key prefix ``key`` follows, relative to it, bar ``drop``."""
     tensors = load_tensors(file)
     prefixes = [k[: -len(key)] for k in tensors if k.endswith(key)]
     if len(prefixes) != 1:

@@ -1,9 +1,5 @@
-"""Q-Former connector (BLIP-2 / XrayGPT): ``num_query_tokens`` learned queries pass through BERT-style
-(post-LayerNorm) layers, self-attention among them, cross-attention to the vision features in every
-``cross_attention_freq``-th layer (layers 0, f, 2f, ...) and a GELU MLP, then are projected to the decoder's width.
-Parameter names are HuggingFace BLIP-2's, so ``QFormerModel`` loads a ``Blip2QFormerModel`` state_dict."""
-
-from __future__ import annotations
+"""Q-Former connector (BLIP-2 / XrayGPT): learned queries through BERT-style layers, cross-attending to the vision
+features every ``cross_attention_freq`` layers, projected to the decoder's width; BLIP-2's parameter names."""
 
 from dataclasses import dataclass
 
@@ -11,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlm.models.siglip import init_vit_weights
+from vlm.models.attention import init_weights
 from vlm.params import check
 
 
@@ -53,8 +49,7 @@ class QFormerMultiHeadAttention(nn.Module):
 
 
 class QFormerOutput(nn.Module):
-    """BERT's output block, after the attention (``in_features`` = hidden size) and after the MLP
-    (``in_features`` = intermediate size): dense, residual, post-LayerNorm."""
+    """BERT's output block (after the attention, and after the MLP): dense, residual, post-LayerNorm."""
 
     def __init__(self, config: QFormerConfig, in_features: int):
         super().__init__()
@@ -132,7 +127,7 @@ class QFormerConnector(nn.Module):
         self.query_tokens = nn.Parameter(torch.zeros(1, config.num_query_tokens, config.hidden_size))
         self.qformer = QFormerModel(config, vision_hidden_size)
         self.language_projection = nn.Linear(config.hidden_size, text_hidden_size)
-        self.apply(init_vit_weights)  # BERT's init: the same truncated normal, zero biases, unit LayerNorms
+        self.apply(init_weights)  # BERT's init: the same truncated normal, zero biases, unit LayerNorms
         nn.init.trunc_normal_(self.query_tokens, std=0.02, a=-0.04, b=0.04)
 
     def forward(self, image_features: torch.Tensor) -> torch.Tensor:

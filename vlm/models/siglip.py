@@ -1,8 +1,6 @@
 """SigLIP vision encoder (ViT without CLS token) with the parameter names of the pinned transformers'
 ``SiglipVisionModel`` (``vision_use_head=False``; docs/architecture.md, the model): its state_dict loads strictly."""
 
-from __future__ import annotations
-
 import math
 import os
 import re
@@ -13,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlm.models.attention import attention
+from vlm.models.attention import attention, init_weights
 from vlm.models.pretrained import read_config, sub_model_tensors, weights_file
 from vlm.params import check
 
@@ -71,8 +69,7 @@ class SiglipVisionOutput:
 
 
 def resize_position_embeddings(position_embeddings: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-    """Bicubically resample a square grid of learned positions ``[g*g, D]`` to ``grid`` = ``(h, w)`` -> ``[h*w, D]``
-    (as transformers' ``interpolate_pos_encoding``)."""
+    """Bicubically resample square learned positions ``[g*g, D]`` to ``grid`` (h, w): ``[h*w, D]`` (as transformers)."""
     num_positions, dim = position_embeddings.shape
     side = math.isqrt(num_positions)
     if side * side != num_positions:
@@ -92,8 +89,7 @@ class SiglipVisionEmbeddings(nn.Module):
         self.position_embedding = nn.Embedding(config.num_patches, config.hidden_size)
 
     def forward(self, pixel_values: torch.Tensor, patch_residual: torch.Tensor | None = None) -> torch.Tensor:
-        """-> embeddings ``[N, P, D]``; ``patch_residual`` ``[N, D, h, w]`` (a vision adapter's output, see
-        :mod:`vlm.models.extension`) is added to the patch embedding before the positions."""
+        """-> embeddings ``[N, P, D]``; a vision adapter's ``patch_residual`` ``[N, D, h, w]`` adds to the patches."""
         _, _, height, width = pixel_values.shape
         patch_embeds = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))  # [N, D, h, w]
         if patch_residual is not None:
@@ -175,27 +171,15 @@ class SiglipVisionModel(nn.Module):
         self.embeddings = SiglipVisionEmbeddings(config)
         self.encoder = SiglipEncoder(config)
         self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.apply(init_vit_weights)
+        self.apply(init_weights)
 
     def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False,
                 patch_residual: torch.Tensor | None = None) -> SiglipVisionOutput:
-        """``pixel_values`` float ``[N, C, H, W]`` already normalised; ``output_attentions`` takes the
-        explicit softmax path and returns each layer's attention probabilities; ``patch_residual``: see
-        :meth:`SiglipVisionEmbeddings.forward`."""
+        """``pixel_values`` float ``[N, C, H, W]``, normalised; ``output_attentions``: the explicit softmax path, each
+        layer's attention probabilities returned; ``patch_residual``: :meth:`SiglipVisionEmbeddings.forward`."""
         hidden_states = self.embeddings(pixel_values, patch_residual)  # [N, P, D]
         hidden_states, attentions = self.encoder(hidden_states, output_attentions)
         return SiglipVisionOutput(self.post_layernorm(hidden_states), attentions)
-
-
-def init_vit_weights(module: nn.Module, std: float = 0.02) -> None:
-    """Truncated-normal (std 0.02, cut at 2 std) weights, zero biases, unit LayerNorms."""
-    if isinstance(module, (nn.Linear, nn.Conv2d, nn.Embedding)):
-        nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
-        if getattr(module, "bias", None) is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
 
 
 # Pretrained checkpoints on disk
@@ -208,9 +192,8 @@ _PATCH_KEY = "embeddings.patch_embedding.weight"
 
 def siglip_config_from_pretrained(path: str | os.PathLike, num_attention_heads: int | None = None
                                   ) -> SiglipVisionConfig:
-    """The vision config of a checkpoint: from its ``config.json`` (SigLIP, SigLIP-vision or PaliGemma)
-    when there is one (in the folder, or beside the weights file), else inferred from the tensor shapes
-    (everything but the head count, which must then be given)."""
+    """The vision config of a checkpoint: its ``config.json`` (SigLIP, SigLIP-vision or PaliGemma; in the folder or
+    beside the weights file), else inferred from the tensor shapes (but the head count, which must then be given)."""
     config = _config_from_json(Path(path))
     return config or _config_from_shapes(_vision_state_dict(Path(path)), num_attention_heads, path)
 
@@ -218,11 +201,9 @@ def siglip_config_from_pretrained(path: str | os.PathLike, num_attention_heads: 
 def load_pretrained_siglip(path: str | os.PathLike, image_size: int | None = None,
                            num_attention_heads: int | None = None, image_width: int | None = None
                            ) -> SiglipVisionModel:
-    """Build a :class:`SiglipVisionModel` from a HuggingFace checkpoint on disk: a folder (``config.json`` and
-    ``model.safetensors`` or ``pytorch_model.bin``) or one weights file (sizes from a ``config.json`` beside it, else
-    from the tensor shapes plus ``num_attention_heads``). The vision weights, found whatever their prefix (text tower
-    and pooling head dropped), load strictly; an ``image_size`` (the height; ``image_width``, None: square) other
-    than the checkpoint's resamples its position grid once (bicubic) to ``H / patch x W / patch``."""
+    """A :class:`SiglipVisionModel` from a HuggingFace checkpoint on disk, a folder or one weights file (sizes from a
+    ``config.json``, else the tensor shapes and ``num_attention_heads``): the vision weights, whatever their prefix,
+    load strictly; another ``image_size`` (``image_width`` None: square) resamples the positions once."""
     path = Path(path)
     state_dict = _vision_state_dict(path)
     config = _config_from_json(path) or _config_from_shapes(state_dict, num_attention_heads, path)

@@ -1,7 +1,5 @@
 """Reading a real BDD100K labels file and matching it against the images on disk."""
 
-from __future__ import annotations
-
 import logging
 import os
 from dataclasses import dataclass
@@ -25,8 +23,7 @@ class ReadReport:
 
 
 def read_labels(path: str | os.PathLike) -> list[Scene]:
-    """Read a BDD100K labels JSON (2018 or det_20) into normalised scenes; a malformed label raises
-    :class:`LabelError` naming the file, frame and field."""
+    """A BDD100K labels JSON (2018 or det_20) as scenes; a malformed label raises :class:`LabelError` naming it."""
     path = Path(path)
     frames = read_json(path, what="BDD100K labels file")
     if isinstance(frames, dict) and "frames" in frames:  # scalabel export wrapper
@@ -47,8 +44,7 @@ def read_labels(path: str | os.PathLike) -> list[Scene]:
 
 def match_images(scenes: list[Scene], image_dir: str | os.PathLike, on_missing: str = "error",
                  show: int = 5) -> tuple[list[Scene], ReadReport]:
-    """Keep the scenes whose image exists in ``image_dir``; for the others ``on_missing="error"`` raises
-    :class:`MissingImagesError` with the count and the first names, ``"skip"`` drops them and reports how many."""
+    """Keep the scenes whose image is in ``image_dir``; for the others, ``on_missing``: raise (``"error"``) or skip."""
     image_dir = Path(image_dir)
     if not image_dir.is_dir():
         raise FileNotFoundError(f"BDD100K images folder not found: {image_dir}")

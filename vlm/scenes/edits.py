@@ -1,8 +1,6 @@
 """Edits of a rendered scene: one thing changes, the rest of the layout is drawn again as it was (occlusion is
 measured again). What each edit does: docs/architecture.md (counterfactuals); one that cannot apply returns None."""
 
-from __future__ import annotations
-
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,8 +50,7 @@ class Pair:
     edited_things: list[Thing] | None  # as drawn (None: the mirror image, drawn by flipping the pixels)
 
 
-# an edit: the original, its own seeded generator, the render config -> (image, labels, things drawn, description),
-# or None where it does not apply to the scene
+# an edit: the original, its seeded generator, the render config -> (image, labels, things drawn, description) or None
 Edit = Callable[[Rendered, np.random.Generator, RenderConfig],
                 "tuple[Image.Image, Scene, list[Thing] | None, str] | None"]
 
@@ -92,8 +89,7 @@ def _clear_of(box: tuple[float, float, float, float], things: list[Thing]) -> bo
 
 
 def add_pedestrian(original: Rendered, rng: np.random.Generator, config: RenderConfig, tries: int = 20):
-    """A pedestrian where nothing hides it and it hides nothing, feet below rules.PATH_MIN_Y of the frame
-    (7 to 12 m ahead) and centred in one manoeuvre's band; not applicable when no such place is found."""
+    """A pedestrian 7 to 12 m ahead in one manoeuvre's band, hiding nothing and hidden by nothing; None if none fits."""
     manoeuvre = ("left", "straight", "right")[int(rng.integers(3))]
     cam = Camera(config.width, config.height, original.layout.horizon, original.layout.vanish_x)
     low, high = rules.PATHS[manoeuvre]
@@ -118,8 +114,7 @@ def switch_light(original: Rendered, rng: np.random.Generator, config: RenderCon
 
 
 def move_left_to_right(original: Rendered, rng: np.random.Generator, config: RenderConfig):
-    """A car, truck, bus or pedestrian in the left third moves to the mirrored column, where it meets no
-    other thing's box; not applicable when none can."""
+    """A car, truck, bus or pedestrian of the left third moves to the mirrored column if it meets no other box there."""
     things = _things(original)
     movable = []
     for t in things:

@@ -1,8 +1,6 @@
 """The ``generate_scenes`` stage (docs/architecture.md): synthetic scenes rendered in parallel, or a BDD100K folder
 read (its images in place, their content digest in ``source.json``), into one folder replaced atomically."""
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import hashlib
@@ -18,7 +16,7 @@ from typing import Literal
 import numpy as np
 from tqdm import tqdm
 
-from vlm.io import atomic_path, iter_json_list, read_json, write_json_list
+from vlm.io import atomic_path, existing_file, iter_json_list, read_json, write_json_list
 from vlm.params import check
 from vlm.scenes.bdd100k import match_images, read_labels
 from vlm.scenes.render import RenderConfig, render_scene
@@ -27,9 +25,7 @@ from vlm.scenes.schema import Scene, scene_from_frame, scene_to_frame
 
 @dataclass
 class BDD100KConfig:
-    # the dataset folder, a dependency of generate_scenes in dvc.yaml; images and labels are relative to it (a path
-    # outside it would not be tracked)
-    root: str = "data/bdd100k"
+    root: str = "data/bdd100k"  # the dataset folder, a dvc.yaml dependency: images and labels are paths inside it
     images: str = "images/100k/train"
     labels: str = "labels/det_20/det_train.json"
     on_missing: Literal["error", "skip"] = "error"
@@ -202,14 +198,11 @@ def generate_scenes(config: ScenesConfig, out_dir: str | os.PathLike, progress: 
 
 
 def load_raw(raw_dir: str | os.PathLike) -> RawData:
-    """The ``generate_scenes`` output folder: its source description, checked here, and its labels, read (and
-    re-validated with the det_20 reader) when the scenes are asked for."""
+    """The ``generate_scenes`` output folder: its source description, checked now, its labels read when asked for."""
     raw_dir = Path(raw_dir)
     source = read_json(raw_dir / "source.json", what="scenes source description")
     for key in ("source", "image_dir", "width", "height"):
         if key not in source:
             raise ValueError(f"{raw_dir / 'source.json'}: missing key {key!r}")
-    labels = raw_dir / "labels.json"
-    if not labels.is_file():
-        raise FileNotFoundError(f"scene labels not found: {labels}")
+    labels = existing_file(raw_dir / "labels.json", "scene labels")
     return RawData(labels, Path(source["image_dir"]), int(source["width"]), int(source["height"]), source["source"])

@@ -3,15 +3,12 @@ docs/architecture.md, generate_scenes).
 
 A scene is drawn in three steps. :func:`sample_layout` draws everything random from a ``numpy`` generator (the
 scene's attributes, the road and the objects); nothing after it is random, so a seed fixes the image.
-:func:`settle_occlusion` draws the objects' silhouettes far to near to measure how much of each nearer ones hide,
-and removes those hidden ambiguously (a few to a fifth of their pixels) or almost entirely until none is, so the
-``occluded`` flag is crisp. :func:`render_layout` paints the image far to near, then fog and rain.
+:func:`settle_occlusion` measures from the silhouettes how much of each object nearer ones hide and removes the
+ambiguous and the almost hidden. :func:`render_layout` paints the image far to near, then fog and rain.
 
 Geometry is a pinhole camera over a flat road: a point at ground depth ``z`` metres projects to the
 row ``y = horizon + s * (H - horizon)`` with ``s = Z_BOTTOM / z``, and a width of ``w`` metres at that
 depth spans ``w * PX_PER_M * s`` pixels."""
-
-from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
@@ -122,8 +119,7 @@ class Camera:
 
     def upright_box(self, lateral_m: float, s: float, width_m: float, height_m: float
                     ) -> tuple[float, float, float, float]:
-        """The box of an object ``width_m`` by ``height_m`` metres standing on the ground at scale ``s``, centred
-        ``lateral_m`` metres right of the camera axis."""
+        """The box of a ``width_m`` x ``height_m`` m object standing at scale ``s``, ``lateral_m`` right of the axis."""
         x, y = self.x(lateral_m, s), self.y(s)
         half = self.px(width_m, s) / 2
         return (x - half, y - self.px(height_m, s), x + half, y)
@@ -208,8 +204,7 @@ def _sample_trees(rng):
 
 
 def pedestrian(rng: np.random.Generator, cam: Camera, z: float, lateral: float) -> Thing:
-    """A pedestrian standing ``z`` metres ahead, ``lateral`` metres right of the camera axis; height and
-    clothes drawn from ``rng``."""
+    """A pedestrian ``z`` metres ahead, ``lateral`` metres right of the camera axis (height, clothes from ``rng``)."""
     s = cam.s_of_z(z)
     height_m = float(rng.uniform(1.55, 1.95))
     return Thing("pedestrian", "pedestrian", cam.upright_box(lateral, s, height_m * 0.32, height_m), s,
@@ -220,13 +215,11 @@ def pedestrian(rng: np.random.Generator, cam: Camera, z: float, lateral: float) 
 
 
 def _sample_lane_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera, config: RenderConfig) -> int:
-    """Cars, trucks and buses in the lanes, seen from behind; on a two-way city street the lanes left of the
-    ego lane are oncoming, seen from the front. Set the car target; return how many of the cars drawn go to
-    the cross street instead (:func:`_sample_crossing_vehicles` places them)."""
+    """Cars, trucks and buses in the lanes, seen from behind (oncoming on a two-way city street: from the front). Set
+    the car target; return how many cars go to the cross street instead (:func:`_sample_crossing_vehicles`)."""
     city = layout.scene == "city street"
     lanes = list(range(-layout.lanes_left, layout.lanes_right + 1))  # lane 0 is the ego lane, negative to the left
-    # Counted categories get a uniform target count; a few extra objects are placed because some are
-    # removed when occlusion settles, and the surplus is removed afterwards (see settle_occlusion).
+    # A counted category's target is uniform; extra objects are placed for settle_occlusion, which cuts the surplus
     target_cars = int(rng.integers(0, config.max_count + 1))
     layout.targets["car"] = target_cars
     n_cars = target_cars + (target_cars + 1) // 2
@@ -249,8 +242,7 @@ def _sample_lane_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera,
 
 
 def _sample_crossing_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera, cars_crossing: int) -> None:
-    """Vehicles crossing at the intersection, seen from the side: ``cars_crossing`` cars and perhaps a bus
-    and a truck. None without a cross street."""
+    """Vehicles crossing at the intersection, side view: ``cars_crossing`` cars, perhaps a bus and a truck."""
     if not layout.cross_street_z:
         return
     z_near, z_far = layout.cross_street_z
@@ -267,8 +259,7 @@ def _sample_crossing_vehicles(rng: np.random.Generator, layout: Layout, cam: Cam
 
 
 def _sample_two_wheelers(rng: np.random.Generator, layout: Layout, cam: Camera) -> None:
-    """Motorcycles, and on a city street bicycles, with their riders, side view, along the road edges or
-    crossing. A bike and its rider share a group (1, 2, ... in the order drawn), so neither occludes the other."""
+    """Motorcycles (and bicycles on a city street) with riders, side view; a bike and its rider share a group."""
     left, right = road_extent(layout)
     n_motor = int(rng.choice(3, p=(0.55, 0.3, 0.15)))
     n_bike = int(rng.choice(3, p=(0.55, 0.3, 0.15))) if layout.scene == "city street" else 0
@@ -291,8 +282,7 @@ def _sample_two_wheelers(rng: np.random.Generator, layout: Layout, cam: Camera) 
 
 
 def _sample_pedestrians(rng: np.random.Generator, layout: Layout, cam: Camera, config: RenderConfig) -> None:
-    """Pedestrians on the sidewalks and on the crosswalk of a city street (a counted category, with a
-    target), or a rare one on a highway's verge. Set the pedestrian target."""
+    """Pedestrians on a city street's sidewalks and crosswalk (counted, with a target), or a rare one on a highway."""
     city = layout.scene == "city street"
     left, right = road_extent(layout)
     if city:
@@ -315,8 +305,7 @@ def _sample_pedestrians(rng: np.random.Generator, layout: Layout, cam: Camera, c
 
 
 def _sample_traffic_lights(rng: np.random.Generator, layout: Layout, cam: Camera) -> None:
-    """One to three traffic lights at the intersection of most city streets, all showing the same phase (or
-    all dark); overhead when they stand over the road, on a pole beside it otherwise. None on a highway."""
+    """One to three traffic lights at most city intersections, one phase (or dark), overhead or on a pole."""
     if layout.scene != "city street" or rng.random() >= 0.9:
         return
     left, right = road_extent(layout)
@@ -614,18 +603,16 @@ DRAW = {
 
 
 # Occlusion
-def _silhouette(t: Thing, origin: tuple[int, int], size: tuple[int, int], mask: Image.Image | None = None
-                ) -> Image.Image:
-    """Draw ``t``'s silhouette into a mask whose top-left pixel is image pixel ``origin``."""
-    if mask is None:
-        mask = Image.new("L", size, 0)
-    DRAW[t.kind](Pen(ImageDraw.Draw(mask), offset=origin), t)
-    return mask
+def _silhouettes(things: list[Thing], origin: tuple[int, int], size: tuple[int, int]) -> np.ndarray:
+    """bool ``[h, w]``: the silhouettes of ``things`` in a mask of ``size`` whose top-left is image pixel ``origin``."""
+    mask = Image.new("L", size, 0)
+    for t in things:
+        DRAW[t.kind](Pen(ImageDraw.Draw(mask), offset=origin), t)
+    return np.asarray(mask, dtype=bool)
 
 
 def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
-    """Fraction of each thing's silhouette (``things`` far to near) hidden by nearer things of other groups; only
-    things whose box meets a nearer thing's box, or leaves the image, need their silhouettes drawn."""
+    """Fraction of each thing's silhouette hidden by nearer things of other groups (``things`` far to near)."""
     boxes = np.array([t.box for t in things], dtype=np.float64).reshape(-1, 4)
     hidden = []
     for k, t in enumerate(things):
@@ -639,10 +626,9 @@ def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
             continue
         ox, oy = int(math.floor(x1)), int(math.floor(y1))
         size = (int(math.ceil(x2)) + 1 - ox, int(math.ceil(y2)) + 1 - oy)
-        own = np.asarray(_silhouette(t, (ox, oy), size), dtype=bool)
+        own = _silhouettes([t], (ox, oy), size)
         total = int(own.sum())
-        # The part of the silhouette outside the image is truncation, not occlusion.
-        cx1, cy1 = max(0, -ox), max(0, -oy)
+        cx1, cy1 = max(0, -ox), max(0, -oy)  # outside the image: truncation, not occlusion
         cx2, cy2 = min(size[0], width - ox), min(size[1], height - oy)
         own_in = own[cy1:cy2, cx1:cx2] if cx2 > cx1 and cy2 > cy1 else own[:0, :0]
         visible_total = int(own_in.sum())
@@ -651,10 +637,7 @@ def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
         elif not occluders:
             hidden.append(0.0)
         else:
-            cover = Image.new("L", size, 0)
-            for o in occluders:
-                _silhouette(o, (ox, oy), size, cover)
-            covered = np.asarray(cover, dtype=bool)[cy1:cy2, cx1:cx2]
+            covered = _silhouettes(occluders, (ox, oy), size)[cy1:cy2, cx1:cx2]
             hidden.append(float((own_in & covered).sum()) / visible_total)
     return hidden
 
@@ -696,8 +679,7 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
         for cx, cy, r in layout.decor["clouds"]:
             c = shade((235, 235, 240) if layout.weather == "clear" else (120, 122, 128))
             d.ellipse((cx - r, cy - r * 0.35, cx + r, cy + r * 0.35), fill=c)
-    # Distant hills or skyline on the horizon.
-    hills = layout.decor["hills"]
+    hills = layout.decor["hills"]  # distant hills or a skyline on the horizon
     if city:
         for i, v in enumerate(hills):
             bx = w * i / len(hills)
@@ -710,8 +692,7 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
     far = 400.0
     d.polygon(cam.ground_quad(left, right, Z_BOTTOM * 0.5, far), fill=shade((78, 78, 82)))
     if layout.cross_street_z:
-        z0, z1 = layout.cross_street_z
-        d.polygon(cam.ground_quad(-200, 200, z0, z1), fill=shade((78, 78, 82)))
+        d.polygon(cam.ground_quad(-200, 200, *layout.cross_street_z), fill=shade((78, 78, 82)))
     if city:  # curbs
         for lat in (left, right):
             d.polygon(cam.ground_quad(lat - 0.15, lat + 0.15, Z_BOTTOM * 0.5, far), fill=shade((185, 185, 180)))
@@ -832,9 +813,7 @@ def with_visibility(things: list[Thing], width: int, height: int) -> list[tuple[
 
 def render_layout(layout: Layout, settled: list[tuple[Thing, float]], name: str, config: RenderConfig
                   ) -> tuple[Image.Image, Scene]:
-    """Paint ``layout`` with the ``settled`` things (far to near, each with its hidden fraction, as
-    :func:`settle_occlusion` or :func:`with_visibility` give them); return the image and its labels.
-    Nothing here is random: the same layout and things give the same pixels."""
+    """Paint ``layout`` with the ``settled`` things (far to near, with hidden fractions); return image and labels."""
     w, h = config.width, config.height
     cam = Camera(w, h, layout.horizon, layout.vanish_x)
     shade = make_shade(layout.timeofday, layout.weather)

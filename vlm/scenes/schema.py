@@ -1,8 +1,5 @@
-"""The normalised scene record every downstream stage sees, and its BDD100K det_20 serialisation:
-:func:`scene_from_frame` reads both BDD100K dialects (2018 and det_20; docs/architecture.md, generate_scenes),
-:func:`scene_to_frame` always writes det_20."""
-
-from __future__ import annotations
+"""The normalised scene record every downstream stage sees, read from both BDD100K dialects (2018 and det_20;
+docs/architecture.md, generate_scenes) by :func:`scene_from_frame` and written as det_20 by :func:`scene_to_frame`."""
 
 import math
 from dataclasses import dataclass
@@ -11,8 +8,7 @@ from typing import Any
 # det_20 detection categories, in the order of the BDD100K documentation.
 CATEGORIES = ("pedestrian", "rider", "car", "truck", "bus", "train", "motorcycle", "bicycle",
               "traffic light", "traffic sign")
-# 2018 names -> det_20 names.
-CATEGORY_ALIASES = {"person": "pedestrian", "bike": "bicycle", "motor": "motorcycle"}
+CATEGORY_ALIASES = {"person": "pedestrian", "bike": "bicycle", "motor": "motorcycle"}  # 2018 names -> det_20 names
 # Labelled in BDD100K but not part of the det_20 benchmark: skipped, as the official evaluation does.
 IGNORED_CATEGORIES = frozenset({"other person", "other vehicle", "trailer"})
 # 2018 segmentation-style labels (poly2d only, no box): skipped.

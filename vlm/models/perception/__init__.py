@@ -1,22 +1,8 @@
-"""The traffic perception beside the PaliGemma core: what this project adds for traffic scenes.
-
-It plugs into the core through :class:`vlm.models.extension.VisionExtension` (the core never imports it):
-
-- **a vision adapter**: a convolutional stem (:mod:`.stem`) whose output the core adds to SigLIP's patch
-  embedding, and whose stage outputs the heads may read;
-- **heads** (:mod:`.heads`, one file each): from the encoder's patch features (and the stem's stages) each
-  predicts maps of the target channels (:mod:`.targets`) and learns them with its own loss, which the model's
-  loss dict carries under the head's name, weighted in training by its ``model.perception.heads`` entry;
-- **what reaches the decoder** (``to_decoder``): the heads' per-patch maps beside the patch features (the
-  connector's input grows by ``patch_width``), their image summaries projected into one more image token, and
-  the image tokens of the heads that have their own (``token_shape``: each projected, plus a learned embedding
-  per token).
-
-Adding a head: one file in ``heads/`` with a subclass of :class:`.heads.base.AuxiliaryHead` and its ``name``,
-plus its entry under ``model.perception.heads`` in params.yaml (docs/architecture.md has a worked example).
-"""
-
-from __future__ import annotations
+"""The traffic perception beside the PaliGemma core, plugged in through
+:class:`vlm.models.extension.VisionExtension` (the core never imports it): a conv stem (:mod:`.stem`), heads
+(:mod:`.heads`, one file each, learning the maps of :mod:`.targets`) and what of them reaches the decoder
+(``to_decoder``). What each part does and why: docs/architecture.md ("Where it departs from PaliGemma", points 1 to
+3); adding a head: its worked example."""
 
 from dataclasses import dataclass, field
 from numbers import Real
@@ -34,12 +20,10 @@ from vlm.params import check
 
 @dataclass
 class PerceptionConfig:
-    # Channels of the convolutional stem, one stride-2 stage per entry (2**len = the patch size); [] = none.
-    stem_channels: list[int] = field(default_factory=list)
+    stem_channels: list[int] = field(default_factory=list)  # a stride-2 stage each (2**len = patch size); [] = none
     heads: dict[str, float] = field(default_factory=dict)  # head name -> weight of its loss in training; 0 = off
     to_decoder: bool = False  # the decoder reads the heads' maps per patch and their summaries as one more token
-    # probe: the decoder reads the label maps (Batch.targets) instead of the heads' predictions, in training and
-    # evaluation alike: each question type's accuracy with perfect perception (the heads still learn)
+    # probe: the decoder reads the label maps, not the heads' predictions (which still learn): perfect perception
     oracle: bool = False
 
     @property
@@ -95,8 +79,7 @@ class TrafficPerception(VisionExtension):
 
     def targets(self, image_size: int | tuple[int, int], frame_size: tuple[float, float]) -> TargetTransform | None:
         """The transform that builds what the heads learn, at the finest grid any of them reads, for images of
-        ``image_size`` (a side, or ``(H, W)``) from label boxes given in frames of ``frame_size`` (width, height)
-        pixels; None without heads."""
+        ``image_size`` (a side, or ``(H, W)``) from label boxes in ``frame_size`` frames; None without heads."""
         if not self.heads:
             return None
         stride = min(head.target_stride for head in self.heads.values())
@@ -110,8 +93,7 @@ class TrafficPerception(VisionExtension):
 
     def forward(self, patch_features: torch.Tensor, stem_features: list[torch.Tensor] | None,
                 targets: torch.Tensor | None) -> ExtensionOutput:
-        """``patch_features`` ``[N, P, Dv]``, the stem's stage outputs and ``targets`` ``[N, Gh*Gw, C]`` (for the
-        losses, unweighted, by head name)."""
+        """``patch_features`` ``[N, P, Dv]``, the stem's stages, ``targets`` ``[N, Gh*Gw, C]`` (losses: by head)."""
         num, patches, _ = patch_features.shape
         fine = None if self.pyramid is None else self.pyramid(stem_features)  # [N, PYRAMID_WIDTH, H/4, W/4]
         logits = {name: head(patch_features, fine) for name, head in self.heads.items()}
@@ -140,9 +122,8 @@ class TrafficPerception(VisionExtension):
 
 @torch.no_grad()
 def head_metrics(model: nn.Module, images: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The perception heads' own measures per image ``[N]`` (:meth:`AuxiliaryHead.metrics`), for uint8 images
-    ``[N, 3, H, W]`` and their targets, through the core's encoder as the model computes it; the decoder is left
-    out."""
+    """The perception heads' own measures per image ``[N]`` (:meth:`AuxiliaryHead.metrics`) for uint8 images
+    ``[N, 3, H, W]`` and their targets, through the core's encoder as the model computes it, the decoder left out."""
     extension = model.extension
     pixel_values = torch.addcmul(model.pixel_shift, images.float(), model.pixel_scale)  # [N, 3, H, W]
     residual, state = extension.adapt(pixel_values)
@@ -153,8 +134,7 @@ def head_metrics(model: nn.Module, images: torch.Tensor, targets: torch.Tensor) 
 
 
 class HeadTokens(nn.Module):
-    """A head's own image tokens: its features per token ``[N, T, F]`` projected to the decoder's width, plus a
-    learned embedding per token (which channel it is): ``[N, T, D]``."""
+    """A head's own image tokens ``[N, T, D]``: its features ``[N, T, F]`` projected, plus an embedding per token."""
 
     def __init__(self, num: int, features: int, hidden_size: int):
         super().__init__()

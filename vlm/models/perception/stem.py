@@ -1,7 +1,5 @@
 """The convolutional stem: a vision adapter whose output the PaliGemma core adds to SigLIP's patch embedding."""
 
-from __future__ import annotations
-
 import math
 
 import torch
@@ -10,11 +8,8 @@ from torch import nn
 
 
 class ConvStem(nn.Module):
-    """Early convolutions (Xiao et al. 2021, "Early Convolutions Help Transformers See Better"): per stage a
-    stride-2 and a stride-1 3x3 convolution, each with GroupNorm and ReLU, then a 1x1 projection to the
-    encoder width. ``[N, C, S, S]`` -> ``[N, D, S / 2**stages, S / 2**stages]``, and each stage's output
-    (``[N, channels[i], S / 2**(i+1), S / 2**(i+1)]``: an object-centre head reads them). GroupNorm, not BatchNorm:
-    a sample's features never depend on the rest of its batch."""
+    """Early convolutions (Xiao et al. 2021; docs/architecture.md, departure 1), then a 1x1 projection to the encoder
+    width: ``[N, C, S, S]`` -> ``[N, D, S/2**stages, S/2**stages]`` and each stage's ``[N, channels[i], ...]``."""
 
     def __init__(self, in_channels: int, channels: list[int], out_channels: int, groups: int = 4):
         super().__init__()
@@ -43,9 +38,8 @@ FINE_STRIDE = 4  # image pixels per cell of that map: the stem's second stage
 
 
 class StemPyramid(nn.Module):
-    """A small feature pyramid over the stem's stage outputs (Lin et al. 2017, "Feature Pyramid Networks"): its
-    last stage brought to stride 8 and added to the stride-8 stage, then up to stride 4 beside that stage:
-    ``[N, width, H/4, W/4]``, what the heads that see objects finer than a patch read."""
+    """A small feature pyramid over the stem's stages (Lin et al. 2017, "Feature Pyramid Networks"): the last to stride
+    8 plus the stride-8 stage, then to stride 4 beside that stage: ``[N, width, H/4, W/4]``, what fine heads read."""
 
     def __init__(self, channels: list[int], width: int):
         super().__init__()

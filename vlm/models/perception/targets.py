@@ -1,32 +1,7 @@
-"""The target schema: what each cell of an image shows, from the same labels that answer the questions.
-
-The question-answer loss alone reaches the vision encoder as a weak, indirect signal; a from-scratch
-encoder then learns where the objects are far too slowly. The labels behind every answer also say, for each
-cell of a grid over the image, which categories cover it, where each object's centre lies, which colour a
-readable traffic light there shows and whether an occluded object is there. The perception heads learn these
-maps (:mod:`vlm.models.perception.heads`); the answers still come only from the decoder.
-
-The channels, in :data:`GROUPS`' order (this module is the one place that names them; a head reads its groups
-with :func:`channels`):
-
-- ``box/{category}``: 1 where the cell overlaps a box of that category;
-- ``centre/{category}``: how many box centres of that category fall in the cell (a count: neighbours share);
-- ``light/{colour}``: 1 where the cell overlaps a readable light of that colour;
-- ``occluded``: 1 where the cell overlaps the box of an object labelled occluded (the safety rule's "maybe");
-- ``heat/{category}``: CenterNet's object-centre heatmap: 1 in the cell of each box centre, a Gaussian of a
-  sixth of the box's smaller side around it, the maximum where objects meet;
-- ``foot/{group}``: the same around the bottom-centre of the boxes of road users, of pedestrians and riders,
-  and of occluded road users: where the safety rule looks;
-- ``feet/{group}``: how many of those bottom-centres fall in the cell (a count, as ``centre``);
-- ``frame/{attribute}`` (night, rain, fog, highway): 1 or 0 as the scene questions' answer, -1 where the
-  labels leave it undefined; the same in every cell (the heads predict these once per image).
-
-:class:`TargetTransform` builds them, at the finest grid the enabled heads declare, from the label frame the
-packed data stores beside each image; the batch carries them as ``Batch.targets`` ``[N_img, Gh*Gw, C]``
-(``Gh x Gw`` cells, rows first: square unless the images are, ``pack.aspect: native``).
-"""
-
-from __future__ import annotations
+"""The target schema: what each cell of an image shows, from the labels that answer the questions (why:
+docs/architecture.md, departure 2). The channels are named here only, by :data:`GROUPS` (a group's content: its
+comment); a head reads its groups with :func:`channels`. :class:`TargetTransform` builds them at the finest grid the
+enabled heads declare from the label frame stored beside each packed image: ``Batch.targets`` ``[N_img, Gh*Gw, C]``."""
 
 import json
 from collections.abc import Sequence
@@ -41,20 +16,19 @@ from vlm.scenes.schema import CATEGORIES, LIGHT_COLORS, Scene, scene_from_frame
 
 FOOT_GROUPS = ("road_user", "vulnerable", "occluded")
 GROUPS: dict[str, tuple[str, ...]] = {
-    "box": tuple(f"box/{c}" for c in CATEGORIES),
-    "centre": tuple(f"centre/{c}" for c in CATEGORIES),
-    "light": tuple(f"light/{c}" for c in LIGHT_COLORS),
-    "occluded": ("occluded",),
-    "heat": tuple(f"heat/{c}" for c in CATEGORIES),
-    "foot": tuple(f"foot/{g}" for g in FOOT_GROUPS),
-    "feet": tuple(f"feet/{g}" for g in FOOT_GROUPS),
-    "frame": tuple(f"frame/{a}" for a in rules.FRAME_ATTRIBUTES),
+    "box": tuple(f"box/{c}" for c in CATEGORIES),  # 1 where the cell overlaps a box of that category
+    "centre": tuple(f"centre/{c}" for c in CATEGORIES),  # how many box centres fall in the cell (neighbours share)
+    "light": tuple(f"light/{c}" for c in LIGHT_COLORS),  # 1 where the cell overlaps a readable light of that colour
+    "occluded": ("occluded",),  # 1 where the cell overlaps an object labelled occluded (the safety rule's "maybe")
+    "heat": tuple(f"heat/{c}" for c in CATEGORIES),  # CenterNet's centre heatmap (_splat), the maximum where they meet
+    "foot": tuple(f"foot/{g}" for g in FOOT_GROUPS),  # the same around bottom-centres, where the safety rule looks
+    "feet": tuple(f"feet/{g}" for g in FOOT_GROUPS),  # how many of those bottom-centres fall in the cell
+    "frame": tuple(f"frame/{a}" for a in rules.FRAME_ATTRIBUTES),  # the scene answer 1 / 0 (-1: undefined), every cell
 }
 CHANNELS = tuple(chain.from_iterable(GROUPS.values()))
 START = dict(zip(GROUPS, accumulate((len(g) for g in GROUPS.values()), initial=0)))  # group -> first channel
-# Regions (x from, x to, y from; fractions of the image) in which objects are counted: for the object centres
-# the image and its left and right thirds ("on the left side"), for the footpoints the near part of each
-# manoeuvre's path (the safety rule's bands, bottom below PATH_MIN_Y).
+# Regions (x from, x to, y from; fractions of the image) objects are counted in: centres in the image and its thirds
+# ("on the left side"), footpoints in the near part of each manoeuvre's path (the safety rule's bands).
 CENTRE_REGIONS = ((0.0, 1.0, 0.0), *((lo, hi, 0.0) for lo, hi in rules.SIDES.values()))
 FOOT_REGIONS = tuple((lo, hi, rules.PATH_MIN_Y) for lo, hi in rules.PATHS.values())
 
@@ -70,8 +44,7 @@ def channels(*groups: str) -> slice:
 
 def region_masks(regions: Sequence[Sequence[tuple[float, float, float]]], grid: tuple[int, int]) -> torch.Tensor:
     """bool ``[C, R, rows, columns]``: which cells of ``grid`` (by their centres) lie in each channel's regions,
-    ``regions[c][r]`` = (x from, x to, y from) as fractions of the image (:data:`CENTRE_REGIONS`,
-    :data:`FOOT_REGIONS`)."""
+    ``regions[c][r]`` = (x from, x to, y from), fractions of the image (:data:`CENTRE_REGIONS`, ``FOOT_REGIONS``)."""
     rows, columns = grid
     ys = (torch.arange(rows) + 0.5) / rows  # [rows] cell centres, 0..1
     xs = (torch.arange(columns) + 0.5) / columns  # [columns]
@@ -87,8 +60,7 @@ def grid_shape(grid: int | tuple[int, int]) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class TargetTransform:
-    """The targets of a grid of cells, ``grid`` a side (square) or ``(rows, columns)``, from label boxes given in
-    frames of ``frame_size`` (width, height) pixels."""
+    """The targets on a grid of cells (a side, or ``(rows, columns)``) from label boxes in ``frame_size`` frames."""
 
     grid: int | tuple[int, int]
     frame_size: tuple[float, float]
@@ -120,8 +92,7 @@ class TargetTransform:
 
     @staticmethod
     def check(annotations: Sequence[str], source: str) -> None:
-        """Raise the reader's error, naming ``source`` (the file they come from), for the first label frame in
-        ``annotations`` that is not a valid scene."""
+        """The reader's error, naming ``source`` (their file), for the first frame in ``annotations`` not a scene."""
         for i, annotation in enumerate(annotations):
             scene_from_frame(json.loads(annotation), where=f"{source}: annotation[{i}]")
 
@@ -131,8 +102,7 @@ class TargetTransform:
 
 
 def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[int, int]) -> np.ndarray:
-    """float32 ``[Gh*Gw, C]`` targets of one scene whose frame is ``width`` x ``height`` pixels, on ``grid``
-    (a side, or ``(rows, columns)``): the frame's boxes scaled to the grid on each axis."""
+    """float32 ``[Gh*Gw, C]`` targets of a scene whose frame is ``width`` x ``height`` pixels on ``grid``."""
     rows, columns = grid_shape(grid)
     targets = np.zeros((rows, columns, len(CHANNELS)), dtype=np.float32)  # [Gh, Gw, C]
 
@@ -167,8 +137,7 @@ def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[i
 
 
 def _splat(heat: np.ndarray, x: float, y: float, sigma: float) -> None:
-    """Draws into ``heat`` ``[Gh, Gw]`` (in place, keeping the maximum) a Gaussian around the point ``(x, y)``
-    in cells, and 1 in the point's cell."""
+    """Draw into ``heat`` ``[Gh, Gw]`` (in place, the maximum kept) a Gaussian around ``(x, y)`` in cells, 1 at it."""
     rows, columns = heat.shape
     xs, ys = np.arange(columns) + 0.5, np.arange(rows) + 0.5  # cell centres
     np.maximum(heat, np.exp(-((xs[None, :] - x) ** 2 + (ys[:, None] - y) ** 2) / (2 * sigma ** 2)), out=heat)

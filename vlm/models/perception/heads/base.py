@@ -22,25 +22,16 @@ NONE = 1e-6
 
 
 class AuxiliaryHead(nn.Module):
-    """One head: reads the encoder's patch features (and the conv stem's stage outputs), predicts maps of
-    target channels (:mod:`vlm.models.perception.targets`) and learns them with its loss.
+    """One head (the contract: docs/architecture.md, departure 2): it reads the patch features, or with ``reads_fine``
+    the stem's stride-4 map (:class:`~vlm.models.perception.stem.StemPyramid`), and learns target maps. A subclass names
+    itself, joining :data:`HEADS`, and sets the fields below (``reads_fine``: ``target_stride``, ``grid`` set here)."""
 
-    A head reads the patch features, or with ``reads_fine`` the stride-4 feature map the perception computes once
-    from the conv stem's stages (:class:`~vlm.models.perception.stem.StemPyramid`, ``PYRAMID_WIDTH`` channels) for
-    the heads that see objects finer than a patch. A subclass names itself (``name``: its ``model.perception.heads``
-    key) and joins :data:`HEADS`; it sets in
-    ``__init__`` ``target_stride`` (image pixels per cell of the targets it reads; a head that ``reads_fine`` has
-    the map's, and its cells ``grid``, set here), ``patch_width`` (the
-    per-patch maps :meth:`decoder_features` gives the connector), ``num_token_features`` (the width of the
-    image summary it gives the decoder's shared extra token) and, for image tokens of its own, ``token_shape``
-    (T tokens of F features each, :meth:`tokens`)."""
-
-    name: ClassVar[str]
+    name: ClassVar[str]  # its key under model.perception.heads
     reads_fine: ClassVar[bool] = False
-    target_stride: int
-    patch_width: int = 0
-    num_token_features: int = 0
-    token_shape: tuple[int, int] | None = None
+    target_stride: int  # image pixels per cell of the targets it reads
+    patch_width: int = 0  # the per-patch maps decoder_features() gives the connector
+    num_token_features: int = 0  # the width of the image summary it gives the shared extra token
+    token_shape: tuple[int, int] | None = None  # image tokens of its own: T tokens of F features (tokens())
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -61,8 +52,7 @@ class AuxiliaryHead(nn.Module):
                   f"needs a conv stem of at least 3 stages ({prefix}.stem_channels), got {config.stem_channels}")
 
     def forward(self, patch_features: torch.Tensor, fine_features: torch.Tensor | None) -> torch.Tensor:
-        """Patch features ``[N, P, Dv]`` and, for a head that ``reads_fine``, the stride-4 map
-        ``[N, PYRAMID_WIDTH, H/4, W/4]`` (else None) -> the head's logits."""
+        """Patch features ``[N, P, Dv]`` and, with ``reads_fine``, the stride-4 map (else None) -> the head's logits."""
         raise NotImplementedError
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -70,8 +60,7 @@ class AuxiliaryHead(nn.Module):
         raise NotImplementedError
 
     def oracle(self, targets: torch.Tensor) -> torch.Tensor:
-        """The logits that say exactly what targets ``[N, cells, C]`` (all target channels) say: what the decoder
-        reads with ``model.perception.oracle``."""
+        """The logits that say exactly what targets ``[N, cells, C]`` say: what ``model.perception.oracle`` reads."""
         raise NotImplementedError
 
     def decoder_features(self, logits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -83,6 +72,5 @@ class AuxiliaryHead(nn.Module):
         raise NotImplementedError
 
     def metrics(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-image measures ``[N]`` of what the head gets right against targets ``[N, G*G, C]``, the decoder left
-        out (validation); none by default."""
+        """Per-image measures ``[N]`` against targets ``[N, G*G, C]``, the decoder left out; none by default."""
         return {}

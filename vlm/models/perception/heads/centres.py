@@ -1,16 +1,6 @@
-"""Object-centre heatmaps for counting (CenterNet: Zhou et al. 2019, "Objects as Points").
-
-The grounding head's per-patch centre counts (16 px patches) count cars exactly in only about 0.4 of
-images: neighbouring objects share a patch. This head reads the convolutional stem's stage outputs in a
-small feature pyramid (stride 16 -> 8 -> 4) and predicts, per category, a heatmap at a quarter of the
-image size (the ``heat`` group of :mod:`vlm.models.perception.targets`), and the same for the footpoints of
-road users, pedestrians and riders, and occluded road users (``foot``), trained with CenterNet's focal loss.
-An object is a local maximum above 0.5; the counts of those peaks per channel and region (object centres:
-``CENTRE_REGIONS``, the whole image, its left and its right third; footpoints: ``FOOT_REGIONS``, the near
-part of each manoeuvre's path) are what the decoder reads, thermometer-coded, in the extra token.
-"""
-
-from __future__ import annotations
+"""Object-centre heatmaps for counting (CenterNet: Zhou et al. 2019, "Objects as Points"): from the stem's stride-4 map,
+a heatmap per category (``heat``) and footpoint group (``foot``), CenterNet's focal loss; the decoder reads the peaks
+(local maxima above 0.5) per channel and region, thermometer-coded (why: docs/architecture.md, departure 2)."""
 
 import math
 
@@ -48,8 +38,7 @@ class CentreHead(AuxiliaryHead):
         return self.out(fine_features).flatten(2).transpose(1, 2)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """CenterNet's focal loss (alpha 2, beta 4) per object against the ``heat``/``foot`` channels of targets
-        ``[N, H/4 * W/4, C]`` (all target channels)."""
+        """CenterNet's focal loss (alpha 2, beta 4) per object on the ``heat``/``foot`` channels of all ``targets``."""
         heat = targets[..., self.channels].float()
         prob = logits.float().sigmoid().clamp(1e-4, 1 - 1e-4)
         centre = heat == 1
@@ -69,7 +58,6 @@ class CentreHead(AuxiliaryHead):
         return (peaks[:, :, None] & self.masks).sum(dim=(3, 4)).float()
 
     def decoder_features(self, logits: torch.Tensor) -> tuple[None, torch.Tensor]:
-        """No per-patch maps (the heatmaps are finer than the patches); the peak counts thermometer-coded
-        (count > k for k = 0 ... 9): ``[N, num_token_features]``."""
+        """No per-patch maps (finer than the patches); the peak counts thermometer-coded (count > 0 ... > 9)."""
         counts = self.peak_counts(logits)  # [N, C_heat, R]
         return None, (counts[..., None] > self.thresholds).flatten(1).float()

@@ -1,17 +1,6 @@
-"""Counts the losses reach: a density map per category and footpoint group, trained on its sums over the
-question regions (density counting: Lempitsky & Zisserman 2010; counting for VQA: Zhang et al. 2018).
-
-The centres head counts the peaks of its heatmaps, thresholded and detached: no loss corrects a count, and two
-objects in one heatmap cell make one peak. This head predicts, at a quarter of the image size, the expected
-number of object centres per cell and category (the ``centre`` targets) and of footpoints per cell and group
-(``feet``). Its loss is Poisson twice: per cell (where the objects are) and per region sum (how many: the image
-and its left and right thirds for the categories, the near part of each manoeuvre's path for the footpoints,
-the regions of :mod:`vlm.models.perception.targets`). The decoder reads the region sums thermometer-coded
-(soft ``sum > k + 0.5``) and not detached, one image token per channel, so the answer's loss reaches the
-counts too.
-"""
-
-from __future__ import annotations
+"""Counts the losses reach: a density map per category (``centre`` targets) and footpoint group (``feet``) at a quarter
+of the image size, Poisson per cell and per region sum; the decoder reads the region sums thermometer-coded, not
+detached, a token per channel (Lempitsky & Zisserman 2010; Zhang et al. 2018; docs/architecture.md, departure 2)."""
 
 import math
 
@@ -61,8 +50,7 @@ class CountHead(AuxiliaryHead):
         return logits.float().clamp(max=MAX_LOG_COUNT).exp()  # [N, h*w, C]
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Poisson per cell (summed over the cells, averaged over images and channels) plus Poisson per region
-        sum, against the ``centre``/``feet`` counts of targets ``[N, h*w, C_all]``."""
+        """Poisson per cell (summed over cells, averaged over images and channels) plus Poisson per region sum."""
         counts = self.counts(targets)
         logits = logits.float()
         per_cell = F.poisson_nll_loss(logits, counts, log_input=True, full=False, reduction="sum")
@@ -76,8 +64,7 @@ class CountHead(AuxiliaryHead):
         return self.counts(targets).clamp(min=NONE).log()
 
     def metrics(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per image: the fraction of its region counts (channels x regions) whose rounded sum is the labels'
-        count (``counts/exact``), and whether all of them are (``counts/all_exact``)."""
+        """Per image: the share of its region counts whose rounded sum is exact, and whether all of them are."""
         counts = self.counts(targets)
         exact = self.region_sums(self.density(logits)).round() == self.region_sums(counts)  # [N, C, R]
         return {"counts/exact": exact.float().mean(dim=(1, 2)), "counts/all_exact": exact.flatten(1).all(1).float()}

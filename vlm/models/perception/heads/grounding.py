@@ -1,18 +1,6 @@
-"""The grounding head: patch features -> per-patch maps of what the labels say each patch shows.
-
-Targets (:mod:`vlm.models.perception.targets`): binary groups (``box``, ``light``, ``occluded``) with binary
-cross-entropy, the count group (``centre``: how many object centres fall in the patch) with a Poisson loss, so
-that the maps summed over an image are expected object counts. The ``frame`` group (night, rain, fog, highway)
-is one prediction per image, from the mean of the patch features, repeated in every patch; binary
-cross-entropy where the labels define it. With ``model.perception.to_decoder`` the decoder reads the maps too:
-per patch beside the encoder's features, and the image totals of the patch channels in the extra token,
-thermometer-coded (total > 0.5, > 1.5, ...) so that "how many", "more than k" and "is there" are linear
-read-outs of it; and each light colour as an image token of its own (the colour's highest probability and its
-total over the patches: the governing light is the largest readable one). Inside the shared token alone, one
-training seed in two never read the light (docs/experiments.md).
-"""
-
-from __future__ import annotations
+"""The grounding head: patch features -> per-patch maps of what the labels say each patch shows (binary groups: BCE;
+``centre`` counts: Poisson; ``frame``: once per image), which the decoder reads per patch, as thermometer-coded totals
+and a token per light colour (docs/architecture.md, departures 2 and 3; light tokens: docs/experiments.md)."""
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +12,7 @@ from vlm.models.siglip import SiglipVisionConfig
 
 NUM_THRESHOLDS = 10  # totals thermometer-coded at 0.5, 1.5, ..., 9.5
 MAX_LOG_COUNT = 4.0  # count logits are log-rates: clamped before exp in the maps (at most e^4 ~ 55 per patch)
-# The frame loss (per image) is scaled to the patch loss (a mean over many mostly-empty patches), so that it
-# does not pull the encoder away from the objects (docs/experiments.md).
-FRAME_LOSS_WEIGHT = 0.1
+FRAME_LOSS_WEIGHT = 0.1  # to the patch loss's scale: else it pulls the encoder off the objects (docs/experiments.md)
 
 
 class GroundingHead(AuxiliaryHead):
@@ -56,16 +42,14 @@ class GroundingHead(AuxiliaryHead):
         return self.linear.out_features
 
     def forward(self, features: torch.Tensor, fine_features: torch.Tensor | None = None) -> torch.Tensor:
-        """Patch features ``[N, P, Dv]`` -> logits ``[N, P, C_head]`` (the patch channels, log-rates for the
-        count channels, then the frame channels, whose logits are the same in every patch)."""
+        """Patch features ``[N, P, Dv]`` -> logits ``[N, P, C_head]``: patch channels (counts as log-rates), frame."""
         patches = self.linear(features)  # [N, P, C_patch]
         frame = self.frame(features.mean(dim=1))  # [N, F]
         return torch.cat([patches, frame[:, None].expand(-1, features.shape[1], -1)], dim=-1)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean per-element loss of the patch channels plus mean per-image loss of the frame channels, against
-        the grounding targets ``[N, F*F, C]`` (0/1, counts on the count channels, -1 on undefined frame
-        channels) on the patch grid or a k times finer one (then pooled to the patch grid)."""
+        """Mean per-element loss of the patch channels plus mean per-image loss of the frame channels against targets
+        ``[N, cells, C]`` (-1: undefined frame channel) on the patch grid or a finer one (pooled to it)."""
         logits, targets = logits.float(), targets.float()
         patch_logits = logits[..., :self.num_patch]  # [N, P, C_patch]
         patch_targets = self.patch_targets(targets, self.grid)  # [N, P, C_patch]
@@ -79,9 +63,8 @@ class GroundingHead(AuxiliaryHead):
         return torch.where(is_count, counts, binary).mean() + FRAME_LOSS_WEIGHT * frame
 
     def patch_targets(self, targets: torch.Tensor, grid: int | tuple[int, int]) -> torch.Tensor:
-        """Patch channels of targets ``[N, k*gh * k*gw, C]`` on a grid k times finer than ``grid`` (``(gh, gw)``,
-        or a side) -> ``[N, gh*gw, C_patch]``: boxes, lights and occlusion by maximum, centre counts by sum over
-        each patch's cells."""
+        """Patch channels of targets ``[N, k*gh * k*gw, C]`` on a grid k times finer than ``grid`` (``(gh, gw)`` or a
+        side) -> ``[N, gh*gw, C_patch]``: boxes, lights, occlusion by maximum, centre counts by sum over the patch."""
         num, cells, _ = targets.shape
         rows, columns = grid_shape(grid)
         patch = targets[..., self.patch_channels]
@@ -94,8 +77,7 @@ class GroundingHead(AuxiliaryHead):
         return pooled.flatten(2).transpose(1, 2)  # [N, gh*gw, C_patch]
 
     def oracle(self, targets: torch.Tensor) -> torch.Tensor:
-        """Targets ``[N, cells, C]`` -> the logits ``[N, P, C_head]`` of the maps they give on the patch grid (frame
-        channels the labels leave undefined at probability 0.5)."""
+        """Targets ``[N, cells, C]`` -> logits ``[N, P, C_head]`` of their patch maps (undefined frame channels 0.5)."""
         targets = targets.float()
         patch = self.patch_targets(targets, self.grid)  # [N, P, C_patch]
         patch = torch.where(self.is_count[:self.num_patch], patch.clamp(min=NONE).log(), (2 * patch - 1) * SURE)
@@ -108,8 +90,7 @@ class GroundingHead(AuxiliaryHead):
         return torch.where(self.is_count, logits.clamp(max=MAX_LOG_COUNT).exp(), logits.sigmoid())
 
     def totals(self, maps: torch.Tensor) -> torch.Tensor:
-        """Image totals of the patch channels' maps, thermometer-coded: ``[N, C_patch * K]`` (soft
-        ``total > k + 0.5``)."""
+        """Image totals of the patch maps, thermometer-coded (soft ``total > k + 0.5``): ``[N, C_patch * K]``."""
         totals = maps[..., :self.num_patch].sum(dim=1)  # [N, C_patch]
         return torch.sigmoid(4.0 * (totals[..., None] - self.thresholds)).flatten(1)  # [N, C_patch * K]
 

@@ -46,7 +46,7 @@ class TrainConfig:
     """What a run learns: params.yaml's ``train`` (how fast it goes is :class:`TrainRuntime`)."""
 
     seed: int = 0
-    epochs: int = 7
+    epochs: int = 6
     blind_epochs: int | None = 1  # epochs of the blind baseline (train_blind); None = epochs
     batch_size: int = 64  # questions per forward pass (per process under DDP)
     grad_accum: int = 1  # forward passes per optimizer step
@@ -55,7 +55,7 @@ class TrainConfig:
     warmup_steps: int = 100  # optimizer steps of linear warmup
     weight_decay: float = 0.05
     grad_clip: float = 1.0  # max global gradient norm; 0 disables
-    optimizer: Literal["adamw", "muon"] = "adamw"  # muon: Muon on the layers' matrices, AdamW on the rest
+    optimizer: Literal["adamw", "muon"] = "muon"  # muon: Muon on the layers' matrices, AdamW on the rest
     early_stopping_patience: int = 0  # epochs without a better val accuracy before stopping; 0 = never
     nproc: int = 1  # DDP processes on this machine: the stage relaunches itself under torchrun when > 1
     augment: AugmentConfig = field(default_factory=AugmentConfig)

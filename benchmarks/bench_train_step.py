@@ -56,6 +56,7 @@ from vlm.params import build_config, load_params, runtime_section, section
 from vlm.scenes.generate import ScenesConfig
 from vlm.train import (
     VLM_TRAIN_KEYS,
+    Optimizers,
     Run,
     StepWindow,
     TrainConfig,
@@ -94,11 +95,15 @@ def build_run(params_path: str, data: Path, workdir: Path, runtime_overrides: di
 
 
 def replace_optimizer(run: Run, **options) -> None:
-    """The run's AdamW rebuilt with ``options`` (e.g. ``fused=True``) over the same groups and schedule."""
+    """The run's AdamW (with ``optimizer: muon``, the one beside Muon) rebuilt with ``options`` (e.g. ``fused=True``)
+    over the same groups and schedule."""
+    muon = run.optimizer.optimizers[:-1] if isinstance(run.optimizer, Optimizers) else ()
+    adamw = run.optimizer.optimizers[-1] if muon else run.optimizer
     groups = [{key: value for key, value in group.items() if key not in ("fused", "foreach")}
-              for group in run.optimizer.param_groups]
-    defaults = {key: run.optimizer.defaults[key] for key in ("lr", "betas", "eps")}
-    run.optimizer = torch.optim.AdamW(groups, **defaults, **options)
+              for group in adamw.param_groups]
+    defaults = {key: adamw.defaults[key] for key in ("lr", "betas", "eps")}
+    adamw = torch.optim.AdamW(groups, **defaults, **options)
+    run.optimizer = Optimizers(*muon, adamw) if muon else adamw
     run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, run.scheduler.lr_lambdas[0])
 
 
@@ -241,7 +246,7 @@ def profile_steps(run: Run, source, steps: int, top: int) -> dict[str, object]:
     rows = [{"part": "data (loader, targets, to device)", "ms": ms("data")}]
     rows += [{"part": row, "forward_ms": forward[row], "backward_ms": backward[row], "ms": forward[row] + backward[row]}
              for row in forward]
-    rows += [{"part": "optimizer (clip, AdamW, schedule)", "ms": ms("optimizer")}]
+    rows += [{"part": "optimizer (clip, step, schedule)", "ms": ms("optimizer")}]
     total = sum(row["ms"] for row in rows)
     for row in rows:
         row.update({key: round(value, 2) for key, value in row.items() if key.endswith("ms")},

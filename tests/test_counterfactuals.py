@@ -168,7 +168,7 @@ def test_images_reach_the_model_as_the_scenes_stage_saved_them(tmp_path, monkeyp
     processor = Processor(tokenizer=None, image_size=64, resample="bicubic")
     answers = sorted({r["answer"] for r in read_json(processed / "commands" / "train.json")})
     loaded = SimpleNamespace(model=None, processor=processor, answers=answers, candidates=lambda: [],
-                             label_targets=lambda: None)
+                             label_maps=lambda scenes: None)
     monkeypatch.setattr(counterfactuals, "load_model", lambda *args: loaded)
     handed = {}
 

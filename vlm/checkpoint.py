@@ -5,16 +5,19 @@ import hashlib
 import io
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from vlm.io import atomic_path, existing_file
 from vlm.models import PaliGemma
 from vlm.models.perception.targets import TargetTransform
 from vlm.processor import Processor
+from vlm.scenes.schema import Scene
 from vlm.tokenizer import TrafficCommandTokenizer
 from vlm.traffic_vlm import VLMConfig, build_vlm
 
@@ -104,6 +107,12 @@ class LoadedModel:
         if extension is None or not extension.reads_targets:
             return None
         return extension.targets(self.model.config.siglip.height_width, tuple(self.checkpoint["frame_size"]))
+
+    def label_maps(self, scenes: Iterable[Scene]) -> torch.Tensor | None:
+        """The label maps ``[N, cells, C]`` of ``scenes`` for a model that reads them (:meth:`label_targets`), else
+        None (``scenes`` then not read)."""
+        transform = self.label_targets()
+        return None if transform is None else torch.from_numpy(np.stack([transform.of_scene(s) for s in scenes]))
 
     def candidates(self) -> list[list[int]]:
         """Token ids of every answer, for ``PaliGemma.answer``."""

@@ -73,15 +73,12 @@ def answer_pairs(loaded: LoadedModel, pairs: list[Pair], questions: list[list[di
                  batch_size: int, device: torch.device) -> list[tuple[list[str], list[str]]]:
     """The model's answers on each pair's original and edited images, both saved as JPEGs of ``jpeg_quality`` first."""
     images: dict[str, torch.Tensor] = {}  # image key -> uint8 [3, S, S]
-    transform = loaded.label_targets()  # the label maps, for a model that reads them (an oracle probe)
-    targets: dict[str, torch.Tensor] | None = None if transform is None else {}  # image key -> [cells, C]
+    scenes: dict[str, Scene] = {}  # image key -> its labels
     asked: dict[tuple[str, str], int] = {}  # (image key, question) -> its row in the answers
 
     def ask(key: str, image: Image.Image, scene: Scene, rows: list[dict]) -> list[int]:
         if key not in images:
-            images[key] = loaded.processor.rendered(image, jpeg_quality)
-            if targets is not None:
-                targets[key] = torch.from_numpy(transform.of_scene(scene))
+            images[key], scenes[key] = loaded.processor.rendered(image, jpeg_quality), scene
         return [asked.setdefault((key, row["command"]), len(asked)) for row in rows]
 
     slots = []  # per pair: (rows of its questions on the original, on the edited image)
@@ -89,6 +86,8 @@ def answer_pairs(loaded: LoadedModel, pairs: list[Pair], questions: list[list[di
         original = pair.original.scene.image_id
         slots.append((ask(original, pair.original.image, pair.original.scene, rows),
                       ask(f"{original}/{p}", pair.edited_image, pair.edited_scene, rows)))
+    maps = loaded.label_maps(scenes.values())  # for an oracle probe
+    targets = None if maps is None else dict(zip(scenes, maps))
     probs = answer_questions(loaded.model, loaded.processor, images, list(asked), loaded.candidates(), batch_size,
                              device, targets)  # [Q, C]
     predicted = [loaded.answers[best] for best in probs.argmax(1)]

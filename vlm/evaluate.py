@@ -217,9 +217,7 @@ def attention_grids(loaded: LoadedModel, rows: pd.DataFrame, image_paths: dict[s
         return None
     processor = loaded.processor
     images = [processor.image(image_paths[image_id]) for image_id in rows["image_id"]]  # [3, H, W] each
-    transform = loaded.label_targets()  # the label maps, for a model that reads them (an oracle probe)
-    targets = None if transform is None else \
-        torch.from_numpy(np.stack([transform.of_scene(scenes[image_id]) for image_id in rows["image_id"]]))
+    targets = loaded.label_maps(scenes[image_id] for image_id in rows["image_id"])  # for an oracle probe
     batch = processor(images, list(rows["command"]), targets=targets).to(device)
     attention = loaded.model.image_attention(batch)  # [B, layers, heads, T]
     weights = attention.float().mean(dim=(1, 2)).cpu().numpy()  # [B, T]

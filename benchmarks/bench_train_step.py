@@ -39,6 +39,7 @@ Without ``--compare``, ``--against`` adds that comparison to the breakdown's rep
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import statistics
 import tempfile
@@ -63,6 +64,7 @@ from vlm.train import (
     TrainPaths,
     TrainRuntime,
     forward_backward,
+    make_optimizer,
     optimizer_step,
     setup,
     weighted_loss,
@@ -107,6 +109,13 @@ def replace_optimizer(run: Run, **options) -> None:
     run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, run.scheduler.lr_lambdas[0])
 
 
+def rebuild_optimizer(run: Run, optimizer: str) -> None:
+    """The run's optimizer built anew as ``train.optimizer: <optimizer>``, under the same schedule."""
+    run.config = dataclasses.replace(run.config, optimizer=optimizer)
+    run.optimizer = make_optimizer(run.model, run.config)
+    run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, run.scheduler.lr_lambdas[0])
+
+
 class AllTextPositions(torch.nn.Module):
     """The model with the last decoder layer and the LM head over every text position (as before
     ``answer_only``), its logits then cut to the answer positions that the step's bookkeeping reads."""
@@ -136,6 +145,8 @@ TWEAKS = {
     "all_text_positions": lambda run: setattr(run, "ddp_model", AllTextPositions(run.model)),
     # one decoder row per image (vlm.models.packing); it changes the model (image tokens ignore the question)
     "pack_questions": lambda run: setattr(run.model.config, "pack_questions", True),
+    # Muon also on the perception's 3x3 conv filters (train.optimizer: muon_conv)
+    "muon_conv": lambda run: rebuild_optimizer(run, "muon_conv"),
     # both adopted changes undone: the training step as it was before them
     "before_answer_only_and_fused": lambda run: (TWEAKS["all_text_positions"](run), TWEAKS["default_adamw"](run)),
 }

@@ -162,6 +162,35 @@ def test_the_train_split_has_its_own_mix_and_val_and_test_stay(tmp_path, splits)
         assert ratio > 1.3 if weight > 1 else ratio < 0.9, (t, ratio)
 
 
+def _spatial_no_present_elsewhere(records: list[dict], scenes: list[Scene]) -> float:
+    """The share of spatial "no" questions whose category the image has (elsewhere than on the asked side)."""
+    by_id = {scene.image_id: scene for scene in scenes}
+    present = []
+    for r in records:
+        if r["template"] == "spatial/on_side" and r["answer"] == "no":
+            category = next(c for c in ("pedestrian", "truck", "bus", "car") if re.search(rf"\b{PLURALS[c]}\b|\b{c}\b",
+                                                                                            r["command"]))
+            present.append(any(o.category == category for o in by_id[r["image_id"]].objects))
+    return float(np.mean(present))
+
+
+def test_hard_negatives_change_the_train_split_only(tmp_path, splits):
+    """commands.train_hard_negatives: the more train images prefer them, the more of the train split's spatial "no"
+    questions are about a category the image has elsewhere rather than an absent one; the answers stay balanced,
+    and val and test are the same questions whatever the share."""
+    scenes = random_scenes(600)
+    by_share = {share: generate_commands(scenes, CommandsConfig(train_hard_negatives=share), tmp_path / str(share))
+                for share in (0.0, 1.0)}
+    by_share[0.5] = splits  # the default
+    for records in by_share.values():
+        assert records["val"] == splits["val"] and records["test"] == splits["test"]
+    none, half, every = (_spatial_no_present_elsewhere(by_share[s]["train"], scenes) for s in (0.0, 0.5, 1.0))
+    assert none + 0.1 < half < every - 0.1, (none, half, every)
+    hard = by_share[1.0]
+    answers = Counter(r["answer"] for r in hard["train"] if r["template"] == "spatial/on_side")
+    assert max(answers.values()) <= 1.1 * min(answers.values()) + 1
+
+
 def test_deterministic(tmp_path):
     scenes = random_scenes(120, seed=4)
     first = generate_commands(scenes, CommandsConfig(), tmp_path / "a")
@@ -226,6 +255,7 @@ def test_scenes_that_change_between_reads_are_an_error(tmp_path):
     ({"train_questions_per_image": 0}, "commands.train_questions_per_image: must be at least 1 or null, got 0"),
     ({"train_type_weights": {"poetry": 2}}, "commands.train_type_weights: unknown type 'poetry'"),
     ({"train_type_weights": {"counting": 0}}, "commands.train_type_weights.counting: must be a positive number"),
+    ({"train_hard_negatives": 1.5}, "commands.train_hard_negatives: must be a share in .0, 1., got 1.5"),
     ({"colour": 1}, "commands.colour: unknown key"),
     ({"holdout": {"season": "winter"}}, "commands.holdout: unknown frame attribute 'season'"),
     ({"holdout": {"weather": 3}}, "commands.holdout.weather: must be a value such as 'rainy', got 3"),

@@ -55,7 +55,8 @@ class TrainConfig:
     warmup_steps: int = 100  # optimizer steps of linear warmup
     weight_decay: float = 0.05
     grad_clip: float = 1.0  # max global gradient norm; 0 disables
-    optimizer: Literal["adamw", "muon"] = "muon"  # muon: Muon on the layers' matrices, AdamW on the rest
+    # muon_conv: Muon on the layers' matrices and the perception's 3x3 filters, AdamW on the rest; muon: the matrices
+    optimizer: Literal["adamw", "muon", "muon_conv"] = "muon_conv"
     early_stopping_patience: int = 0  # epochs without a better val accuracy before stopping; 0 = never
     nproc: int = 1  # DDP processes on this machine: the stage relaunches itself under torchrun when > 1
     augment: AugmentConfig = field(default_factory=AugmentConfig)
@@ -158,18 +159,52 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
 def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """Fused AdamW with weight decay on matrices only, as in nanoGPT; ``optimizer: muon``: Muon on the 2-D matrices of
     the encoder's and decoder's layers, its step scaled to AdamW's (``match_rms_adamw``, Liu et al. 2025: the same
-    ``lr`` and ``weight_decay``), AdamW on the rest, as Keller Jordan's recipe has it."""
+    ``lr`` and ``weight_decay``), AdamW on the rest, as Keller Jordan's recipe has it; ``muon_conv``: Muon also on the
+    perception's 3x3 conv filters (its 1x1 projections and output layers stay on AdamW)."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    hidden = {name for name, p in named if config.optimizer == "muon" and p.dim() == 2 and ".layers." in name}
+    hidden = {name for name, p in named if config.optimizer != "adamw" and p.dim() == 2 and ".layers." in name}
+    if config.optimizer == "muon_conv":  # the perception's 3x3 filter banks, each as its [out, in * 9] matrix
+        hidden |= {name for name, p in named if name.startswith("extension.") and p.dim() == 4 and p.shape[-1] > 1}
     decay = [p for name, p in named if p.dim() >= 2 and name not in hidden]
     no_decay = [p for _, p in named if p.dim() < 2]
     adamw = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
                                {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95), fused=True)
     if not hidden:
         return adamw
-    muon = torch.optim.Muon([p for name, p in named if name in hidden], lr=config.lr,
-                            weight_decay=config.weight_decay, adjust_lr_fn="match_rms_adamw")
+    muon = FlatMuon([p for name, p in named if name in hidden], lr=config.lr, weight_decay=config.weight_decay,
+                    adjust_lr_fn="match_rms_adamw")
     return Optimizers(muon, adamw)
+
+
+def as_matrix(tensor: torch.Tensor) -> torch.Tensor:
+    """A ``[rows, -1]`` view of ``tensor``'s storage: a conv's ``[out, in, k, k]`` filters as ``[out, in * k * k]``,
+    or as ``[out, k * k * in]`` when channels-last (Newton-Schulz commutes with a permutation of the columns)."""
+    if tensor.dim() == 4 and not tensor.is_contiguous():
+        tensor = tensor.permute(0, 2, 3, 1)
+    return tensor.detach().view(tensor.shape[0], -1)
+
+
+class FlatMuon(torch.optim.Muon):
+    """``torch.optim.Muon`` over parameters of any rank >= 2, each updated as its ``[rows, -1]`` matrix (a conv's
+    filters as in Keller Jordan's CIFAR-10 speedrun): Muon steps matrix views of the parameters' storage, pointed
+    at it anew before each step (``.to()`` may move a parameter) and given the parameters' gradients."""
+
+    def __init__(self, params: list[torch.nn.Parameter], **kwargs):
+        self.originals = params
+        super().__init__([as_matrix(p) for p in params], **kwargs)
+
+    @torch.no_grad()
+    def step(self, closure=None):  # pylint: disable=unused-argument
+        flats = [flat for group in self.param_groups for flat in group["params"]]
+        for original, flat in zip(self.originals, flats, strict=True):
+            flat.data = as_matrix(original)
+            flat.grad = None if original.grad is None else as_matrix(original.grad)
+        super().step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        for original in self.originals:
+            original.grad = None
 
 
 class Optimizers(torch.optim.Optimizer):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vlm.commands import rules
 from vlm.commands.templates import COMMAND_TYPES, PLURALS, TEMPLATES, Candidate, TemplateOptions, candidates
 from vlm.data.commands import SPLITS
 from vlm.io import json_list_writer
@@ -25,6 +26,9 @@ class CommandsConfig:
     questions_per_image: int = 8
     train_questions_per_image: int | None = None  # the train split's own mix (README, params); None: the above
     train_type_weights: dict = field(default_factory=dict)  # the train split's command type weights (unnamed: 1)
+    # the share of train images whose spatial "no" questions are preferably about a category the image has elsewhere
+    # (hard negatives: not on the asked side) rather than an absent one; 0 = no preference
+    train_hard_negatives: float = 0.5
     splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     balance_tolerance: float = 1.1
     command_types: list[str] = field(default_factory=lambda: list(COMMAND_TYPES))
@@ -55,6 +59,8 @@ class CommandsConfig:
                   f"{prefix}.splits.{name}", f"must be a fraction in (0, 1), got {frac!r}")
         check(math.isclose(sum(self.splits.values()), 1.0, abs_tol=1e-6), f"{prefix}.splits",
               f"fractions must sum to 1, got {sum(self.splits.values()):g}")
+        check(not isinstance(self.train_hard_negatives, bool) and 0 <= self.train_hard_negatives <= 1,
+              f"{prefix}.train_hard_negatives", f"must be a share in [0, 1], got {self.train_hard_negatives!r}")
         check(self.balance_tolerance >= 1.0, f"{prefix}.balance_tolerance",
               f"must be >= 1.0, got {self.balance_tolerance}")
         for t in self.command_types:
@@ -109,10 +115,19 @@ def _deficit(counts: Counter, answer: str) -> int:
     return max(counts.values(), default=0) - counts[answer]
 
 
+def hard_negatives(scene: Scene, pool: list[Candidate]) -> set[Candidate]:
+    """The spatial questions of ``pool`` answered "no" although the scene has the category elsewhere: only the
+    object's side tells them from a "yes", where "no" for an absent category can be told from presence alone."""
+    return {c for c in pool if c.template == "spatial/on_side" and c.answer == rules.NO
+            and rules.count(scene, dict(c.params)["category"])}
+
+
 def _pick(scene_candidates: list[Candidate], n: int, key_counts, type_counts, types: tuple[str, ...],
-          rng: np.random.Generator, weights: dict[str, float]) -> list[Candidate]:
+          rng: np.random.Generator, weights: dict[str, float], preferred: set[Candidate] = frozenset()
+          ) -> list[Candidate]:
     """Greedy, balance-seeking choice of ``n`` distinct questions for one image, the types' shares of its slots in
-    proportion to their ``weights`` (absent: 1)."""
+    proportion to their ``weights`` (absent: 1); of the questions as far behind in their key's answers, the
+    ``preferred`` first."""
     by_type: dict[str, list[Candidate]] = defaultdict(list)
     for c in scene_candidates:
         by_type[c.command_type].append(c)
@@ -123,7 +138,8 @@ def _pick(scene_candidates: list[Candidate], n: int, key_counts, type_counts, ty
         # (traffic lights) get more of those images' slots, so every type ends up near its share.
         t = min(order, key=lambda name: sum(type_counts[name].values()) / weights.get(name, 1))
         pool, type_count = by_type[t], type_counts[t]
-        scores = [(_deficit(key_counts[c.key], c.answer), _deficit(type_count, c.answer)) for c in pool]
+        scores = [(_deficit(key_counts[c.key], c.answer), c in preferred, _deficit(type_count, c.answer))
+                  for c in pool]
         best = max(scores)
         ties = [i for i, s in enumerate(scores) if s == best]
         c = pool.pop(ties[int(rng.integers(len(ties)))])
@@ -203,8 +219,11 @@ class BalancedCommands:
             config = self._config
             per_image, weights = ((config.train_questions_per_image, config.train_type_weights) if split == "train"
                                   else (None, {}))
+            share = config.train_hard_negatives if split == "train" else 0.0
+            hard = share == 1.0 or (share > 0 and picker.rng.random() < share)  # a draw only for a share in (0, 1)
+            preferred = hard_negatives(scene, pool) if hard else set()
             chosen = _pick(pool, per_image or config.questions_per_image, picker.key_counts, picker.type_counts,
-                           self._types, picker.rng, weights)
+                           self._types, picker.rng, weights, preferred)
             for slot, c in enumerate(chosen):
                 yield split, position, scene, slot, c, int(picker.rng.integers(len(TEMPLATES[c.template].phrasings)))
 

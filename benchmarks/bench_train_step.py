@@ -145,8 +145,8 @@ TWEAKS = {
     "all_text_positions": lambda run: setattr(run, "ddp_model", AllTextPositions(run.model)),
     # one decoder row per image (vlm.models.packing); it changes the model (image tokens ignore the question)
     "pack_questions": lambda run: setattr(run.model.config, "pack_questions", True),
-    # Muon also on the perception's 3x3 conv filters (train.optimizer: muon_conv)
-    "muon_conv": lambda run: rebuild_optimizer(run, "muon_conv"),
+    # Muon on the layers' matrices only (undoes train.optimizer: muon_conv's Muon on the perception's filters)
+    "muon": lambda run: rebuild_optimizer(run, "muon"),
     # both adopted changes undone: the training step as it was before them
     "before_answer_only_and_fused": lambda run: (TWEAKS["all_text_positions"](run), TWEAKS["default_adamw"](run)),
 }

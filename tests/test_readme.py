@@ -46,6 +46,15 @@ def test_training_speed_row_is_the_committed_run():
             f"{blind['questions_per_s']:.0f} questions/s (blind, {blind['seconds']:.0f} s)") in row
 
 
+def test_training_time_row_is_the_committed_benchmark():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith("| training time against "))
+    results = _json("metrics/bench_train_step.json")["against"]["results"]
+    new, old = results["params"], results["baseline"]
+    assert (f"{new['training_time_ratio']:.3f}x ({new['training_steps']:,} steps of {new['ms_per_step']:.0f} ms "
+            f"against {old['training_steps']:,} of {old['ms_per_step']:.0f} ms") in row
+
+
 def test_gpu_bullet_is_the_committed_gpu_run():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     gpu, cpu = _json("metrics/gpu/h200-2026-11-26/default/train_timing.json"), _json("metrics/train_timing.json")

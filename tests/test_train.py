@@ -210,6 +210,9 @@ def test_flat_muon_steps_conv_filters_as_their_matrix():
             optimizer.zero_grad()
     assert torch.equal(conv.weight.detach().flatten(1), matrix.detach())
     assert conv.weight.grad is None
+    conv(x).sum().backward()
+    optimizers[0].zero_grad(set_to_none=False)  # zeroed in place, as torch's optimizers do
+    assert conv.weight.grad is not None and not conv.weight.grad.any()
     torch.testing.assert_close(moved.weight.detach(), conv.weight.detach(), atol=3e-3, rtol=0)
     assert (moved.weight.detach() - initial).abs().max() > 1e-3  # stepped, not left behind by the move
 

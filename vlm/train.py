@@ -204,7 +204,10 @@ class FlatMuon(torch.optim.Muon):
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
         for original in self.originals:
-            original.grad = None
+            if set_to_none:
+                original.grad = None
+            elif original.grad is not None:
+                original.grad.zero_()
 
 
 class Optimizers(torch.optim.Optimizer):

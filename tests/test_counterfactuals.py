@@ -28,7 +28,7 @@ from vlm.scenes.render import RenderConfig
 from vlm.scenes.schema import Scene
 
 CONFIG = RenderConfig(width=640, height=360, max_count=6)
-SCENES = range(40)
+SCENES = range(56)
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,9 @@ AMBIGUOUS = (0.04, 0.2)  # hidden fractions removed so the occluded flag is unam
 HIDDEN_MAX = 0.7  # objects hidden more than this are removed
 TRUNCATED_MIN_VISIBLE = 0.4  # objects with less of their silhouette inside the image are removed
 MAX_Z = 20.0  # metres: labelled objects stand at most this far (lights and signs drawn twice life size)
+# Of the pedestrians not on a crosswalk, the share crossing the road anywhere ahead, by scene (without them the
+# model never sees a pedestrian in a highway's road, and misses one put there: docs/experiments.md)
+ROAD_CROSSING = {"city street": 0.1, "highway": 0.5}
 
 RGB = tuple[int, int, int]
 
@@ -282,7 +285,8 @@ def _sample_two_wheelers(rng: np.random.Generator, layout: Layout, cam: Camera) 
 
 
 def _sample_pedestrians(rng: np.random.Generator, layout: Layout, cam: Camera, config: RenderConfig) -> None:
-    """Pedestrians on a city street's sidewalks and crosswalk (counted, with a target), or a rare one on a highway."""
+    """Pedestrians on a city street's sidewalks and crosswalk (counted, with a target), or a rare one on a highway;
+    some of those not on a crosswalk cross the road anywhere (:data:`ROAD_CROSSING`)."""
     city = layout.scene == "city street"
     left, right = road_extent(layout)
     if city:
@@ -295,6 +299,9 @@ def _sample_pedestrians(rng: np.random.Generator, layout: Layout, cam: Camera, c
         if layout.crosswalk_z is not None and rng.random() < 0.45:  # on the crosswalk
             z = layout.crosswalk_z + float(rng.uniform(0.3, 2.7))
             lateral = float(rng.uniform(left - 1.5, right + 1.5))
+        elif rng.random() < ROAD_CROSSING[layout.scene]:  # in the road, off any crosswalk
+            z = float(rng.uniform(6.5, MAX_Z))
+            lateral = float(rng.uniform(left + 0.3, right - 0.3))
         elif city:
             z = float(rng.uniform(6.5, MAX_Z))
             lateral = _beside_road(layout, int(rng.choice((-1, 1))), float(rng.uniform(0.5, 2.8)))

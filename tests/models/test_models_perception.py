@@ -38,8 +38,8 @@ def build(config, seed=0, **perception) -> PaliGemma:
 def vision(model: PaliGemma, images: torch.Tensor):
     """The encoder's patch features and the stem's stage outputs, as the core computes them."""
     pixel_values = torch.addcmul(model.pixel_shift, images.float(), model.pixel_scale)
-    residual, stages = model.extension.adapt(pixel_values)
-    fine = None if model.extension.pyramid is None else model.extension.pyramid(stages)  # the fine heads' input
+    residual, state = model.extension.adapt(pixel_values)
+    fine = None if model.extension.pyramid is None else model.extension.pyramid(state[0])  # the fine heads' input
     return model.vision_tower(pixel_values, patch_residual=residual).last_hidden_state, fine
 
 
@@ -55,6 +55,8 @@ def test_perception_off_is_the_plain_core(config, make_batch):
     ({"heads": {"grounding": -1.0}}, r"model.perception.heads.grounding: must be a loss weight >= 0"),
     ({"heads": {"nope": 1.0}}, r"model.perception.heads.nope: unknown head \(known: "),
     ({"to_decoder": True}, "model.perception.to_decoder: needs a head"),
+    ({"heads": {"grounding": 1.0}, "mirror_average": True},
+     r"model.perception.mirror_average: needs a head that averages over the mirror image \(counts\)"),
     ({"heads": {"grounding": 1.0, "centres": 1.0}}, "model.perception.heads.centres: needs a conv stem of at least 3"),
     ({"stem_channels": [4, 8]}, r"model.perception.stem_channels: 2 stride-2 stages reduce by 4, not by the patch "
                                 r"size \(16\)"),
@@ -292,6 +294,37 @@ def test_counts_are_region_sums_of_a_density_the_losses_and_the_answer_reach(con
     model(replace(batch, targets=targets)).losses["answer"].backward()
     assert head.out[-1].weight.grad.abs().sum() > 0  # the answer's loss reaches the density
     assert model.extension.head_tokens["counts"].embedding.grad.abs().sum() > 0
+
+
+def test_mirror_average_makes_the_counts_mirror_equivariant_in_evaluation_only(config, make_batch):
+    """``model.perception.mirror_average``: in evaluation the counts head's density is the mean of the image's and its
+    mirror image's (mirrored back), so mirroring the image swaps its left and right region counts exactly; in
+    training it is the plain head, the same weights giving the same logits and losses."""
+    plain = build(config, stem_channels=STEM, heads={"centres": 1.0, "counts": 1.0}, to_decoder=True)
+    model = build(config, stem_channels=STEM, heads={"centres": 1.0, "counts": 1.0}, to_decoder=True,
+                  mirror_average=True)
+    images = make_batch(model.config).images
+    head = model.extension.heads["counts"]
+
+    def logits(m, pixels):
+        pixel_values = torch.addcmul(m.pixel_shift, pixels.float(), m.pixel_scale)
+        residual, state = m.extension.adapt(pixel_values)
+        return m.extension.head_logits(m.vision_tower(pixel_values, patch_residual=residual).last_hidden_state, state)
+
+    with torch.no_grad():
+        trained = logits(model.train(), images)
+        for name, value in logits(plain.train(), images).items():
+            torch.testing.assert_close(trained[name], value, rtol=0, atol=0)  # training: the plain heads
+        plain_eval, averaged = logits(plain.eval(), images)["counts"], logits(model.eval(), images)["counts"]
+        mirrored = logits(model, images.flip(-1))["counts"]
+    assert not torch.allclose(averaged, plain_eval)
+    sums, sums_mirrored = head.region_sums(head.density(averaged)), head.region_sums(head.density(mirrored))
+    centre = slice(0, len(GROUPS["centre"]))  # regions: the image, its left third, its right third
+    torch.testing.assert_close(sums_mirrored[:, centre], sums[:, centre][..., [0, 2, 1]])
+    feet = slice(len(GROUPS["centre"]), None)  # regions: the paths to turn left, go straight, turn right
+    torch.testing.assert_close(sums_mirrored[:, feet], sums[:, feet][..., [2, 1, 0]])
+    unaveraged = head.region_sums(head.density(logits(plain, images.flip(-1))["counts"]))
+    assert not torch.allclose(unaveraged[:, centre], head.region_sums(head.density(plain_eval))[:, centre][..., [0, 2, 1]])
 
 
 def test_the_oracle_probe_reads_the_label_maps_not_the_heads(config, make_batch, perturb):

@@ -25,6 +25,9 @@ class PerceptionConfig:
     to_decoder: bool = False  # the decoder reads the heads' maps per patch and their summaries as one more token
     # probe: the decoder reads the label maps, not the heads' predictions (which still learn): perfect perception
     oracle: bool = False
+    # in evaluation, the heads that allow it (the counts head) predict the mean of the image's maps and its mirror
+    # image's, mirrored back: one more pass of the stem and the stride-4 map per image, none in training
+    mirror_average: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -51,6 +54,8 @@ class PerceptionConfig:
               f"needs a head ({prefix}.heads: {', '.join(HEADS)})")
         check(not self.oracle or self.to_decoder, f"{prefix}.oracle",
               f"replaces what the decoder reads of the heads: needs {prefix}.to_decoder: true")
+        check(not self.mirror_average or any(HEADS[name].mirror_averaged for name in self.active_heads),
+              f"{prefix}.mirror_average", "needs a head that averages over the mirror image (counts)")
         for name in self.active_heads:
             HEADS[name].validate(self, prefix)
 
@@ -87,16 +92,37 @@ class TrafficPerception(VisionExtension):
                                                                           image_size[1] // stride)
         return TargetTransform(grid, frame_size)
 
-    def adapt(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor | None, list[torch.Tensor] | None]:
-        """-> the stem's output ``[N, Dv, h, w]`` and its stage outputs (None, None without a stem)."""
-        return (None, None) if self.stem is None else self.stem(pixel_values)
+    @property
+    def mirrors(self) -> bool:
+        """Whether this pass averages the ``mirror_averaged`` heads over the image and its mirror image."""
+        return (self.config.mirror_average and not self.training and self.pyramid is not None
+                and any(head.mirror_averaged for head in self.heads.values()))
 
-    def forward(self, patch_features: torch.Tensor, stem_features: list[torch.Tensor] | None,
-                targets: torch.Tensor | None) -> ExtensionOutput:
-        """``patch_features`` ``[N, P, Dv]``, the stem's stages, ``targets`` ``[N, Gh*Gw, C]`` (losses: by head)."""
-        num, patches, _ = patch_features.shape
-        fine = None if self.pyramid is None else self.pyramid(stem_features)  # [N, PYRAMID_WIDTH, H/4, W/4]
+    def adapt(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor | None, tuple | None]:
+        """-> the stem's output ``[N, Dv, h, w]`` and the state :meth:`forward` reads: the stem's stage outputs, and
+        when :attr:`mirrors` those of the mirror image (else None); (None, None) without a stem."""
+        if self.stem is None:
+            return None, None
+        residual, stages = self.stem(pixel_values)
+        return residual, (stages, self.stem(pixel_values.flip(-1))[1] if self.mirrors else None)
+
+    def head_logits(self, patch_features: torch.Tensor, state: tuple | None) -> dict[str, torch.Tensor]:
+        """Each head's logits from the patch features ``[N, P, Dv]`` and :meth:`adapt`'s state."""
+        stages, mirrored = (None, None) if state is None else state
+        fine = None if self.pyramid is None else self.pyramid(stages)  # [N, PYRAMID_WIDTH, H/4, W/4]
         logits = {name: head(patch_features, fine) for name, head in self.heads.items()}
+        if mirrored is not None:
+            fine = self.pyramid(mirrored)  # of the mirror image
+            logits.update({name: head.average_mirrored(logits[name], head(patch_features, fine))
+                           for name, head in self.heads.items() if head.mirror_averaged})
+        return logits
+
+    def forward(self, patch_features: torch.Tensor, state: tuple | None,
+                targets: torch.Tensor | None) -> ExtensionOutput:
+        """``patch_features`` ``[N, P, Dv]``, :meth:`adapt`'s state, ``targets`` ``[N, Gh*Gw, C]`` (losses: by
+        head)."""
+        num, patches, _ = patch_features.shape
+        logits = self.head_logits(patch_features, state)
         read = logits  # what the decoder reads: the predictions, or with ``oracle`` the labels' maps
         if self.config.oracle:
             if targets is None:
@@ -128,9 +154,9 @@ def head_metrics(model: nn.Module, images: torch.Tensor, targets: torch.Tensor) 
     pixel_values = torch.addcmul(model.pixel_shift, images.float(), model.pixel_scale)  # [N, 3, H, W]
     residual, state = extension.adapt(pixel_values)
     features = model.vision_tower(pixel_values, patch_residual=residual).last_hidden_state  # [N, P, Dv]
-    fine = None if extension.pyramid is None else extension.pyramid(state)
-    return {name: values for head in extension.heads.values()
-            for name, values in head.metrics(head(features, fine), targets).items()}
+    logits = extension.head_logits(features, state)
+    return {name: values for name, head in extension.heads.items()
+            for name, values in head.metrics(logits[name], targets).items()}
 
 
 class HeadTokens(nn.Module):

@@ -28,6 +28,9 @@ class AuxiliaryHead(nn.Module):
 
     name: ClassVar[str]  # its key under model.perception.heads
     reads_fine: ClassVar[bool] = False
+    # with model.perception.mirror_average, in evaluation: its logits averaged with the mirror image's
+    # (average_mirrored; only for a head that reads the stride-4 map alone)
+    mirror_averaged: ClassVar[bool] = False
     target_stride: int  # image pixels per cell of the targets it reads
     patch_width: int = 0  # the per-patch maps decoder_features() gives the connector
     num_token_features: int = 0  # the width of the image summary it gives the shared extra token
@@ -53,6 +56,11 @@ class AuxiliaryHead(nn.Module):
 
     def forward(self, patch_features: torch.Tensor, fine_features: torch.Tensor | None) -> torch.Tensor:
         """Patch features ``[N, P, Dv]`` and, with ``reads_fine``, the stride-4 map (else None) -> the head's logits."""
+        raise NotImplementedError
+
+    def average_mirrored(self, logits: torch.Tensor, mirrored: torch.Tensor) -> torch.Tensor:
+        """With ``mirror_averaged``: the logits of an image and those of its mirror image, both ``[N, cells, C]``
+        (row-major cells of ``grid``), as one prediction for the image."""
         raise NotImplementedError
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ NUM_THRESHOLDS = 10  # region sums thermometer-coded at 0.5, 1.5, ..., 9.5
 class CountHead(AuxiliaryHead):
     name = "counts"
     reads_fine = True  # density cells: the stride-4 map's (self.grid)
+    mirror_averaged = True
 
     def __init__(self, config, vision: SiglipVisionConfig):
         super().__init__(config, vision)
@@ -37,6 +38,13 @@ class CountHead(AuxiliaryHead):
     def forward(self, patch_features: torch.Tensor, fine_features: torch.Tensor) -> torch.Tensor:
         """The stride-4 map -> log expected counts ``[N, h*w, C]`` (row-major cells, h x w = H/4 x W/4)."""
         return self.out(fine_features).flatten(2).transpose(1, 2)
+
+    def average_mirrored(self, logits: torch.Tensor, mirrored: torch.Tensor) -> torch.Tensor:
+        """The mean of the image's density and its mirror image's, mirrored back: log expected counts ``[N, h*w, C]``
+        whose region sums swap left and right exactly when the image is mirrored."""
+        rows, columns = self.grid
+        mirrored = mirrored.reshape(-1, rows, columns, mirrored.shape[-1]).flip(2).reshape(mirrored.shape)
+        return torch.logaddexp(logits.float(), mirrored.float()) - math.log(2)
 
     def counts(self, targets: torch.Tensor) -> torch.Tensor:
         """The ``centre`` and ``feet`` channels of targets ``[N, h*w, C_all]``: counts per cell ``[N, h*w, C]``."""

@@ -14,7 +14,7 @@ from vlm.models import PaliGemma, SiglipVisionConfig
 from vlm.models.perception import PerceptionConfig, TrafficPerception, head_metrics
 from vlm.models.perception.heads import HEADS, AuxiliaryHead
 from vlm.models.perception.heads.centres import NUM_COUNT_THRESHOLDS
-from vlm.models.perception.heads.counts import MAX_LOG_COUNT
+from vlm.models.perception.heads.counts import MAX_LOG_COUNT, WINDOW
 from vlm.models.perception.heads.grounding import FRAME_LOSS_WEIGHT, NUM_THRESHOLDS
 from vlm.models.perception.stem import FINE_STRIDE as STRIDE
 from vlm.models.perception.stem import PYRAMID_WIDTH, StemPyramid
@@ -277,6 +277,9 @@ def test_counts_are_region_sums_of_a_density_the_losses_and_the_answer_reach(con
     car_index, vulnerable_index = GROUPS["centre"].index("centre/car"), num_channels - 2
     assert sums[0, car_index].tolist() == [3, 2, 1] and sums[1, vulnerable_index].tolist() == [1, 1, 0]
     assert sums.sum() == 3 + 2 + 1 + 1 + 1  # nothing counted outside the regions
+    windows = head.window_sums(counts)[0, car_index]  # [rows, columns]: the cars within WINDOW // 2 cells
+    assert windows[1, 0] == 2 and windows[1, WINDOW // 2] == 2 and windows[1, WINDOW // 2 + 1] == 0
+    assert windows[3, 7] == 1 and windows[3, 7 - WINDOW // 2] == 1 and windows[3 + WINDOW // 2 + 1, 7] == 0
 
     # at the exact counts (log-density log(count) where there are objects, very low elsewhere) the region term
     # is the Poisson minimum and every region count is exact

@@ -16,6 +16,7 @@ from vlm.models.siglip import SiglipVisionConfig
 PRIOR = 1e-3  # initial expected count per cell
 MAX_LOG_COUNT = 4.0  # log-counts are clamped before exp (at most e^4 ~ 55 per cell)
 NUM_THRESHOLDS = 10  # region sums thermometer-coded at 0.5, 1.5, ..., 9.5
+WINDOW = 5  # cells: the density's sums over every WINDOW x WINDOW window are trained against the labels' too
 
 
 class CountHead(AuxiliaryHead):
@@ -57,15 +58,26 @@ class CountHead(AuxiliaryHead):
     def density(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.float().clamp(max=MAX_LOG_COUNT).exp()  # [N, h*w, C]
 
+    def window_sums(self, counts: torch.Tensor) -> torch.Tensor:
+        """Counts per cell ``[N, h*w, C]`` -> their sums over the WINDOW x WINDOW window around each cell
+        ``[N, C, h, w]`` (cells outside the map count 0)."""
+        rows, columns = self.grid
+        maps = counts.transpose(1, 2).reshape(counts.shape[0], -1, rows, columns)
+        return F.avg_pool2d(maps, WINDOW, stride=1, padding=WINDOW // 2) * WINDOW ** 2
+
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Poisson per cell (summed over cells, averaged over images and channels) plus Poisson per region sum."""
+        """Poisson per cell (summed over cells, averaged over images and channels), Poisson per region sum, and the
+        squared error of the window sums (summed over windows, averaged over images, channels and a window's cells):
+        the region sums alone let one object's mass make up for another's, the windows hold each near one."""
         counts = self.counts(targets)
         logits = logits.float()
-        per_cell = F.poisson_nll_loss(logits, counts, log_input=True, full=False, reduction="sum")
-        per_cell = per_cell / (logits.shape[0] * logits.shape[2])
-        sums, exact = self.region_sums(self.density(logits)), self.region_sums(counts)  # [N, C, R]
+        num, _, channels = logits.shape
+        per_cell = F.poisson_nll_loss(logits, counts, log_input=True, full=False, reduction="sum") / (num * channels)
+        density = self.density(logits)
+        sums, exact = self.region_sums(density), self.region_sums(counts)  # [N, C, R]
         per_region = F.poisson_nll_loss(sums, exact, log_input=False, full=False, eps=1e-6)
-        return per_cell + per_region
+        per_window = (self.window_sums(density) - self.window_sums(counts)).pow(2).sum() / (num * channels * WINDOW ** 2)
+        return per_cell + per_region + per_window
 
     def oracle(self, targets: torch.Tensor) -> torch.Tensor:
         """The labels' counts per cell as log counts ``[N, h*w, C]``: region sums exactly the labels' counts."""

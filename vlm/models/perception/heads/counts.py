@@ -76,7 +76,8 @@ class CountHead(AuxiliaryHead):
         density = self.density(logits)
         sums, exact = self.region_sums(density), self.region_sums(counts)  # [N, C, R]
         per_region = F.poisson_nll_loss(sums, exact, log_input=False, full=False, eps=1e-6)
-        per_window = (self.window_sums(density) - self.window_sums(counts)).pow(2).sum() / (num * channels * WINDOW ** 2)
+        per_window = (self.window_sums(density) - self.window_sums(counts)).pow(2).sum()
+        per_window = per_window / (num * channels * WINDOW ** 2)
         return per_cell + per_region + per_window
 
     def oracle(self, targets: torch.Tensor) -> torch.Tensor:

@@ -23,9 +23,7 @@ from vlm.traffic_vlm import VLMConfig, build_vlm
 
 log = logging.getLogger(__name__)
 
-# 6: the fine map at a quarter of the patch size (the stem's last three stages); 5: the grounding head's light tokens;
-# 4: one stride-4 map for the fine heads, the counts head
-FORMAT_VERSION = 6
+FORMAT_VERSION = 5  # 5: the grounding head's light tokens; 4: one stride-4 map for the fine heads, the counts head
 REQUIRED = ("format_version", "config", "state_dict", "vocab", "vocab_sha256", "answers", "image_size", "resample")
 
 

@@ -16,7 +16,8 @@ from vlm.models.perception.heads import HEADS, AuxiliaryHead
 from vlm.models.perception.heads.centres import NUM_COUNT_THRESHOLDS
 from vlm.models.perception.heads.counts import MAX_LOG_COUNT, WINDOW
 from vlm.models.perception.heads.grounding import FRAME_LOSS_WEIGHT, NUM_THRESHOLDS
-from vlm.models.perception.stem import FINE_CELLS, PYRAMID_WIDTH, StemPyramid
+from vlm.models.perception.stem import FINE_STRIDE as STRIDE
+from vlm.models.perception.stem import PYRAMID_WIDTH, StemPyramid
 from vlm.models.perception.targets import CHANNELS, GROUPS, channels
 from vlm.params import ParamError
 from vlm.traffic_vlm import VLMConfig, build_vlm
@@ -24,7 +25,6 @@ from vlm.traffic_vlm import VLMConfig, build_vlm
 NUM_PATCH = len(GROUPS["box"] + GROUPS["centre"] + GROUPS["light"] + GROUPS["occluded"])
 HEAT_CHANNELS = GROUPS["heat"] + GROUPS["foot"]
 STEM = [8, 8, 16]  # 3 stride-2 stages = the tiny encoder's patch size 8
-STRIDE = 8 // FINE_CELLS  # px per cell of the fine map: a quarter of the tiny encoder's patch
 
 
 def build(config, seed=0, **perception) -> PaliGemma:
@@ -197,20 +197,19 @@ def test_centres_add_heatmaps_their_focal_loss_and_peak_counts(config, make_batc
     output.losses["centres"].backward()
     assert centres.out.weight.grad.abs().sum() > 0 and model.extension.pyramid.lateral.weight.grad.abs().sum() > 0
 
-    # two peaks above 0.5 in the left third of the 16 x 16 heatmap, one in the right third; a lower neighbour
+    # two peaks above 0.5 in the left third of an 8 x 8 heatmap, one in the right third; a lower neighbour
     # of a peak is not a peak
-    assert centres.grid == (16, 16)
     car = HEAT_CHANNELS.index("heat/car")
-    prob = torch.full((1, 16, 16, len(HEAT_CHANNELS)), 0.01)
-    prob[0, 2, 0, car], prob[0, 10, 2, car], prob[0, 10, 3, car], prob[0, 6, 15, car] = 0.9, 0.8, 0.7, 0.6
+    prob = torch.full((1, 8, 8, len(HEAT_CHANNELS)), 0.01)
+    prob[0, 1, 0, car], prob[0, 5, 1, car], prob[0, 5, 2, car], prob[0, 3, 7, car] = 0.9, 0.8, 0.7, 0.6
     # footpoints count in the near part (rows below 0.6) of the left / straight / right paths
     vulnerable = HEAT_CHANNELS.index("foot/vulnerable")
-    prob[0, 12, 7, vulnerable], prob[0, 4, 7, vulnerable] = 0.9, 0.9  # near, in left and straight; far
-    counts = centres.peak_counts(torch.logit(prob.view(1, 256, -1)))
+    prob[0, 6, 3, vulnerable], prob[0, 2, 3, vulnerable] = 0.9, 0.9  # near, in left and straight; far
+    counts = centres.peak_counts(torch.logit(prob.view(1, 64, -1)))
     assert counts.shape == (1, len(HEAT_CHANNELS), 3)
     assert counts[0, car].tolist() == [3, 2, 1] and counts[0, :, 0].sum() == 3 + 1  # image, left third, right third
-    assert counts[0, vulnerable].tolist() == [1, 1, 0]  # column 7.5 / 16 = 0.47: left and straight paths
-    _, codes = centres.decoder_features(torch.logit(prob.view(1, 256, -1)))
+    assert counts[0, vulnerable].tolist() == [1, 1, 0]  # column 3.5 / 8 = 0.44: left and straight paths
+    _, codes = centres.decoder_features(torch.logit(prob.view(1, 64, -1)))
     codes = codes.view(len(HEAT_CHANNELS), 3, -1)
     assert codes.shape[-1] == NUM_COUNT_THRESHOLDS and codes[car, 0].tolist()[:4] == [1, 1, 1, 0]
 
@@ -252,7 +251,7 @@ def test_the_fine_map_is_32_wide_whatever_the_image_and_computed_once(config, im
     perception = TrafficPerception(PerceptionConfig(stem_channels=STEM, heads={"centres": 1.0, "counts": 1.0}),
                                    vision_config, text_hidden_size=16)
     widths = {m.out_channels for m in perception.pyramid.modules() if isinstance(m, torch.nn.Conv2d)}
-    assert widths - {STEM[-2]} == {PYRAMID_WIDTH}  # the lateral 1x1 projects to the middle stage's channels
+    assert widths - {STEM[2]} == {PYRAMID_WIDTH}  # the lateral 1x1 projects to the stride-8 stage's channels
     assert not [m for m in perception.heads.modules() if isinstance(m, StemPyramid)]
     rows, columns = vision_config.height_width
     assert perception.heads["centres"].grid == perception.heads["counts"].grid == (rows // STRIDE, columns // STRIDE)
@@ -266,22 +265,21 @@ def test_counts_are_region_sums_of_a_density_the_losses_and_the_answer_reach(con
     num_channels = len(GROUPS["centre"]) + len(GROUPS["feet"])
     assert head.token_shape == (num_channels, 3 * NUM_THRESHOLDS)
     assert model.num_image_tokens == model.config.siglip.num_patches + 1 + len(GROUPS["light"]) + num_channels
-    rows, columns = head.grid
-    assert (rows, columns) == (16, 16)
+    rows, columns = head.grid  # 8 x 8 cells
     batch = make_batch(model.config)
     targets = torch.zeros(batch.images.shape[0], rows * columns, len(CHANNELS))
     car, vulnerable = CHANNELS.index("centre/car"), CHANNELS.index("feet/vulnerable")
-    targets[0, 2 * columns + 0, car] = 2.0  # two cars in one cell of the left third
-    targets[0, 6 * columns + 14, car] = 1.0  # one in the right third
-    targets[1, 12 * columns + 6, vulnerable] = 1.0  # a pedestrian's footpoint, near: the left and straight paths
+    targets[0, 1 * columns + 0, car] = 2.0  # two cars in one cell of the left third
+    targets[0, 3 * columns + 7, car] = 1.0  # one in the right third
+    targets[1, 6 * columns + 3, vulnerable] = 1.0  # a pedestrian's footpoint, near: the left and straight paths
     counts = torch.cat([targets[..., channels("centre")], targets[..., channels("feet")]], dim=-1)
     sums = head.region_sums(counts)  # [N, C, R]
     car_index, vulnerable_index = GROUPS["centre"].index("centre/car"), num_channels - 2
     assert sums[0, car_index].tolist() == [3, 2, 1] and sums[1, vulnerable_index].tolist() == [1, 1, 0]
     assert sums.sum() == 3 + 2 + 1 + 1 + 1  # nothing counted outside the regions
     windows = head.window_sums(counts)[0, car_index]  # [rows, columns]: the cars within WINDOW // 2 cells
-    assert windows[2, 0] == 2 and windows[2, WINDOW // 2] == 2 and windows[2, WINDOW // 2 + 1] == 0
-    assert windows[6, 14] == 1 and windows[6, 14 - WINDOW // 2] == 1 and windows[6 + WINDOW // 2 + 1, 14] == 0
+    assert windows[1, 0] == 2 and windows[1, WINDOW // 2] == 2 and windows[1, WINDOW // 2 + 1] == 0
+    assert windows[3, 7] == 1 and windows[3, 7 - WINDOW // 2] == 1 and windows[3 + WINDOW // 2 + 1, 7] == 0
 
     # at the exact counts (log-density log(count) where there are objects, very low elsewhere) the region term
     # is the Poisson minimum and every region count is exact
@@ -341,9 +339,9 @@ def test_the_oracle_probe_reads_the_label_maps_not_the_heads(config, make_batch,
                   to_decoder=True, oracle=True).eval()
     heads = model.extension.heads
     batch = make_batch(model.config)
-    rows, columns = heads["counts"].grid  # the targets' 16 x 16 cells; the 4 x 4 patches are 4 x 4 cells each
+    rows, columns = heads["counts"].grid  # the targets' 8 x 8 cells; the 4 x 4 patches are 2 x 2 cells each
     targets = torch.zeros(batch.images.shape[0], rows * columns, len(CHANNELS))
-    for cell, cars in ((2 * columns + 0, 2.0), (6 * columns + 14, 1.0)):  # two cars in a left cell, one right
+    for cell, cars in ((1 * columns + 0, 2.0), (3 * columns + 7, 1.0)):  # two cars in a left cell, one right
         targets[0, cell, CHANNELS.index("centre/car")] = cars
         targets[0, cell, CHANNELS.index("heat/car")] = 1.0
     targets[0, [0, 1], CHANNELS.index("light/red")] = 1.0  # a red light in the first patch

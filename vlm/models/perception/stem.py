@@ -33,27 +33,25 @@ class ConvStem(nn.Module):
         return self.proj(hidden), stages
 
 
-PYRAMID_WIDTH = 32  # channels of the fine map the fine heads read
-FINE_CELLS = 4  # cells of that map per patch side: its stride is a quarter of the patch size (4 px for 16 px patches)
+PYRAMID_WIDTH = 32  # channels of the stride-4 map the fine heads read
+FINE_STRIDE = 4  # image pixels per cell of that map: the stem's second stage
 
 
 class StemPyramid(nn.Module):
-    """A small feature pyramid over the stem's last three stages (Lin et al. 2017, "Feature Pyramid Networks"), at
-    strides p/4, p/2 and p for patches of p px: the last to stride p/2 plus that stage, then to stride p/4 beside
-    that stage: ``[N, width, H*4/p, W*4/p]``, what fine heads read (for 16 px patches stride 4: ``[N, width, H/4,
-    W/4]``)."""
+    """A small feature pyramid over the stem's stages (Lin et al. 2017, "Feature Pyramid Networks"): the last to stride
+    8 plus the stride-8 stage, then to stride 4 beside that stage: ``[N, width, H/4, W/4]``, what fine heads read."""
 
     def __init__(self, channels: list[int], width: int):
         super().__init__()
-        c4, c8, top = channels[-3:]  # strides p/4, p/2 and p (4, 8 and 16 for 16 px patches)
+        c4, c8, top = channels[1], channels[2], channels[-1]  # strides 4, 8 and the stem's last
         self.lateral = nn.Conv2d(top, c8, kernel_size=1)
         self.smooth8 = nn.Sequential(nn.Conv2d(c8, width, 3, padding=1), nn.ReLU())
         self.smooth4 = nn.Sequential(nn.Conv2d(width + c4, width, 3, padding=1), nn.ReLU(),
                                      nn.Conv2d(width, width, 3, padding=1), nn.ReLU())
 
     def forward(self, stem_features: list[torch.Tensor]) -> torch.Tensor:
-        f4, f8, top = stem_features[-3:]
-        hidden = f8 + F.interpolate(self.lateral(top), size=f8.shape[-2:], mode="nearest")  # [N, c8, H*2/p, W*2/p]
-        hidden = self.smooth8(hidden)  # [N, width, H*2/p, W*2/p]
-        hidden = F.interpolate(hidden, size=f4.shape[-2:], mode="nearest")  # [N, width, H*4/p, W*4/p]
-        return self.smooth4(torch.cat([hidden, f4], dim=1))  # [N, width, H*4/p, W*4/p]
+        f4, f8, top = stem_features[1], stem_features[2], stem_features[-1]
+        hidden = f8 + F.interpolate(self.lateral(top), size=f8.shape[-2:], mode="nearest")  # [N, c8, H/8, W/8]
+        hidden = self.smooth8(hidden)  # [N, width, H/8, W/8]
+        hidden = F.interpolate(hidden, size=f4.shape[-2:], mode="nearest")  # [N, width, H/4, W/4]
+        return self.smooth4(torch.cat([hidden, f4], dim=1))  # [N, width, H/4, W/4]

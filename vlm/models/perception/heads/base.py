@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
-from vlm.models.perception.stem import FINE_CELLS
+from vlm.models.perception.stem import FINE_STRIDE
 from vlm.models.siglip import SiglipVisionConfig
 from vlm.params import check
 
@@ -44,8 +44,8 @@ class AuxiliaryHead(nn.Module):
         super().__init__()
         if self.reads_fine:
             rows, columns = vision.height_width
-            self.target_stride = vision.patch_size // FINE_CELLS
-            self.grid = (rows // self.target_stride, columns // self.target_stride)  # the fine map's cells
+            self.target_stride = FINE_STRIDE
+            self.grid = (rows // FINE_STRIDE, columns // FINE_STRIDE)  # the stride-4 map's cells (rows, columns)
 
     @classmethod
     def validate(cls, config: PerceptionConfig, prefix: str) -> None:

@@ -172,8 +172,8 @@ def test_images_reach_the_model_as_the_scenes_stage_saved_them(tmp_path, monkeyp
     monkeypatch.setattr(counterfactuals, "load_model", lambda *args: loaded)
     handed = {}
 
-    def answer_questions(model, processor, images, questions, candidates, batch_size, device, targets):
-        assert targets is None  # the label maps only for a model that reads them (an oracle probe)
+    def answer_questions(model, processor, images, questions, candidates, batch_size, device, targets, mirror_targets):
+        assert targets is None and mirror_targets is None  # the label maps only for a model that reads them (oracle)
         handed.update(images)
         return np.zeros((len(questions), len(answers)), dtype=np.float32)  # [Q, C]: the first answer everywhere
 

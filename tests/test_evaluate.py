@@ -4,17 +4,23 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from PIL import Image
 from sklearn.metrics import f1_score
 
 from tiny_project import FRAME_SIZE, TINY_MODEL, TINY_RUNTIME, paths_for, tiny_train_config
 from vlm import counterfactuals, predict
+from vlm.checkpoint import load_model
 from vlm.commands.generate import CommandsConfig
 from vlm.counterfactuals import CounterfactualsConfig, CounterfactualsPaths
+from vlm.data.augment import swap_left_right
+from vlm.data.dataset import TrafficVQADataset
 from vlm.evaluate import EvaluateConfig, EvaluatePaths, calibration, evaluate, summarize, yes_no_maybe_pairs
+from vlm.inference import answer_questions, predict_dataset
 from vlm.models import PaliGemma
 from vlm.params import ParamError, build_config
 from vlm.scenes.generate import ScenesConfig
+from vlm.traffic_vlm import VLMConfig
 from vlm.train import train
 
 pytestmark = pytest.mark.xdist_group("tiny_project")  # one worker builds the shared tiny project
@@ -85,9 +91,10 @@ def test_predictions_outside_yes_no_maybe_are_counted_as_other():
 
 def test_the_oracle_probe_answers_from_the_label_maps_of_each_image(trained, tmp_path, monkeypatch):
     """``model.perception.oracle`` through training, evaluate (its split and attention sheet) and the counterfactuals:
-    each image the model is asked about comes with its labels' maps, the edited scenes' own."""
+    each image the model is asked about comes with its labels' maps, the edited scenes' own (and, answering with
+    ``model.mirror_answers``, the mirror images with their mirrored maps)."""
     root, processed, models = trained
-    oracle = {**TINY_MODEL, "perception": {**TINY_MODEL["perception"], "oracle": True}}
+    oracle = {**TINY_MODEL, "perception": {**TINY_MODEL["perception"], "oracle": True}, "mirror_answers": True}
     train(oracle, tiny_train_config(epochs=1), paths_for(processed, tmp_path, "vlm"), progress=False,
           frame_size=FRAME_SIZE, runtime=TINY_RUNTIME)
     read = []  # the label maps each answering batch carried
@@ -237,3 +244,33 @@ def test_predict_refuses_an_oversized_image(trained, tmp_path):
     write_png_bomb(bomb, 20_000, 20_000)
     with pytest.raises(ValueError, match="bomb.png: image refused: more than 50,000,000 pixels"):
         predict.main(["--checkpoint", str(models / "vlm.pt"), "--image", str(bomb), "--question", "Is it night?"])
+
+
+def test_mirror_answers_average_the_image_and_its_mirror_image(trained):
+    """``model.mirror_answers``: the answers are the mean of those for the image and for its mirror image asked the
+    left/right-swapped question (the text's: "right of way" stays), over a dataset and over any images: asking
+    about the mirror image with the swapped question gives the same answers, to float tolerance."""
+    _, processed, models = trained
+    loaded = load_model(models / "vlm.pt", processed / "vocab.json")
+    model, candidates = loaded.model, loaded.candidates()
+    dataset = TrafficVQADataset(processed / "commands" / "val.json", processed / "val_images.h5", loaded.tokenizer,
+                                in_memory=True)
+    mirrored = dataset.mirrored()
+    assert [s["command"] for s in mirrored.__getitems__(range(len(dataset)))] == \
+        [swap_left_right(r["command"]) for r in dataset.records]
+    assert any(swap_left_right(r["command"]) != r["command"] for r in dataset.records)
+    assert torch.equal(mirrored[0]["image"], dataset[0]["image"].flip(-1))
+    plain, flipped = (predict_dataset(model, view, candidates, 4, "cpu")[1] for view in (dataset, mirrored))
+    model.config.mirror_answers = True
+    np.testing.assert_allclose(predict_dataset(model, dataset, candidates, 4, "cpu")[1], (plain + flipped) / 2,
+                               atol=1e-6)
+
+    images = {str(k): dataset[k]["image"] for k in range(len(dataset))}
+    questions = [(str(k), r["command"]) for k, r in enumerate(dataset.records)]
+    probs = answer_questions(model, loaded.processor, images, questions, candidates, 4, "cpu")
+    mirrored_probs = answer_questions(model, loaded.processor, {k: v.flip(-1) for k, v in images.items()},
+                                      [(k, swap_left_right(q)) for k, q in questions], candidates, 4, "cpu")
+    np.testing.assert_allclose(probs, (plain + flipped) / 2, atol=1e-6)
+    np.testing.assert_allclose(mirrored_probs, probs, atol=1e-6)
+    with pytest.raises(ParamError, match="model.mirror_answers: a model without vision"):
+        VLMConfig.from_params({"vision": "none", "mirror_answers": True}, 50, 32)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 from tiny_project import TINY_MODEL
@@ -161,9 +162,12 @@ def test_model_card(exported):
     ({**PLAIN_MODEL, "pack_questions": True}, "model.pack_questions is on (its image tokens ignore the question; "
                                               "PaliGemma's attend to the whole prefix)",
      "dvc exp run -S model.pack_questions=false"),
+    ({**PLAIN_MODEL, "mirror_answers": True}, "model.mirror_answers is on (its answers are the mean over the image "
+                                              "and its mirror image; transformers' PaliGemma asks once)",
+     "dvc exp run -S model.mirror_answers=false"),
     ({"vision": "none", "gemma": PLAIN_MODEL["gemma"]}, "it is the text-only baseline (model.vision: none), which "
                                                         "reads no image; export the VLM (models/vlm.pt) instead", None),
-], ids=["perception", "pixel_shuffle", "qformer", "pack_questions", "blind"])
+], ids=["perception", "pixel_shuffle", "qformer", "pack_questions", "mirror_answers", "blind"])
 def test_refuses_a_model_that_is_not_paligemma(tmp_path, capsys, section, reason, overrides):
     """One line on stderr: why it cannot be exported and how to train one that can; no folder is written."""
     model = write_checkpoint(tmp_path / "model.pt", section)
@@ -220,3 +224,19 @@ def test_failed_export_leaves_no_folder(exported, tmp_path, monkeypatch):
     first = export.export(source, tmp_path / "hf")
     (first / "config.json").write_text("{}")
     assert json.loads((export.export(source, first) / "config.json").read_text())["model_type"] == "paligemma"
+
+
+def test_the_defaults_overrides_train_a_model_that_exports():
+    """The overrides named for params.yaml's model, applied to it, leave nothing transformers' PaliGemma does not
+    compute (the README's "PaliGemma, nothing added" command)."""
+    section = yaml.safe_load((Path(__file__).parents[1] / "params.yaml").read_text())["model"]
+    config = VLMConfig.from_params(section, 40, 128, image_width=224)
+    overrides = [o for departure in export.departures(config) for o in departure.overrides]
+    assert "pack.aspect=square" in overrides  # the one outside model: square images, below
+    for key, value in (o.split("=", 1) for o in overrides if o.startswith("model.")):
+        *parents, leaf = key.removeprefix("model.").split(".")
+        where = section
+        for parent in parents:
+            where = where[parent]
+        where[leaf] = yaml.safe_load(value)
+    assert export.departures(VLMConfig.from_params(section, 40, 128)) == []

@@ -89,7 +89,7 @@ def answer_pairs(loaded: LoadedModel, pairs: list[Pair], questions: list[list[di
     maps = loaded.label_maps(scenes.values())  # for an oracle probe
     targets = None if maps is None else dict(zip(scenes, maps))
     probs = answer_questions(loaded.model, loaded.processor, images, list(asked), loaded.candidates(), batch_size,
-                             device, targets)  # [Q, C]
+                             device, targets, None if maps is None else loaded.label_targets().mirror)  # [Q, C]
     predicted = [loaded.answers[best] for best in probs.argmax(1)]
     return [([predicted[i] for i in before], [predicted[i] for i in after]) for before, after in slots]
 

@@ -57,7 +57,8 @@ def departures(config: VLMConfig) -> list[Departure]:
     perception = config.perception
     perception_off = (*(f"model.perception.heads.{name}=0" for name in perception.active_heads),
                       *(["model.perception.to_decoder=false"] if perception.to_decoder else []),
-                      *(["model.perception.stem_channels=[]"] if perception.stem_channels else []))
+                      *(["model.perception.stem_channels=[]"] if perception.stem_channels else []),
+                      *(["model.perception.mirror_average=false"] if perception.mirror_average else []))
     found = [
         (config.vision != "siglip", "it is the text-only baseline (model.vision: none), which reads no image; "
                                     "export the VLM (models/vlm.pt) instead", ()),
@@ -68,6 +69,8 @@ def departures(config: VLMConfig) -> list[Departure]:
                                     f"one patch per image token)", ("model.pixel_shuffle=1",)),
         (config.pack_questions, "model.pack_questions is on (its image tokens ignore the question; PaliGemma's "
                                 "attend to the whole prefix)", ("model.pack_questions=false",)),
+        (config.mirror_answers, "model.mirror_answers is on (its answers are the mean over the image and its mirror "
+                                "image; transformers' PaliGemma asks once)", ("model.mirror_answers=false",)),
         (len(set(config.siglip.height_width)) > 1, "its images are {} x {} px (H x W; transformers' SigLIP is "
          "square)".format(*config.siglip.height_width), ("pack.aspect=square",)),
     ]

@@ -11,6 +11,9 @@ from vlm.params import check
 @dataclass
 class VLMConfig(PaliGemmaConfig):
     perception: PerceptionConfig = field(default_factory=PerceptionConfig)  # off = the plain PaliGemma core
+    # when answering (val, evaluate, counterfactuals, predict; never in training), the mean of the answer
+    # probabilities for the image and for its mirror image asked the left/right-swapped question (vlm.inference)
+    mirror_answers: bool = False
 
     def validate(self, prefix: str = "model") -> None:
         super().validate(prefix)
@@ -19,6 +22,8 @@ class VLMConfig(PaliGemmaConfig):
         else:
             check(not self.perception.enabled, f"{prefix}.perception",
                   "a model without vision (vision: none) has no image to perceive: turn it off")
+            check(not self.mirror_answers, f"{prefix}.mirror_answers",
+                  "a model without vision (vision: none) has no image to mirror: turn it off")
 
 
 def build_vlm(config: VLMConfig, pretrained: bool = True) -> PaliGemma:

@@ -1,6 +1,7 @@
 """``TrafficVQADataset``: one sample per question over a split's commands and its packed images; text tokenised once
 at construction, each distinct image of a batch read and augmented once (docs/architecture.md, data path)."""
 
+import copy
 import os
 from collections.abc import Callable, Sequence
 from itertools import chain
@@ -17,6 +18,8 @@ from vlm.data.h5file import PackedImageReader
 from vlm.processor import QATokenizer
 
 _RECORD_FIELDS = ("question_id", "image_id", "command", "answer", "command_type", "metadata")
+# the "augmentation" of TrafficVQADataset.mirrored: every image flipped, nothing else
+MIRROR = AugmentConfig(hflip_prob=1.0, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0, rotation_degrees=0.0)
 
 
 class Targets(Protocol):
@@ -64,6 +67,7 @@ class TrafficVQADataset(Dataset):
         self.pad_token_id = tokenizer.pad_token_id
         self.in_memory = in_memory
         self.targets = targets
+        self.tokenizer = tokenizer
         self.records, self.image_rows, self.num_dropped = self._match_records()
         self._tokenise(tokenizer)
         self._ram_targets, self._annotations = self._prepare_targets()
@@ -111,6 +115,15 @@ class TrafficVQADataset(Dataset):
             return self.targets.from_annotations(annotations, str(self.images.path)), None
         self.targets.check(annotations, str(self.images.path))
         return None, annotations
+
+    def mirrored(self) -> "TrafficVQADataset":
+        """The same questions about every image mirrored, "left" and "right" swapped in their text and the targets
+        mirrored, nothing else changed (the records, their order and the image rows are this dataset's): what a model
+        with ``model.mirror_answers`` is asked too. It shares this dataset's images (in RAM or the open file)."""
+        view = copy.copy(self)
+        view.augment = MIRROR
+        view._tokenise(self.tokenizer)
+        return view
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the augmentation draw; call before iterating each epoch (with non-persistent workers)."""

@@ -15,6 +15,9 @@ import pytest
 import yaml
 from PIL import Image
 
+from tiny_project import FRAME_SIZE, TINY_MODEL, TINY_RUNTIME, paths_for, tiny_train_config
+from vlm.train import train
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -185,3 +188,20 @@ def test_training_beside_busy_processes_gives_the_same_model_bytes(tmp_path, tin
                            "--data", str(tiny_project.processed), "--epochs", "1")
     assert report["busy_processes"] == len(os.sched_getaffinity(0))
     assert report["identical"], report
+
+
+@pytest.mark.xdist_group("tiny_project")
+def test_count_errors(tmp_path, tiny_project):
+    """benchmarks/count_errors.py on a tiny model: every val image's counts of each category, grouped."""
+    paths = paths_for(tiny_project.processed, tmp_path)
+    train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE, runtime=TINY_RUNTIME)
+    report = run_benchmark("count_errors.py", tmp_path / "counts.json", "--model", str(paths.model),
+                           "--data", str(tiny_project.processed), "--raw", str(tiny_project.root / "data" / "raw"))
+    images = len({r["image_id"] for r in tiny_project.records["val"]})
+    assert report["images"] == images
+    assert [row["category"] for row in report["exact"]] == ["car", "pedestrian"]
+    assert all(row["images"] == images and 0 <= row["exact"] <= 1 for row in report["exact"])
+    assert sum(row["images"] for row in report["by_true_count"]) == 2 * images
+    for key in ("two_or_more_by_occluded", "two_or_more_by_close"):
+        several = sum(row["images"] for row in report["by_true_count"] if row["true"] >= 2)
+        assert sum(row["images"] for row in report[key]) == several

@@ -1,0 +1,105 @@
+"""Where the perception's counts go wrong: for each image of a split and each counted category, the counts head's
+whole-image count (its density summed over the image and rounded, as the decoder's tokens read it; mirror-averaged
+when the model is) against the labels' count, grouped by what the labels say about the image's objects of that
+category: the true count, whether one of them is occluded, and whether two of their box centres are close (within
+``--close`` frame pixels). Writes exact shares and mean signed errors (rounded count minus true count) per group.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/count_errors.py --out metrics/count_errors.json   # after make repro
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from vlm.checkpoint import load_model
+from vlm.data.collate import collate_questions
+from vlm.data.dataset import TrafficVQADataset
+from vlm.data.sampler import GroupedBatchSampler
+from vlm.models.perception.targets import CHANNELS
+from vlm.scenes.generate import load_raw
+
+
+@torch.no_grad()
+def whole_image_counts(loaded, dataset: TrafficVQADataset, categories: list[str]) -> dict[str, dict[str, float]]:
+    """image id -> category -> the counts head's expected count over the whole image."""
+    model = loaded.model
+    extension = model.extension
+    head = extension.heads["counts"]
+    names = CHANNELS[head.centres] + CHANNELS[head.feet]  # the density channels, in order
+    channels = {category: names.index(f"centre/{category}") for category in categories}
+    counts: dict[str, dict[str, float]] = {}
+    for indices in GroupedBatchSampler(dataset.image_rows, 256, shuffle=False):
+        batch = collate_questions(dataset.__getitems__(indices), dataset.pad_token_id)
+        pixel_values = torch.addcmul(model.pixel_shift, batch.images.float(), model.pixel_scale)
+        residual, state = extension.adapt(pixel_values)
+        features = model.vision_tower(pixel_values, patch_residual=residual).last_hidden_state
+        sums = head.region_sums(head.density(extension.head_logits(features, state)["counts"]))[:, :, 0]  # [N, C]
+        for row, image_id in enumerate(dict.fromkeys(batch.image_id)):
+            counts[image_id] = {category: float(sums[row, c]) for category, c in channels.items()}
+    return counts
+
+
+def image_rows(scenes, counts: dict[str, dict[str, float]], categories: list[str], close: float) -> pd.DataFrame:
+    rows = []
+    for scene in scenes:
+        if scene.image_id not in counts:
+            continue
+        for category in categories:
+            objects = [o for o in scene.objects if o.category == category]
+            centres = np.array([[(o.box[0] + o.box[2]) / 2, (o.box[1] + o.box[3]) / 2] for o in objects]).reshape(-1, 2)
+            distances = np.hypot(*(centres[:, None] - centres[None]).transpose(2, 0, 1)) + np.eye(len(objects)) * 1e9
+            rows.append({"image_id": scene.image_id, "category": category, "true": len(objects),
+                         "predicted": round(counts[scene.image_id][category]),
+                         "occluded": any(o.occluded for o in objects),
+                         "close": bool(len(objects) > 1 and distances.min() < close)})
+    table = pd.DataFrame(rows)
+    table["error"] = table.predicted - table.true
+    table["exact"] = table.error == 0
+    return table
+
+
+def summary(table: pd.DataFrame, by: list[str]) -> list[dict]:
+    groups = table.groupby(by).agg(exact=("exact", "mean"), mean_error=("error", "mean"), images=("exact", "size"))
+    return [{**dict(zip(by, key if isinstance(key, tuple) else (key,))), **{k: round(float(v), 4) if k != "images"
+             else int(v) for k, v in values.items()}} for key, values in groups.iterrows()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="models/vlm.pt")
+    parser.add_argument("--data", default="data/processed")
+    parser.add_argument("--raw", default="data/raw")
+    parser.add_argument("--split", default="val")
+    parser.add_argument("--categories", nargs="+", default=["car", "pedestrian"])
+    parser.add_argument("--close", type=float, default=40.0, help="frame pixels between two centres that are close")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    data = Path(args.data)
+    loaded = load_model(args.model, data / "vocab.json")
+    model = loaded.model
+    if model.extension is None or "counts" not in model.extension.heads:
+        sys.exit(f"error: {args.model}: has no counts head (model.perception.heads.counts)")
+    targets = model.extension.targets(model.config.siglip.height_width, tuple(loaded.checkpoint["frame_size"]))
+    dataset = TrafficVQADataset(data / "commands" / f"{args.split}.json", data / f"{args.split}_images.h5",
+                                loaded.tokenizer, in_memory=True, targets=targets)
+    counts = whole_image_counts(loaded, dataset, args.categories)
+    table = image_rows(load_raw(args.raw).iter_scenes(), counts, args.categories, args.close)
+    several = table[table.true >= 2]  # where occlusion and closeness can happen
+    report = {"model": args.model, "split": args.split, "close_px": args.close, "images": int(table.image_id.nunique()),
+              "exact": summary(table, ["category"]), "by_true_count": summary(table, ["category", "true"]),
+              "two_or_more_by_occluded": summary(several, ["category", "occluded"]),
+              "two_or_more_by_close": summary(several, ["category", "close"])}
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    for key in ("exact", "two_or_more_by_occluded", "two_or_more_by_close"):
+        print(key, json.dumps(report[key]))
+
+
+if __name__ == "__main__":
+    main()

@@ -16,31 +16,26 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from vlm.checkpoint import load_model
 from vlm.data.collate import collate_questions
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.sampler import GroupedBatchSampler
+from vlm.models.perception import image_head_logits
 from vlm.models.perception.targets import CHANNELS
 from vlm.scenes.generate import load_raw
 
 
-@torch.no_grad()
-def whole_image_counts(loaded, dataset: TrafficVQADataset, categories: list[str]) -> dict[str, dict[str, float]]:
+def whole_image_counts(model, dataset: TrafficVQADataset, categories: list[str]) -> dict[str, dict[str, float]]:
     """image id -> category -> the counts head's expected count over the whole image."""
-    model = loaded.model
-    extension = model.extension
-    head = extension.heads["counts"]
+    head = model.extension.heads["counts"]
     names = CHANNELS[head.centres] + CHANNELS[head.feet]  # the density channels, in order
     channels = {category: names.index(f"centre/{category}") for category in categories}
     counts: dict[str, dict[str, float]] = {}
     for indices in GroupedBatchSampler(dataset.image_rows, 256, shuffle=False):
         batch = collate_questions(dataset.__getitems__(indices), dataset.pad_token_id)
-        pixel_values = torch.addcmul(model.pixel_shift, batch.images.float(), model.pixel_scale)
-        residual, state = extension.adapt(pixel_values)
-        features = model.vision_tower(pixel_values, patch_residual=residual).last_hidden_state
-        sums = head.region_sums(head.density(extension.head_logits(features, state)["counts"]))[:, :, 0]  # [N, C]
+        logits = image_head_logits(model, batch.images)["counts"]
+        sums = head.region_sums(head.density(logits))[:, :, 0]  # [N, C]: the whole image's
         for row, image_id in enumerate(dict.fromkeys(batch.image_id)):
             counts[image_id] = {category: float(sums[row, c]) for category, c in channels.items()}
     return counts
@@ -89,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     targets = model.extension.targets(model.config.siglip.height_width, tuple(loaded.checkpoint["frame_size"]))
     dataset = TrafficVQADataset(data / "commands" / f"{args.split}.json", data / f"{args.split}_images.h5",
                                 loaded.tokenizer, in_memory=True, targets=targets)
-    counts = whole_image_counts(loaded, dataset, args.categories)
+    counts = whole_image_counts(model, dataset, args.categories)
     table = image_rows(load_raw(args.raw).iter_scenes(), counts, args.categories, args.close)
     several = table[table.true >= 2]  # where occlusion and closeness can happen
     report = {"model": args.model, "split": args.split, "close_px": args.close, "images": int(table.image_id.nunique()),

@@ -299,6 +299,14 @@ def test_counts_are_region_sums_of_a_density_the_losses_and_the_answer_reach(con
     assert model.extension.head_tokens["counts"].embedding.grad.abs().sum() > 0
 
 
+def test_a_mirror_averaged_head_reads_the_fine_map():
+    """Mirror averaging runs the mirror image through the stem and its fine map: a head that reads only the patch
+    features cannot declare it."""
+    with pytest.raises(TypeError, match="Patchy: mirror_averaged needs reads_fine"):
+        type("Patchy", (AuxiliaryHead,), {"name": "patchy", "mirror_averaged": True})
+    assert "patchy" not in HEADS
+
+
 def test_mirror_average_makes_the_counts_mirror_equivariant_in_evaluation_only(config, make_batch):
     """``model.perception.mirror_average``: in evaluation the counts head's density is the mean of the image's and its
     mirror image's (mirrored back), so mirroring the image swaps its left and right region counts exactly; in

@@ -95,8 +95,7 @@ class TrafficPerception(VisionExtension):
     @property
     def mirrors(self) -> bool:
         """Whether this pass averages the ``mirror_averaged`` heads over the image and its mirror image."""
-        return (self.config.mirror_average and not self.training and self.pyramid is not None
-                and any(head.mirror_averaged for head in self.heads.values()))
+        return self.config.mirror_average and not self.training  # validate: a mirror_averaged head is on
 
     def adapt(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor | None, tuple | None]:
         """-> the stem's output ``[N, Dv, h, w]`` and the state :meth:`forward` reads: the stem's stage outputs, and
@@ -147,15 +146,22 @@ class TrafficPerception(VisionExtension):
 
 
 @torch.no_grad()
-def head_metrics(model: nn.Module, images: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The perception heads' own measures per image ``[N]`` (:meth:`AuxiliaryHead.metrics`) for uint8 images
-    ``[N, 3, H, W]`` and their targets, through the core's encoder as the model computes it, the decoder left out."""
+def image_head_logits(model: nn.Module, images: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each perception head's logits for uint8 images ``[N, 3, H, W]``, through the core's encoder as the model
+    computes them, the decoder left out."""
     extension = model.extension
     pixel_values = torch.addcmul(model.pixel_shift, images.float(), model.pixel_scale)  # [N, 3, H, W]
     residual, state = extension.adapt(pixel_values)
     features = model.vision_tower(pixel_values, patch_residual=residual).last_hidden_state  # [N, P, Dv]
-    logits = extension.head_logits(features, state)
-    return {name: values for name, head in extension.heads.items()
+    return extension.head_logits(features, state)
+
+
+@torch.no_grad()
+def head_metrics(model: nn.Module, images: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The perception heads' own measures per image ``[N]`` (:meth:`AuxiliaryHead.metrics`) for uint8 images
+    ``[N, 3, H, W]`` and their targets (:func:`image_head_logits`)."""
+    logits = image_head_logits(model, images)
+    return {name: values for name, head in model.extension.heads.items()
             for name, values in head.metrics(logits[name], targets).items()}
 
 
@@ -172,4 +178,5 @@ class HeadTokens(nn.Module):
         return self.projector(features) + self.embedding
 
 
-__all__ = ["AuxiliaryHead", "PerceptionConfig", "TargetTransform", "TrafficPerception", "head_metrics"]
+__all__ = ["AuxiliaryHead", "PerceptionConfig", "TargetTransform", "TrafficPerception", "head_metrics",
+           "image_head_logits"]

@@ -38,6 +38,9 @@ class AuxiliaryHead(nn.Module):
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
+        if cls.mirror_averaged and not cls.reads_fine:
+            raise TypeError(f"{cls.__name__}: mirror_averaged needs reads_fine (the mirror image's fine map is what "
+                            "it averages over)")
         HEADS[cls.name] = cls
 
     def __init__(self, config: PerceptionConfig, vision: SiglipVisionConfig):

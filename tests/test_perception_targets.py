@@ -4,12 +4,11 @@ readable light colours, occlusion, and the frame attributes once per image."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from vlm.models.perception import PerceptionConfig
 from vlm.models.perception.heads.grounding import GroundingHead
-from vlm.models.perception.targets import CHANNELS, GROUPS, TargetTransform, channels, seen_centre
+from vlm.models.perception.targets import CHANNELS, GROUPS, TargetTransform, channels
 from vlm.models.perception.targets import scene_targets as grounding_targets
 from vlm.models.siglip import SiglipVisionConfig
 from vlm.scenes.schema import Scene, SceneObject
@@ -45,27 +44,6 @@ def test_centres_sharing_a_patch_are_counted():
     t = grounding_targets(scene(*cars), 1280, 720, grid=4).reshape(4, 4, -1)
     assert t[0, 0, channel("centre/car")] == 3 and t[..., channel("centre/car")].sum() == 3
     assert t[0, 0, channel("box/car")] == 1  # coverage stays 0/1
-
-
-def test_an_occluded_objects_centre_goes_to_the_part_of_it_that_is_seen():
-    far = SceneObject(id="1", category="car", box=(500.0, 300.0, 660.0, 400.0), occluded=True)
-    near = SceneObject(id="2", category="car", box=(480.0, 350.0, 700.0, 460.0))  # hides the far car's lower half
-    assert seen_centre(far, [far, near], 1280) == (pytest.approx(580, abs=5), pytest.approx(325, abs=5))
-    behind = SceneObject(id="3", category="car", box=(500.0, 500.0, 660.0, 600.0), occluded=True)
-    assert seen_centre(behind, [behind, near], 1280) == (580.0, 550.0)  # the other box is farther: not an occluder
-    shown = SceneObject(id="4", category="car", box=(500.0, 300.0, 660.0, 400.0))
-    assert seen_centre(shown, [shown, near], 1280) == (580.0, 350.0)  # not labelled occluded: the box's centre
-    rider = SceneObject(id="5", category="rider", box=(700.0, 300.0, 740.0, 400.0), occluded=True)
-    bike = SceneObject(id="6", category="bicycle", box=(690.0, 350.0, 750.0, 420.0))
-    assert seen_centre(rider, [rider, bike], 1280) == (720.0, 350.0)  # its own bike does not hide a rider
-    # the centre stays in the third of the frame the box's centre is in: the answers' side of the frame
-    wide = SceneObject(id="7", category="bus", box=(300.0, 300.0, 560.0, 400.0), occluded=True)
-    right = SceneObject(id="8", category="car", box=(300.0, 320.0, 440.0, 460.0))  # hides the bus's left part
-    x, y = seen_centre(wide, [wide, right], 1280)
-    assert 440 < x <= 560 and 300 <= y <= 400
-    t = grounding_targets(scene(far, near), 1280, 720, grid=(16, 32)).reshape(16, 32, -1)
-    assert t[..., channel("centre/car")].sum() == 2 and t[7, 14, channel("centre/car")] == 1  # (580, 325)
-    assert t[7, 14, channel("heat/car")] == 1
 
 
 def test_mirror_reverses_patch_columns():

@@ -12,12 +12,12 @@ import numpy as np
 import torch
 
 from vlm.commands import rules
-from vlm.scenes.schema import CATEGORIES, LIGHT_COLORS, Scene, SceneObject, scene_from_frame
+from vlm.scenes.schema import CATEGORIES, LIGHT_COLORS, Scene, scene_from_frame
 
 FOOT_GROUPS = ("road_user", "vulnerable", "occluded")
 GROUPS: dict[str, tuple[str, ...]] = {
     "box": tuple(f"box/{c}" for c in CATEGORIES),  # 1 where the cell overlaps a box of that category
-    "centre": tuple(f"centre/{c}" for c in CATEGORIES),  # how many objects are centred in the cell (seen_centre)
+    "centre": tuple(f"centre/{c}" for c in CATEGORIES),  # how many box centres fall in the cell (neighbours share)
     "light": tuple(f"light/{c}" for c in LIGHT_COLORS),  # 1 where the cell overlaps a readable light of that colour
     "occluded": ("occluded",),  # 1 where the cell overlaps an object labelled occluded (the safety rule's "maybe")
     "heat": tuple(f"heat/{c}" for c in CATEGORIES),  # CenterNet's centre heatmap (_splat), the maximum where they meet
@@ -31,9 +31,6 @@ START = dict(zip(GROUPS, accumulate((len(g) for g in GROUPS.values()), initial=0
 # ("on the left side"), footpoints in the near part of each manoeuvre's path (the safety rule's bands).
 CENTRE_REGIONS = ((0.0, 1.0, 0.0), *((lo, hi, 0.0) for lo, hi in rules.SIDES.values()))
 FOOT_REGIONS = tuple((lo, hi, rules.PATH_MIN_Y) for lo, hi in rules.PATHS.values())
-SEEN_SAMPLES = 16  # an occluded box is sampled on a 16 x 16 lattice to find the part of it that is seen
-SIDE_BOUNDS = np.array([rules.SIDES["left"][1], rules.SIDES["right"][0]])  # the thirds' bounds, fractions of the width
-TWO_WHEELERS = frozenset({"bicycle", "motorcycle"})  # a rider's box overlaps its own, which does not hide it
 
 
 def channels(*groups: str) -> slice:
@@ -118,15 +115,14 @@ def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[i
         r0, r1 = cell(y1, height, rows), cell(y2, height, rows)
         k = CATEGORIES.index(obj.category)
         targets[r0:r1 + 1, c0:c1 + 1, START["box"] + k] = 1
-        seen_x, seen_y = seen_centre(obj, scene.objects, width)
-        targets[cell(seen_y, height, rows), cell(seen_x, width, columns), START["centre"] + k] += 1
+        targets[cell((y1 + y2) / 2, height, rows), cell((x1 + x2) / 2, width, columns), START["centre"] + k] += 1
         if obj.light_color and not obj.occluded:  # the lights the answer rules can read
             targets[r0:r1 + 1, c0:c1 + 1, START["light"] + LIGHT_COLORS.index(obj.light_color)] = 1
         if obj.occluded:
             targets[r0:r1 + 1, c0:c1 + 1, START["occluded"]] = 1
         sigma = max(0.5, min((x2 - x1) / width * columns, (y2 - y1) / height * rows) / 6)  # in cells
-        _splat(targets[:, :, START["heat"] + k], seen_x / width * columns, seen_y / height * rows, sigma)
-        centre_x = (x1 + x2) / 2 / width * columns  # in cells
+        centre_x, centre_y = (x1 + x2) / 2 / width * columns, (y1 + y2) / 2 / height * rows  # in cells
+        _splat(targets[:, :, START["heat"] + k], centre_x, centre_y, sigma)
         road_user = obj.category in rules.ROAD_USERS
         in_group = {"road_user": road_user, "vulnerable": obj.category in rules.VULNERABLE,
                     "occluded": road_user and obj.occluded}
@@ -138,34 +134,6 @@ def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[i
         answer = rules.scene_attribute(scene, attribute)
         targets[:, :, k] = -1 if answer is None else float(answer == rules.YES)
     return targets.reshape(rows * columns, -1)
-
-
-def seen_centre(obj: SceneObject, objects: Sequence[SceneObject], width: float) -> tuple[float, float]:
-    """Where ``obj``'s ``centre`` and ``heat`` targets go, in frame pixels of a frame ``width`` wide: its box's centre,
-    or for an object labelled occluded the centroid of the part of its box that no nearer road user's box covers
-    (nearer: its box's bottom lower in the frame), moved to the nearest uncovered point of that part in the same third
-    of the frame as the box's centre (the side the answers give it). An occluded box's centre mostly lies on what hides
-    it, where a detector sees the occluder and not the object (docs/experiments.md)."""
-    x1, y1, x2, y2 = obj.box
-    centre = ((x1 + x2) / 2, (y1 + y2) / 2)
-    riding = obj.category == "rider"
-    occluders = [o.box for o in objects if o is not obj and o.category in rules.ROAD_USERS and o.box[3] > y2
-                 and o.box[0] < x2 and o.box[2] > x1 and o.box[1] < y2
-                 and not (riding and o.category in TWO_WHEELERS)]
-    if not obj.occluded or not occluders:
-        return centre
-    steps = (np.arange(SEEN_SAMPLES) + 0.5) / SEEN_SAMPLES
-    xs, ys = np.meshgrid(x1 + steps * (x2 - x1), y1 + steps * (y2 - y1))  # [S, S] frame pixels
-    seen = np.ones(xs.shape, dtype=bool)
-    for a1, b1, a2, b2 in occluders:
-        seen &= ~((xs >= a1) & (xs <= a2) & (ys >= b1) & (ys <= b2))
-    third = np.searchsorted(SIDE_BOUNDS * width, [centre[0], *xs.ravel()], side="right")
-    seen &= (third[1:] == third[0]).reshape(seen.shape)
-    if not seen.any():
-        return centre
-    distance = np.where(seen, (xs - xs[seen].mean()) ** 2 + (ys - ys[seen].mean()) ** 2, np.inf)
-    nearest = np.unravel_index(np.argmin(distance), distance.shape)
-    return float(xs[nearest]), float(ys[nearest])
 
 
 def _splat(heat: np.ndarray, x: float, y: float, sigma: float) -> None:

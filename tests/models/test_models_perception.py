@@ -371,34 +371,3 @@ def test_the_oracle_probe_reads_the_label_maps_not_the_heads(config, make_batch,
         model.answer(batch, [[3], [4]])
     with pytest.raises(ParamError, match="model.perception.oracle: .* needs model.perception.to_decoder: true"):
         PerceptionConfig(heads={"grounding": 1.0}, oracle=True).validate()
-
-
-def test_teacher_forcing_gives_a_share_of_the_train_images_the_label_maps(config, make_batch, perturb):
-    """``model.perception.teacher_forcing``: in training, each image's head tokens are either the oracle's (the label
-    maps) or the heads' own, about the share asked for; when answering they are always the heads' own."""
-    heads = {"grounding": 1.0, "centres": 0.1, "counts": 1.0}
-    forced = build(config, stem_channels=STEM, heads=heads, to_decoder=True, teacher_forcing=0.5)
-    perturb(forced)
-    oracle = build(config, stem_channels=STEM, heads=heads, to_decoder=True, oracle=True)
-    plain = build(config, stem_channels=STEM, heads=heads, to_decoder=True)
-    for model in (oracle, plain):
-        model.load_state_dict(forced.state_dict())
-    batch = make_batch(forced.config, num_images=16)
-    targets = torch.rand(16, forced.extension.heads["counts"].grid[0] * forced.extension.heads["counts"].grid[1],
-                         len(CHANNELS)).round()
-    patches = forced.config.num_image_tokens
-    with torch.no_grad():
-        torch.manual_seed(0)
-        tokens = forced.train().encode_images(batch.images, targets)[0][:, patches:]
-        label, own = (m.train().encode_images(batch.images, targets)[0][:, patches:] for m in (oracle, plain))
-        answering = forced.eval().encode_images(batch.images, targets)[0][:, patches:]
-    reads_labels = [torch.equal(t, lab) for t, lab in zip(tokens, label)]
-    reads_own = [torch.equal(t, o) for t, o in zip(tokens, own)]
-    assert all(a != b for a, b in zip(reads_labels, reads_own))  # each image one or the other
-    assert 3 <= sum(reads_labels) <= 13
-    torch.testing.assert_close(answering, plain.eval().encode_images(batch.images, targets)[0][:, patches:],
-                               rtol=0, atol=0)
-    with pytest.raises(ParamError, match="model.perception.teacher_forcing: must be a share in"):
-        PerceptionConfig(heads=heads, to_decoder=True, teacher_forcing=1.5).validate()
-    with pytest.raises(ParamError, match="model.perception.teacher_forcing: .* needs model.perception.to_decoder"):
-        PerceptionConfig(heads=heads, teacher_forcing=0.5).validate()

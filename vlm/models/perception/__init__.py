@@ -25,9 +25,6 @@ class PerceptionConfig:
     to_decoder: bool = False  # the decoder reads the heads' maps per patch and their summaries as one more token
     # probe: the decoder reads the label maps, not the heads' predictions (which still learn): perfect perception
     oracle: bool = False
-    # in training, the share of images whose decoder reads the label maps in place of the heads' predictions (as the
-    # oracle probe does for every image): the decoder learns what the maps mean from maps that are right
-    teacher_forcing: float = 0.0
     # in evaluation, the heads that allow it (the counts head) predict the mean of the image's maps and its mirror
     # image's, mirrored back: one more pass of the stem and the stride-4 map per image, none in training
     mirror_average: bool = False
@@ -56,11 +53,6 @@ class PerceptionConfig:
         check(not self.to_decoder or self.active_heads, f"{prefix}.to_decoder",
               f"needs a head ({prefix}.heads: {', '.join(HEADS)})")
         check(not self.oracle or self.to_decoder, f"{prefix}.oracle",
-              f"replaces what the decoder reads of the heads: needs {prefix}.to_decoder: true")
-        check(isinstance(self.teacher_forcing, Real) and not isinstance(self.teacher_forcing, bool)
-              and 0 <= self.teacher_forcing <= 1, f"{prefix}.teacher_forcing",
-              f"must be a share in [0, 1], got {self.teacher_forcing!r}")
-        check(not self.teacher_forcing or self.to_decoder, f"{prefix}.teacher_forcing",
               f"replaces what the decoder reads of the heads: needs {prefix}.to_decoder: true")
         check(not self.mirror_average or any(HEADS[name].mirror_averaged for name in self.active_heads),
               f"{prefix}.mirror_average", "needs a head that averages over the mirror image (counts)")
@@ -136,10 +128,6 @@ class TrafficPerception(VisionExtension):
                 raise ValueError("model.perception.oracle: the decoder reads the label maps, and this batch has no "
                                  "targets (Batch.targets)")
             read = {name: head.oracle(targets).to(patch_features.dtype) for name, head in self.heads.items()}
-        elif self.training and self.config.teacher_forcing and targets is not None:
-            forced = torch.rand(num, device=patch_features.device) < self.config.teacher_forcing  # [N]
-            read = {name: torch.where(forced[:, None, None], head.oracle(targets).to(logits[name].dtype),
-                                      logits[name]) for name, head in self.heads.items()}
         maps, summaries = [], []
         if self.config.to_decoder:
             for name, head in self.heads.items():

@@ -191,24 +191,6 @@ def test_hard_negatives_change_the_train_split_only(tmp_path, splits):
     assert max(answers.values()) <= 1.1 * min(answers.values()) + 1
 
 
-def test_train_counting_categories_change_the_train_split_only(tmp_path, splits):
-    """commands.train_counting_categories: the train split's counting questions ask about those categories (trucks and
-    buses here), val and test keep the default's, question for question."""
-    scenes = random_scenes(600)
-    records = generate_commands(scenes, CommandsConfig(train_counting_categories=["car", "pedestrian", "truck", "bus"]),
-                                tmp_path)
-    assert records["val"] == splits["val"] and records["test"] == splits["test"]
-
-    def counted(split_records):
-        return Counter(re.search(r"\b(car|pedestrian|truck|bus)", r["command"]).group(1)
-                       for r in split_records if r["command_type"] == "counting")
-
-    assert counted(records["train"])["truck"] > 0 and counted(records["train"])["bus"] > 0
-    assert set(counted(splits["train"])) == set(counted(records["test"])) == {"car", "pedestrian"}
-    with pytest.raises(ParamError, match="commands.train_counting_categories: unknown category 'lorry'"):
-        CommandsConfig(train_counting_categories=["lorry"]).validate()
-
-
 def test_deterministic(tmp_path):
     scenes = random_scenes(120, seed=4)
     first = generate_commands(scenes, CommandsConfig(), tmp_path / "a")

@@ -124,7 +124,7 @@ def test_an_edit_touches_only_the_pixels_of_what_it_edits(pairs):
 
 
 def test_questions_must_change_exactly_where_the_rules_answer_differently(pairs):
-    options = CommandsConfig().template_options("test")
+    options = CommandsConfig().template_options
     pair = next(p for p in pairs if p.edit == "mirror")
     everything = {(c.template, frozenset(c.params))
                   for c in candidates(pair.original.scene, CONFIG.width, CONFIG.height, options)}

@@ -24,7 +24,7 @@ from vlm.scenes.schema import (
     scene_to_frame,
 )
 
-OPTIONS = CommandsConfig().template_options("test")
+OPTIONS = CommandsConfig().template_options
 
 # Any JSON value, NaN and infinities included (Python's json reads and writes them).
 json_values = st.recursive(

@@ -160,8 +160,7 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
     asked = {(r["template"], frozenset(TEMPLATES[r["template"]].parse(r["command"]).items()))
              for r in read_commands(paths.data / "commands" / "train.json", FIELDS)}
     rng = np.random.default_rng(config.seed)
-    options = commands.template_options("test")
-    questions = [pair_questions(pair, raw.width, raw.height, options, asked, set(loaded.answers),
+    questions = [pair_questions(pair, raw.width, raw.height, commands.template_options, asked, set(loaded.answers),
                                 config.unchanged_per_pair, rng) for pair in pairs]
     predictions = answer_pairs(loaded, pairs, questions, scenes.jpeg_quality, config.batch_size, device)
     table = consistency_table(pairs, questions, predictions)

@@ -34,7 +34,6 @@ class CommandsConfig:
     command_types: list[str] = field(default_factory=lambda: list(COMMAND_TYPES))
     detection_categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
     counting_categories: list[str] = field(default_factory=lambda: ["car", "pedestrian"])
-    train_counting_categories: list[str] | None = None  # the train split's own counting categories; None: the above
     spatial_categories: list[str] = field(default_factory=lambda: ["car", "pedestrian", "truck", "bus"])
     more_than: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     max_count: int = 9
@@ -67,8 +66,8 @@ class CommandsConfig:
         for t in self.command_types:
             check(t in COMMAND_TYPES, f"{prefix}.command_types",
                   f"unknown type {t!r} (known: {', '.join(COMMAND_TYPES)})")
-        for key in ("detection_categories", "counting_categories", "train_counting_categories", "spatial_categories"):
-            for c in getattr(self, key) or ():
+        for key in ("detection_categories", "counting_categories", "spatial_categories"):
+            for c in getattr(self, key):
                 check(c in PLURALS, f"{prefix}.{key}", f"unknown category {c!r} (known: {', '.join(CATEGORIES)})")
         check(0 <= self.max_count <= 9, f"{prefix}.max_count",
               f"must be in 0..9 (answers are single digits), got {self.max_count}")
@@ -80,11 +79,10 @@ class CommandsConfig:
             check(isinstance(value, str) and bool(value), f"{prefix}.holdout.{attribute}",
                   f"must be a value such as {HOLDOUT_ATTRIBUTES[attribute]!r}, got {value!r}")
 
-    def template_options(self, split: str) -> TemplateOptions:
-        counting = self.counting_categories if split != "train" or self.train_counting_categories is None \
-            else self.train_counting_categories
-        return TemplateOptions(tuple(self.detection_categories), tuple(counting), tuple(self.spatial_categories),
-                               tuple(self.more_than), self.max_count)
+    @property
+    def template_options(self) -> TemplateOptions:
+        return TemplateOptions(tuple(self.detection_categories), tuple(self.counting_categories),
+                               tuple(self.spatial_categories), tuple(self.more_than), self.max_count)
 
 
 HOLDOUT_ATTRIBUTES = {"timeofday": "night", "weather": "rainy", "scene": "highway"}  # with an example value
@@ -217,7 +215,7 @@ class BalancedCommands:
                 raise ValueError(f"scenes: frame {position} changed while the questions were generated")
             split = self._split_of[scene.image_id]
             picker = pickers[split]
-            pool = candidates(scene, self._width, self._height, self._config.template_options(split), self._types)
+            pool = candidates(scene, self._width, self._height, self._config.template_options, self._types)
             config = self._config
             per_image, weights = ((config.train_questions_per_image, config.train_type_weights) if split == "train"
                                   else (None, {}))

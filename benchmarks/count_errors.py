@@ -26,22 +26,23 @@ from vlm.models.perception.targets import CHANNELS
 from vlm.scenes.generate import load_raw
 
 
-def whole_image_counts(model, dataset: TrafficVQADataset, categories: list[str]) -> dict[str, dict[str, float]]:
-    """image id -> category -> the counts head's expected count over the whole image."""
+def region_counts(model, dataset: TrafficVQADataset, categories: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """image id -> category -> the counts head's expected counts over its regions ``[R]``: the whole image, its left
+    third, its right third (``CENTRE_REGIONS``)."""
     head = model.extension.heads["counts"]
     names = CHANNELS[head.centres] + CHANNELS[head.feet]  # the density channels, in order
     channels = {category: names.index(f"centre/{category}") for category in categories}
-    counts: dict[str, dict[str, float]] = {}
+    counts: dict[str, dict[str, np.ndarray]] = {}
     for indices in GroupedBatchSampler(dataset.image_rows, 256, shuffle=False):
         batch = collate_questions(dataset.__getitems__(indices), dataset.pad_token_id)
         logits = image_head_logits(model, batch.images)["counts"]
-        sums = head.region_sums(head.density(logits))[:, :, 0]  # [N, C]: the whole image's
+        sums = head.region_sums(head.density(logits)).numpy()  # [N, C, R]
         for row, image_id in enumerate(dict.fromkeys(batch.image_id)):
-            counts[image_id] = {category: float(sums[row, c]) for category, c in channels.items()}
+            counts[image_id] = {category: sums[row, c] for category, c in channels.items()}
     return counts
 
 
-def image_rows(scenes, counts: dict[str, dict[str, float]], categories: list[str], close: float) -> pd.DataFrame:
+def image_rows(scenes, counts: dict[str, dict[str, np.ndarray]], categories: list[str], close: float) -> pd.DataFrame:
     rows = []
     for scene in scenes:
         if scene.image_id not in counts:
@@ -51,7 +52,7 @@ def image_rows(scenes, counts: dict[str, dict[str, float]], categories: list[str
             centres = np.array([[(o.box[0] + o.box[2]) / 2, (o.box[1] + o.box[3]) / 2] for o in objects]).reshape(-1, 2)
             distances = np.hypot(*(centres[:, None] - centres[None]).transpose(2, 0, 1)) + np.eye(len(objects)) * 1e9
             rows.append({"image_id": scene.image_id, "category": category, "true": len(objects),
-                         "predicted": round(counts[scene.image_id][category]),
+                         "predicted": round(float(counts[scene.image_id][category][0])),  # the whole image's
                          "occluded": any(o.occluded for o in objects),
                          "close": bool(len(objects) > 1 and distances.min() < close)})
     table = pd.DataFrame(rows)
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     targets = model.extension.targets(model.config.siglip.height_width, tuple(loaded.checkpoint["frame_size"]))
     dataset = TrafficVQADataset(data / "commands" / f"{args.split}.json", data / f"{args.split}_images.h5",
                                 loaded.tokenizer, in_memory=True, targets=targets)
-    counts = whole_image_counts(model, dataset, args.categories)
+    counts = region_counts(model, dataset, args.categories)
     table = image_rows(load_raw(args.raw).iter_scenes(), counts, args.categories, args.close)
     several = table[table.true >= 2]  # where occlusion and closeness can happen
     report = {"model": args.model, "split": args.split, "close_px": args.close, "images": int(table.image_id.nunique()),

@@ -190,12 +190,18 @@ def test_training_beside_busy_processes_gives_the_same_model_bytes(tmp_path, tin
     assert report["identical"], report
 
 
-@pytest.mark.xdist_group("tiny_project")
-def test_count_errors(tmp_path, tiny_project):
-    """benchmarks/count_errors.py on a tiny model: every val image's counts of each category, grouped."""
-    paths = paths_for(tiny_project.processed, tmp_path)
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory, tiny_project) -> Path:
+    """A tiny default-shaped model trained one epoch on the tiny project (the error benchmarks read it)."""
+    paths = paths_for(tiny_project.processed, tmp_path_factory.mktemp("tiny_model"))
     train(TINY_MODEL, tiny_train_config(epochs=1), paths, progress=False, frame_size=FRAME_SIZE, runtime=TINY_RUNTIME)
-    report = run_benchmark("count_errors.py", tmp_path / "counts.json", "--model", str(paths.model),
+    return paths.model
+
+
+@pytest.mark.xdist_group("tiny_project")
+def test_count_errors(tmp_path, tiny_project, tiny_model):
+    """benchmarks/count_errors.py on a tiny model: every val image's counts of each category, grouped."""
+    report = run_benchmark("count_errors.py", tmp_path / "counts.json", "--model", str(tiny_model),
                            "--data", str(tiny_project.processed), "--raw", str(tiny_project.root / "data" / "raw"))
     images = len({r["image_id"] for r in tiny_project.records["val"]})
     assert report["images"] == images
@@ -205,3 +211,17 @@ def test_count_errors(tmp_path, tiny_project):
     for key in ("two_or_more_by_occluded", "two_or_more_by_close"):
         several = sum(row["images"] for row in report["by_true_count"] if row["true"] >= 2)
         assert sum(row["images"] for row in report[key]) == several
+
+
+@pytest.mark.xdist_group("tiny_project")
+def test_spatial_errors(tmp_path, tiny_project, tiny_model):
+    """benchmarks/spatial_errors.py on a tiny model: every spatial question of the split in one group, each share a
+    share."""
+    raw = str(tiny_project.root / "data" / "raw")
+    report = run_benchmark("spatial_errors.py", tmp_path / "spatial.json", "--model", str(tiny_model),
+                           "--splits", "val", "--data", str(tiny_project.processed), "--raw", raw)
+    spatial = [r for r in tiny_project.records["val"] if r["template"] == "spatial/on_side"]
+    assert spatial and sum(row["questions"] for row in report["val"]) == len(spatial)
+    assert {row["labels"] for row in report["val"]} <= {"yes", "no, absent", "no, elsewhere"}
+    for row in report["val"]:
+        assert all(0 <= row[k] <= 1 for k in ("perception_right", "decoder_right"))

@@ -9,7 +9,8 @@ overall and per command type against the training seconds each run took.
 2. Runs the queue with one worker (``dvc queue start --jobs 1``: the seconds are only worth plotting when each
    run has the machine to itself) and waits for it; the worker holds no lock on the workspace.
 3. Collects every finished point from its experiment's commit (params.yaml, metrics/eval.json,
-   metrics/train.json, metrics/train_timing.json) into ``--out`` (metrics/scaling.json) and ``--plot``
+   metrics/train.json, metrics/train_timing.json, and where the counterfactuals ran, each edit's share of answers
+   changed when they must, metrics/counterfactuals/summary.json) into ``--out`` (metrics/scaling.json) and ``--plot``
    (metrics/plots/scaling.png). Each point is placed at its training steps times the seconds per step of its
    series' 1x run (:func:`at_reference_rate`: runs of hours share the machine with whatever else it does; their
    own wall clocks are kept beside). It says where each ``--targets`` accuracy is first reached, or, where not,
@@ -39,6 +40,8 @@ import torch
 import yaml
 
 from vlm.io import atomic_path, write_json
+
+COUNTERFACTUALS = "metrics/counterfactuals/summary.json"
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,15 @@ def read_at(commit: str, path: str):
     return yaml.safe_load(text) if path.endswith(".yaml") else json.loads(text)
 
 
+def changed_when_they_must(commit: str) -> dict[str, float] | None:
+    """Each counterfactual edit's share of the answers that changed where they must, or None where the stage did
+    not run (BDD100K data has no scenes to edit)."""
+    if COUNTERFACTUALS not in git("ls-tree", "-r", "--name-only", commit, "metrics/counterfactuals").split():
+        return None
+    edits = read_at(commit, COUNTERFACTUALS)["counterfactuals"]
+    return {edit: values["changed_when_it_must"] for edit, values in edits.items()}
+
+
 def collect_point(point: Point, commit: str) -> dict:
     params = read_at(commit, "params.yaml")
     evaluation = read_at(commit, "metrics/eval.json")
@@ -154,7 +166,8 @@ def collect_point(point: Point, commit: str) -> dict:
             "train_seconds": timing["seconds"], "questions_per_s": timing["questions_per_s"],
             "steps": train["steps"], "accuracy": evaluation["vlm"]["accuracy"],
             "per_type": evaluation["vlm"]["per_type"], "val_accuracy": train["val_accuracy"],
-            "blind_accuracy": evaluation["blind"]["accuracy"], "experiment": commit,
+            "blind_accuracy": evaluation["blind"]["accuracy"],
+            "counterfactuals_changed_when_they_must": changed_when_they_must(commit), "experiment": commit,
             "baseline": git("rev-parse", f"{commit}^").strip()}
 
 

@@ -63,6 +63,10 @@ def test_one_point_through_the_queue_then_collect_reports_the_missing(reproduced
     evaluation = json.loads(project.run("git", "show", f"{point['experiment']}:metrics/eval.json").stdout)
     assert point["accuracy"] == evaluation["vlm"]["accuracy"] and point["epochs"] == 1
     assert point["seconds"] == point["train_seconds"] > 0 and result["missing"] == []
+    cf = "metrics/counterfactuals/summary.json"
+    summary = json.loads(project.run("git", "show", f"{point['experiment']}:{cf}").stdout)
+    assert point["counterfactuals_changed_when_they_must"] == {
+        edit: values["changed_when_it_must"] for edit, values in summary["counterfactuals"].items()}
     # a wider curve, collected only: the finished point is reused, the others are reported missing
     project.run(sys.executable, script, "--multiples", "1", "2", "--large-size", "48", "--large-multiples", "1",
                 "--collect-only")

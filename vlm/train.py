@@ -50,7 +50,7 @@ class TrainConfig:
     blind_epochs: int | None = 1  # epochs of the blind baseline (train_blind); None = epochs
     batch_size: int = 64  # questions per forward pass (per process under DDP)
     grad_accum: int = 1  # forward passes per optimizer step
-    lr: float = 1e-3
+    lr: float = 2e-3
     min_lr_ratio: float = 0.05  # the cosine ends at lr * min_lr_ratio
     warmup_steps: int = 100  # optimizer steps of linear warmup
     weight_decay: float = 0.05

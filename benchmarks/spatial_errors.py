@@ -26,9 +26,11 @@ from vlm.commands.templates import TEMPLATES
 from vlm.data.dataset import TrafficVQADataset
 from vlm.evaluate import predictions_table
 from vlm.io import read_json
+from vlm.models.perception.targets import CENTRE_REGIONS
 from vlm.scenes.generate import load_raw
 
-SIDE_REGIONS = {side: 1 + k for k, side in enumerate(rules.SIDES)}  # the thirds' places in CENTRE_REGIONS
+# each side's place among the counts head's regions (region_counts' last axis)
+SIDE_REGIONS = {side: CENTRE_REGIONS.index((lo, hi, 0.0)) for side, (lo, hi) in rules.SIDES.items()}
 
 
 def spatial_questions(loaded, data: Path, split: str) -> tuple[list[dict], TrafficVQADataset]:
@@ -46,8 +48,8 @@ def question_rows(records: list[dict], table: pd.DataFrame, counts, scenes: dict
     for record, correct in zip(records, table["correct"], strict=True):
         params = TEMPLATES["spatial/on_side"].parse(record["command"])
         category, side = params["category"], params["side"]
-        present = any(o.category == category for o in scenes[record["image_id"]].objects)
-        kind = "yes" if record["answer"] == "yes" else "no, elsewhere" if present else "no, absent"
+        present = rules.count(scenes[record["image_id"]], category) > 0
+        kind = "yes" if record["answer"] == rules.YES else "no, elsewhere" if present else "no, absent"
         says_yes = bool(counts[record["image_id"]][category][SIDE_REGIONS[side]] >= 0.5)
         rows.append({"category": category, "labels": kind, "perception_right": says_yes == (kind == "yes"),
                      "decoder_right": bool(correct)})

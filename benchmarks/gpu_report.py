@@ -2,9 +2,14 @@
 time, training questions/s, FLOPs per question, the matmul peak of this device (bf16 on CUDA, fp32 on a CPU)
 and the training's MFU against it, the test accuracy overall and per type.
 
-    PYTHONPATH=. python benchmarks/gpu_report.py --name default --wall-s 212.4 --out metrics/gpu/default.json
+    PYTHONPATH=. python benchmarks/gpu_report.py --name default --wall-s 212.4 --log repro.log \
+        --out metrics/gpu/default.json
 
-Run in the project after ``dvc repro`` (``benchmarks/gpu_session.sh`` does both on a GPU machine). The MFU is
+Run in the project after ``dvc repro evaluate`` (the stages whose files it reads), and again with
+``--pipeline-wall-s`` once the whole ``dvc repro`` has run: that adds the pipeline's wall time and its stages'
+times to the report without measuring anything again (``benchmarks/gpu_session.sh`` does all of it on a GPU
+machine). ``--log`` is the run's ``dvc repro`` output, each line stamped ``[HH:MM:SS]``; a stage's seconds are
+from its "Running stage" line to the next stage's or the log's last line. The MFU is
 the training's whole-run rate (``metrics/train_timing.json``: every step, the data, the per-epoch validation
 and the checkpoints) times the FLOPs of one forward and backward pass per question (counted on a batch of the
 run's own data, as ``bench_train_step.py`` counts them), over the peak of one large square matmul.
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -41,6 +47,27 @@ def peak(device: torch.device) -> dict[str, float]:
     return {**matmul_peak(device), "dtype": "float32"}
 
 
+def stage_seconds(log: str) -> dict[str, float]:
+    """Each stage's seconds in a stamped ``dvc repro`` log (a stamp earlier than the one before it is a day later)."""
+    stamps, stage, start, seconds, day = [], None, 0, {}, 0
+    for line in log.splitlines():
+        match = re.match(r"\[(\d\d):(\d\d):(\d\d)\] ?(.*)", line)
+        if not match:
+            continue
+        now = int(match[1]) * 3600 + int(match[2]) * 60 + int(match[3]) + day
+        if stamps and now < stamps[-1]:
+            day, now = day + 86400, now + 86400
+        stamps.append(now)
+        running = re.match(r"Running stage '([\w@.-]+)'", match[4])
+        if running:
+            if stage:
+                seconds[stage] = now - start
+            stage, start = running[1], now
+    if stage:
+        seconds[stage] = stamps[-1] - start
+    return {name: float(value) for name, value in seconds.items()}
+
+
 def report(name: str, wall_s: float, params_path: str, data: Path, metrics: Path) -> dict[str, object]:
     timing = json.loads((metrics / "train_timing.json").read_text())
     evaluation = json.loads((metrics / "eval.json").read_text())
@@ -55,7 +82,8 @@ def report(name: str, wall_s: float, params_path: str, data: Path, metrics: Path
         "name": name,
         "machine": {**machine(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "",
                     "driver": driver(), "cuda": torch.version.cuda or "", "cpu_cores": len(os.sched_getaffinity(0))},
-        "pipeline_wall_s": round(wall_s, 1),
+        "wall_s_through_evaluate": round(wall_s, 1),
+        "pipeline_wall_s": None,  # set by --pipeline-wall-s once every stage has run
         "images": params["scenes"]["num_images"],
         "train": {"seconds": timing["seconds"], "questions_per_s": timing["questions_per_s"],
                   "steps": timing["planned_steps"], "epochs": params["train"]["epochs"],
@@ -72,13 +100,23 @@ def report(name: str, wall_s: float, params_path: str, data: Path, metrics: Path
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True, help="the run's name in the report (default, recipe, ...)")
-    parser.add_argument("--wall-s", type=float, required=True, help="the pipeline's wall time (dvc repro)")
+    parser.add_argument("--wall-s", type=float, help="the wall time of dvc repro evaluate")
+    parser.add_argument("--pipeline-wall-s", type=float,
+                        help="the whole dvc repro's wall time: added to the report at --out, nothing measured")
+    parser.add_argument("--log", type=Path, help="the stamped dvc repro output: each stage's seconds")
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--data", type=Path, default=Path("data/processed"))
     parser.add_argument("--metrics", type=Path, default=Path("metrics"))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    result = report(args.name, args.wall_s, args.params, args.data, args.metrics)
+    if args.pipeline_wall_s is not None:
+        result = json.loads(args.out.read_text()) | {"pipeline_wall_s": round(args.pipeline_wall_s, 1)}
+    elif args.wall_s is not None:
+        result = report(args.name, args.wall_s, args.params, args.data, args.metrics)
+    else:
+        parser.error("--wall-s or --pipeline-wall-s is required")
+    if args.log:
+        result["stage_seconds"] = stage_seconds(args.log.read_text(errors="replace"))
     write_json(args.out, result)
     print(json.dumps(result, indent=1))
     return result

@@ -4,22 +4,25 @@
 #   benchmarks/gpu_session.sh OUT [key=value ...]
 #
 # 1. the tests (pytest, as `make test` runs them; the CUDA-marked ones run here) -> OUT/tests.log
-# 2. the default pipeline, `dvc repro`, timed -> metrics/gpu/default.json (benchmarks/gpu_report.py: wall time,
-#    training questions/s, MFU against this GPU's bf16 matmul peak, test accuracy), OUT/default.tgz (metrics/,
-#    dvc.lock and the repro log)
+# 2. the default pipeline, timed -> metrics/gpu/default.json (benchmarks/gpu_report.py), OUT/default.tgz (metrics/,
+#    dvc.lock and the stamped repro log). First `dvc repro evaluate`, then the report: training questions/s, MFU
+#    against this GPU's bf16 matmul peak, test accuracy, each stage's seconds. Then the rest of `dvc repro`, and the
+#    whole pipeline's wall time is added to the report. So a time limit that ends the last stages keeps the rest.
 # 3. the GPU recipe (recipes/gpu.yaml, then the key=value arguments over it, e.g. a smaller num_images to fit
-#    a time budget) written into params.yaml and `dvc repro` again -> metrics/gpu/recipe.json, OUT/recipe.tgz
+#    a time budget) written into params.yaml and the same again -> metrics/gpu/recipe.json, OUT/recipe.tgz
 #
-# Each part has a time limit in seconds, so that a lease's end still leaves the parts before it: TESTS_S (0: no
-# tests; TESTS_ARGS selects them, e.g. "-k cuda"), DEFAULT_S, RECIPE_S (by default what is left of DEADLINE
-# seconds after the script's start, less the report's time). It edits params.yaml and rewrites metrics/ and
+# PARTS picks and orders 2 and 3 ("recipe default", "recipe"; default "default recipe"); each starts from the
+# params.yaml the script found. Each part has a time limit in seconds, so that a lease's end still leaves the parts
+# before it: TESTS_S (0: no tests; TESTS_ARGS selects them, e.g. "-k cuda"), DEFAULT_S, RECIPE_S (by default what
+# is left of DEADLINE seconds after the script's start, less the report's time). Progress bars print every
+# TQDM_MININTERVAL seconds, each update a stamped line of the log. It edits params.yaml and rewrites metrics/ and
 # dvc.lock: run it in a copy of the project.
 # Where the project is no git repository (a copied working tree), DVC runs without one (core.no_scm).
 set -u
 out=${1:?usage: benchmarks/gpu_session.sh OUT [key=value ...]}
 shift
 mkdir -p "$out" metrics/gpu
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TQDM_MININTERVAL=${TQDM_MININTERVAL:-5}
 stamp() { while IFS= read -r line; do printf '[%s] %s\n' "$(date +%T)" "$line"; done; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -34,27 +37,37 @@ if [ "${TESTS_S:-150}" != 0 ]; then  # TESTS_S=0: no tests
   echo "pytest exit $?"; grep -E "FAILED|ERROR" "$out/tests.log" | head -n 30; tail -n 3 "$out/tests.log"
 fi
 
-repro() {  # $1: the run's name; the pipeline timed, then its report
-  local started wall
-  started=$(date +%s.%N)
-  timeout "$2" dvc repro 2>&1 | stamp > "$out/$1_repro.log"
-  local status=${PIPESTATUS[0]}
-  wall=$(python -c "print(round($(date +%s.%N) - $started, 1))")
-  grep -E "Running stage|ERROR|rror:" "$out/$1_repro.log" | head -n 40
-  echo "dvc repro exit $status after $wall s"
-  if [ "$status" = 0 ]; then
-    python benchmarks/gpu_report.py --name "$1" --wall-s "$wall" --out "metrics/gpu/$1.json" | tail -n 40
-  fi
-  cp dvc.lock "$out/$1_dvc.lock"
-  tar czf "$out/$1.tgz" metrics dvclive "$out/$1_repro.log" "$out/$1_dvc.lock" 2>/dev/null
-  rm -f "$out/$1_dvc.lock" "$out/$1_repro.log"
+progress() {  # a progress bar's updates (carriage returns) as lines of their own, so each one is stamped
+  stdbuf -oL tr '\r' '\n' | grep --line-buffered -v '^[[:space:]]*$'
 }
 
-echo "== default pipeline"
-repro default "${DEFAULT_S:-360}"  # on an H200 the stages up to counterfactuals took 210 s
+repro() {  # $1: the run's name, $2: its time limit in seconds; the pipeline timed in two parts, reported after each
+  local log="$out/$1_repro.log" started wall status
+  started=$(date +%s.%N)
+  # first the stages the report reads (the training rate and the test accuracy), then the rest
+  timeout "$2" dvc repro evaluate 2>&1 | progress | stamp > "$log"
+  status=${PIPESTATUS[0]}
+  wall=$(python -c "print(round($(date +%s.%N) - $started, 1))")
+  echo "dvc repro evaluate exit $status after $wall s"
+  if [ "$status" = 0 ]; then
+    python benchmarks/gpu_report.py --name "$1" --wall-s "$wall" --log "$log" --out "metrics/gpu/$1.json" | tail -n 40
+    timeout "$(python -c "print(max(1, int($2 - ($(date +%s.%N) - $started))))")" dvc repro 2>&1 | progress | stamp >> "$log"
+    status=${PIPESTATUS[0]}
+    wall=$(python -c "print(round($(date +%s.%N) - $started, 1))")
+    echo "dvc repro exit $status after $wall s"
+    if [ "$status" = 0 ]; then
+      python benchmarks/gpu_report.py --name "$1" --pipeline-wall-s "$wall" --log "$log" --out "metrics/gpu/$1.json" \
+        | grep -A 20 stage_seconds
+    fi
+  fi
+  grep -E "Running stage|ERROR|rror:" "$log" | head -n 40
+  cp dvc.lock "$out/$1_dvc.lock"
+  tar czf "$out/$1.tgz" metrics dvclive "$log" "$out/$1_dvc.lock" 2>/dev/null
+  rm -f "$out/$1_dvc.lock" "$log"
+}
 
-echo "== GPU recipe"
-python - "$@" <<'EOF' || exit 1
+apply_recipe() {  # recipes/gpu.yaml, then the key=value arguments over it, into params.yaml
+  python - "$@" <<'EOF'
 import sys
 import yaml
 from vlm.recipe import overrides
@@ -73,4 +86,21 @@ for key, value in values.items():
     print(f"  {key} = {value}")
 open("params.yaml", "w").write(yaml.safe_dump(params, sort_keys=False))
 EOF
-repro recipe "${RECIPE_S:-$(( ${DEADLINE:-100000} - SECONDS - 45 ))}"
+}
+
+defaults=$(mktemp)
+cp params.yaml "$defaults"
+for part in ${PARTS:-default recipe}; do
+  cp "$defaults" params.yaml
+  case "$part" in
+    default)
+      echo "== default pipeline"
+      repro default "${DEFAULT_S:-420}" ;;  # on an H200 the stages up to evaluate took 285 s
+    recipe)
+      echo "== GPU recipe"
+      apply_recipe "$@" || exit 1
+      repro recipe "${RECIPE_S:-$(( ${DEADLINE:-100000} - SECONDS - 45 ))}" ;;
+    *)
+      echo "PARTS: $part is neither default nor recipe"; exit 1 ;;
+  esac
+done

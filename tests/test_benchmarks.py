@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -171,12 +173,29 @@ def test_gpu_session_runs_the_default_then_the_recipe(tmp_path, tiny_params):
     result = project.run("bash", "benchmarks/gpu_session.sh", str(tmp_path / "out"), *overrides, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     default, recipe = project.json("metrics/gpu/default.json"), project.json("metrics/gpu/recipe.json")
-    assert default["pipeline_wall_s"] > 0 and 0 < default["mfu"] < 1 and default["train"]["questions_per_s"] > 0
+    assert default["pipeline_wall_s"] >= default["wall_s_through_evaluate"] > 0
+    assert 0 < default["mfu"] < 1 and default["train"]["questions_per_s"] > 0
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert set(default["stage_seconds"]) == set(stages)  # the recipe's: the stages it ran (its images were there)
+    assert {"train", "evaluate", "counterfactuals"} <= set(recipe["stage_seconds"]) < set(stages)
+    assert all(seconds >= 0 for seconds in default["stage_seconds"].values())
     assert recipe["train"]["batch_size"] == 16 and recipe["images"] == tiny_params["scenes"]["num_images"]
     assert 0 <= recipe["test"]["accuracy"] <= 1 and recipe["matmul_peak_dtype"] == "float32"
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"default.tgz", "recipe.tgz"}
+    with tarfile.open(tmp_path / "out" / "default.tgz") as archive:
+        log = next(archive.extractfile(m) for m in archive if m.name.endswith("default_repro.log")).read().decode()
+    assert re.search(r"^\[\d\d:\d\d:\d\d\] vlm epoch 1/1: +100%", log, re.M), log  # a progress update is a line
     params = yaml.safe_load((project.path / "params.yaml").read_text())
     assert params["runtime"]["train"]["in_memory_budget_mb"] == 65536  # the recipe's, not overridden
+
+
+def test_gpu_report_times_each_stage_from_the_stamped_log():
+    from benchmarks.gpu_report import stage_seconds
+
+    log = ("[23:59:50] Running stage 'train':\n[23:59:58] vlm epoch 1/6:  50%|#####\n"
+           "[00:00:05] Running stage 'evaluate':\nno stamp: ignored\n[00:00:09] test: VLM 90.6%\n")
+    assert stage_seconds(log) == {"train": 15.0, "evaluate": 4.0}
+    assert stage_seconds("[10:00:00] Stage 'train' didn't change, skipping\n") == {}
 
 
 @pytest.mark.xdist_group("tiny_project")

@@ -32,7 +32,7 @@ def _merge(base: dict, changes: dict) -> dict:
 
 def test_flags_are_params_keys_and_a_typo_stops(tmp_path):
     made = flags(RECIPE, ROOT / "params.yaml")
-    assert "--set-param=model.pack_questions=true" in made and "--set-param=runtime.train.compile=true" in made
+    assert "--set-param=model.pack_questions=true" in made and "--set-param=train.batch_size=512" in made
     assert all(" " not in flag for flag in made)
     value = tmp_path / "value.yaml"  # a mapping that params.yaml holds as one value is one flag
     value.write_text("commands:\n  train_type_weights: {counting: 2}\n  holdout: {weather: rainy}\n")

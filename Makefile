@@ -46,6 +46,7 @@ bench: $(STAMP)
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_model.py --out metrics/bench_model.json
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_loader.py --images data/raw/images --out metrics/bench_pack.json
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_train_step.py --data data/processed --out metrics/bench_train_step.json
+	PYTHONPATH=. $(BIN)/python benchmarks/recipe_compute.py --out metrics/recipe_compute.json
 
 # Peak RSS per stage (and per DDP rank) at two dataset sizes, each in a throw-away project: what grows with the data.
 # Training from HDF5, what runtime.train.in_memory: auto picks when a split does not fit its budget (the in-RAM variants,

@@ -154,6 +154,37 @@ def test_bench_memory(tmp_path):
     assert run["stages"]["generate_commands"]["peak_rss_mib"] < 300
 
 
+def test_recipe_compute(tmp_path, tiny_params):
+    """The recipe's planned training against the default's, on tiny params and a recipe of tiny sizes."""
+    params, recipe = tmp_path / "params.yaml", tmp_path / "recipe.yaml"
+    from tests.pipeline import _merge
+
+    tiny_params["runtime"]["train"]["num_workers"] = 0
+    params.write_text(yaml.safe_dump(_merge(yaml.safe_load((ROOT / "params.yaml").read_text()), tiny_params)))
+    sizes = {"hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2}
+    recipe.write_text(yaml.safe_dump({
+        "scenes": {"num_images": 120}, "pack": {"image_size": 64}, "model": {"siglip": sizes, "gemma": sizes},
+        "train": {"epochs": 3, "batch_size": 32}, "runtime": {"train": {"num_workers": 4}}}))
+    report = run_benchmark("recipe_compute.py", tmp_path / "compute.json", "--params", str(params), "--recipe",
+                           str(recipe), "--images", "40", "--count-batch", "8", "--gpu-steps-per-s", "2")
+    default, gpu = report["default"], report["recipe"]
+    assert (gpu["images"], gpu["epochs"], gpu["batch_size"], default["images"]) == (
+        120, 3, 32, tiny_params["scenes"]["num_images"])
+    for run in (default, gpu):
+        assert run["train_questions"] == run["epochs"] * round(run["images"] * run["train_share"]
+                                                                * run["train_questions_per_image"])
+        assert run["train_pflops"] == pytest.approx(run["train_questions"] * run["train_gflops_per_question"] / 1e6,
+                                                    rel=1e-3)
+    assert gpu["train_gflops_per_question"] > default["train_gflops_per_question"] > 0  # more pixels, wider layers
+    assert report["compute_multiple"] == pytest.approx(gpu["train_pflops"] / default["train_pflops"], abs=0.06)
+    assert report["curve"] == [{"multiple": p["multiple"], "accuracy": p["accuracy"]}
+                               for p in json.loads((ROOT / "metrics" / "scaling.json").read_text())["points"]]
+    rate = report["gpu_step_rate"]
+    assert rate["questions_per_s"] == 64 and rate["training_minutes"] == pytest.approx(gpu["steps"] / 120, abs=0.06)
+    assert rate["loader_questions_per_s_all_workers"] == pytest.approx(4 * gpu["loader_questions_per_s_one_process"],
+                                                                       rel=1e-3)
+
+
 @pytest.mark.pipeline
 def test_gpu_session_runs_the_default_then_the_recipe(tmp_path, tiny_params):
     """benchmarks/gpu_session.sh on a tiny project (on the CPU, without its tests): both pipelines' reports,

@@ -65,6 +65,15 @@ def test_gpu_bullet_is_the_committed_gpu_run():
             f"accuracy {accuracy:.3f}") in text
 
 
+def test_recipe_expectation_is_the_committed_count():
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    compute = _json("metrics/recipe_compute.json")
+    assert f"It is {compute['compute_multiple']:.0f} times the default run's training FLOPs" in text
+    recipe = (ROOT / "recipes" / "gpu.yaml").read_text(encoding="utf-8")
+    assert f"{compute['compute_multiple']:.0f} times the default run's training" in recipe
+    assert f"about {round(compute['recipe']['steps'], -1):,} steps" in recipe
+
+
 def test_determinism_claim_is_the_committed_check():
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     assert "the same model bytes, also beside busy processes" in text

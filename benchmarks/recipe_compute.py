@@ -1,0 +1,114 @@
+"""What the GPU recipe asks of a GPU, counted on this CPU: its training compute as a multiple of the default run's,
+and its loader's rate against the step rate measured on a GPU.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/recipe_compute.py --out metrics/recipe_compute.json
+
+Two throw-away projects of ``--images`` rendered scenes, one with params.yaml's values and one with recipes/gpu.yaml's
+over them, run the data stages (their ``cmd`` in dvc.yaml, as ``benchmarks/bench_memory.py`` does). For each, as the
+train stage builds its run:
+
+- the model's FLOPs per question, forward and backward (``benchmarks/bench_train_step.py``'s count, on one batch of
+  ``--count-batch`` questions: a packed batch's FLOPs per question do not depend on how many it holds);
+- the train loader alone, reading HDF5 in one process, in questions/s (``bench_memory.py``'s probe);
+- the questions per train image and the share of images in the train split.
+
+The planned training is then the train questions at the params' ``scenes.num_images`` times ``train.epochs``, and its
+FLOPs those questions times the FLOPs per question. The report gives the recipe's as a multiple of the default's,
+beside what multiples of the default's training gave on the default shape (``metrics/scaling.json``, the
+accuracy-vs-compute curve). The loader's rate is per process: the recipe's ``runtime.train.num_workers`` processes
+deliver up to that many times it, against the questions/s of ``--gpu-steps-per-s`` steps (the rate measured on an
+H200 at the recipe's shape, docs/experiments.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from benchmarks.bench_memory import ROOT, run_stage, training_input
+from vlm.io import read_json, write_json
+from vlm.recipe import overrides
+
+DATA_STAGES = ("generate_scenes", "generate_commands", "build_vocab", "pack_hdf5")
+
+
+def with_values(params: dict, values: dict) -> dict:
+    """``params`` with each dotted key of ``values`` set."""
+    for key, value in values.items():
+        *path, last = key.split(".")
+        section = params
+        for name in path:
+            section = section[name]
+        section[last] = value
+    return params
+
+
+def measure(name: str, params: dict, images: int, count_batch: int, workdir: Path) -> dict:
+    """The data stages on ``images`` scenes of ``params``, then the training input's probe and the planned training."""
+    folder = workdir / name
+    (folder / "data" / "bdd100k").mkdir(parents=True)
+    small = with_values(json.loads(json.dumps(params)), {"scenes.num_images": images, "train.batch_size": count_batch})
+    (folder / "params.yaml").write_text(yaml.safe_dump(small, sort_keys=False))
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for stage in DATA_STAGES:
+        run_stage(stages[stage]["cmd"], folder)
+    probe = training_input(folder)
+    train = read_json(folder / "metrics" / "commands.json", what="commands metrics")["train"]
+    per_image, train_share = train["questions"] / train["images"], train["images"] / images
+    questions = round(params["scenes"]["num_images"] * train_share * per_image) * params["train"]["epochs"]
+    return {"images": params["scenes"]["num_images"], "epochs": params["train"]["epochs"],
+            "batch_size": params["train"]["batch_size"],
+            "train_questions_per_image": round(per_image, 3), "train_share": round(train_share, 3),
+            "train_questions": questions, "steps": round(questions / params["train"]["batch_size"]),
+            "train_gflops_per_question": probe["train_gflops_per_question"],
+            "train_pflops": float(f"{questions * probe['train_gflops_per_question'] / 1e6:.4g}"),
+            "loader_questions_per_s_one_process": probe["loader_questions_per_s"],
+            "num_workers": params["runtime"]["train"].get("num_workers", 0)}
+
+
+def report(params_path: Path, recipe_path: Path, images: int, count_batch: int, gpu_steps_per_s: float,
+           scaling: Path) -> dict:
+    params = yaml.safe_load(params_path.read_text())
+    recipe = with_values(yaml.safe_load(params_path.read_text()),
+                         overrides(yaml.safe_load(recipe_path.read_text()), params, str(recipe_path)))
+    with tempfile.TemporaryDirectory() as workdir:
+        default = measure("default", params, images, count_batch, Path(workdir))
+        gpu = measure("recipe", recipe, images, count_batch, Path(workdir))
+    loader_bound = gpu["loader_questions_per_s_one_process"] * max(1, gpu["num_workers"])
+    curve = read_json(scaling, what="the accuracy-vs-compute curve")["points"] if scaling.exists() else []
+    return {
+        "images_measured": images, "default": default, "recipe": gpu,
+        "compute_multiple": round(gpu["train_pflops"] / default["train_pflops"], 1),
+        "curve": [{"multiple": p["multiple"], "accuracy": p["accuracy"]} for p in curve],
+        "gpu_step_rate": {"steps_per_s": gpu_steps_per_s,
+                          "questions_per_s": round(gpu_steps_per_s * gpu["batch_size"], 1),
+                          "loader_questions_per_s_all_workers": round(loader_bound, 1),
+                          "training_minutes": round(gpu["steps"] / gpu_steps_per_s / 60, 1)},
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", type=Path, default=ROOT / "params.yaml")
+    parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "gpu.yaml")
+    parser.add_argument("--images", type=int, default=100, help="rendered scenes of each throw-away project")
+    parser.add_argument("--count-batch", type=int, default=64, help="questions of the batch whose FLOPs are counted")
+    parser.add_argument("--gpu-steps-per-s", type=float, default=3.4,
+                        help="the recipe's step rate measured on a GPU (docs/experiments.md: at least 3.4 on an H200)")
+    parser.add_argument("--scaling", type=Path, default=ROOT / "metrics" / "scaling.json")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    result = report(args.params, args.recipe, args.images, args.count_batch, args.gpu_steps_per_s, args.scaling)
+    write_json(args.out, result)
+    json.dump(result, sys.stdout, indent=1)
+    print()
+    return result
+
+
+if __name__ == "__main__":
+    main()

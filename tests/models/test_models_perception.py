@@ -299,21 +299,6 @@ def test_counts_are_region_sums_of_a_density_the_losses_and_the_answer_reach(con
     assert model.extension.head_tokens["counts"].embedding.grad.abs().sum() > 0
 
 
-def test_region_tokens_give_a_token_per_channel_and_region(config, make_batch):
-    """``region_tokens``: the counts head's tokens are the same codes, a row per channel and region."""
-    per_channel = build(config, stem_channels=STEM, heads={"counts": 1.0}, to_decoder=True).eval()
-    per_region = build(config, stem_channels=STEM, heads={"counts": 1.0}, to_decoder=True, region_tokens=True).eval()
-    head, regional = per_channel.extension.heads["counts"], per_region.extension.heads["counts"]
-    num_channels = len(GROUPS["centre"]) + len(GROUPS["feet"])
-    assert regional.token_shape == (num_channels * 3, NUM_THRESHOLDS)
-    assert per_region.num_image_tokens == per_channel.num_image_tokens + num_channels * 2
-    logits = torch.randn(2, head.grid[0] * head.grid[1], num_channels)
-    torch.testing.assert_close(regional.tokens(logits), head.tokens(logits).reshape(2, num_channels * 3, -1))
-    batch = make_batch(per_region.config)
-    tokens, _ = per_region.encode_images(batch.images)
-    assert tokens.shape == (batch.images.shape[0], per_region.num_image_tokens, per_region.config.gemma.hidden_size)
-
-
 def test_a_mirror_averaged_head_reads_the_fine_map():
     """Mirror averaging runs the mirror image through the stem and its fine map: a head that reads only the patch
     features cannot declare it."""

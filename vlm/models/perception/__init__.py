@@ -28,9 +28,6 @@ class PerceptionConfig:
     # in evaluation, the heads that allow it (the counts head) predict the mean of the image's maps and its mirror
     # image's, mirrored back: one more pass of the stem and the stride-4 map per image, none in training
     mirror_average: bool = False
-    # the counts head's region sums as a token per channel and region ("pedestrians on the left") instead of a token
-    # per channel holding all its regions
-    region_tokens: bool = False
 
     @property
     def enabled(self) -> bool:

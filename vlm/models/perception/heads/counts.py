@@ -34,10 +34,7 @@ class CountHead(AuxiliaryHead):
         regions = [CENTRE_REGIONS if name in CHANNELS[self.centres] else FOOT_REGIONS for name in names]
         self.register_buffer("masks", region_masks(regions, self.grid).float(), persistent=False)  # [C, R, h, w]
         self.register_buffer("thresholds", torch.arange(NUM_THRESHOLDS) + 0.5, persistent=False)  # [K]
-        self.region_tokens = config.region_tokens
-        num_regions = len(CENTRE_REGIONS)
-        self.token_shape = (len(names) * num_regions, NUM_THRESHOLDS) if self.region_tokens else \
-            (len(names), num_regions * NUM_THRESHOLDS)  # a token per channel and region, or per channel
+        self.token_shape = (len(names), len(CENTRE_REGIONS) * NUM_THRESHOLDS)  # a token per channel
 
     def forward(self, patch_features: torch.Tensor, fine_features: torch.Tensor) -> torch.Tensor:
         """The stride-4 map -> log expected counts ``[N, h*w, C]`` (row-major cells, h x w = H/4 x W/4)."""
@@ -97,8 +94,6 @@ class CountHead(AuxiliaryHead):
         return None, None
 
     def tokens(self, logits: torch.Tensor) -> torch.Tensor:
-        """The region sums thermometer-coded, a row per channel ``[N, C, R * K]`` or with ``region_tokens`` a row per
-        channel and region ``[N, C * R, K]``."""
+        """The region sums thermometer-coded, a row per channel: ``[N, C, R * K]``."""
         sums = self.region_sums(self.density(logits))  # [N, C, R]
-        codes = torch.sigmoid(4.0 * (sums[..., None] - self.thresholds))  # [N, C, R, K]
-        return codes.flatten(1, 2) if self.region_tokens else codes.flatten(2)
+        return torch.sigmoid(4.0 * (sums[..., None] - self.thresholds)).flatten(2)

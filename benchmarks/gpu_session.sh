@@ -70,19 +70,13 @@ apply_recipe() {  # recipes/gpu.yaml, then the key=value arguments over it, into
   python - "$@" <<'EOF'
 import sys
 import yaml
-from vlm.recipe import overrides
+from vlm.recipe import apply, overrides
 
 params = yaml.safe_load(open("params.yaml"))
 values = overrides(yaml.safe_load(open("recipes/gpu.yaml")), params, "recipes/gpu.yaml")
 values |= {key: yaml.safe_load(text) for key, _, text in (item.partition("=") for item in sys.argv[1:])}
+apply(params, values, "benchmarks/gpu_session.sh")
 for key, value in values.items():
-    *path, last = key.split(".")
-    section = params
-    for name in path:
-        section = section.get(name, {})
-    if last not in section:
-        sys.exit(f"{key}: not a key of params.yaml")
-    section[last] = value
     print(f"  {key} = {value}")
 open("params.yaml", "w").write(yaml.safe_dump(params, sort_keys=False))
 EOF

@@ -32,27 +32,17 @@ import yaml
 
 from benchmarks.bench_memory import ROOT, run_stage, training_input
 from vlm.io import read_json, write_json
-from vlm.recipe import overrides
+from vlm.recipe import apply, overrides
 
 DATA_STAGES = ("generate_scenes", "generate_commands", "build_vocab", "pack_hdf5")
-
-
-def with_values(params: dict, values: dict) -> dict:
-    """``params`` with each dotted key of ``values`` set."""
-    for key, value in values.items():
-        *path, last = key.split(".")
-        section = params
-        for name in path:
-            section = section[name]
-        section[last] = value
-    return params
 
 
 def measure(name: str, params: dict, images: int, count_batch: int, workdir: Path) -> dict:
     """The data stages on ``images`` scenes of ``params``, then the training input's probe and the planned training."""
     folder = workdir / name
     (folder / "data" / "bdd100k").mkdir(parents=True)
-    small = with_values(json.loads(json.dumps(params)), {"scenes.num_images": images, "train.batch_size": count_batch})
+    small = apply(json.loads(json.dumps(params)), {"scenes.num_images": images, "train.batch_size": count_batch},
+                  "recipe_compute")
     (folder / "params.yaml").write_text(yaml.safe_dump(small, sort_keys=False))
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     for stage in DATA_STAGES:
@@ -74,8 +64,8 @@ def measure(name: str, params: dict, images: int, count_batch: int, workdir: Pat
 def report(params_path: Path, recipe_path: Path, images: int, count_batch: int, gpu_steps_per_s: float,
            scaling: Path) -> dict:
     params = yaml.safe_load(params_path.read_text())
-    recipe = with_values(yaml.safe_load(params_path.read_text()),
-                         overrides(yaml.safe_load(recipe_path.read_text()), params, str(recipe_path)))
+    recipe = apply(yaml.safe_load(params_path.read_text()),
+                   overrides(yaml.safe_load(recipe_path.read_text()), params, str(recipe_path)), str(recipe_path))
     with tempfile.TemporaryDirectory() as workdir:
         default = measure("default", params, images, count_batch, Path(workdir))
         gpu = measure("recipe", recipe, images, count_batch, Path(workdir))

@@ -11,7 +11,7 @@ import yaml
 from tiny_project import FRAME_SIZE, TINY_MODEL, paths_for
 from vlm.data.h5file import PackedImageReader
 from vlm.params import ParamError, build_config
-from vlm.recipe import flags
+from vlm.recipe import apply, flags
 from vlm.train import TrainConfig, TrainRuntime, train
 
 pytestmark = pytest.mark.xdist_group("tiny_project")  # one worker builds the shared tiny project
@@ -42,6 +42,15 @@ def test_flags_are_params_keys_and_a_typo_stops(tmp_path):
     typo.write_text("train:\n  epoch: 3\n")
     with pytest.raises(ParamError, match=r"typo.yaml: train.epoch: not a key of params.yaml"):
         flags(typo, ROOT / "params.yaml")
+
+
+def test_apply_sets_dotted_keys_and_a_missing_one_stops():
+    params = {"train": {"epochs": 6, "lr": 0.002}, "runtime": {"train": {"num_workers": 0}}}
+    assert apply(params, {"train.epochs": 5, "runtime.train.num_workers": 12}, "here") == {
+        "train": {"epochs": 5, "lr": 0.002}, "runtime": {"train": {"num_workers": 12}}}
+    for key in ("train.epoch", "trian.epochs", "train.epochs.more"):
+        with pytest.raises(ParamError, match=rf"here: {key}: not a key of params.yaml"):
+            apply(params, {key: 1}, "here")
 
 
 def test_the_recipe_trains_at_tiny_sizes_on_the_cpu(tiny_project, tmp_path):

@@ -28,6 +28,19 @@ def overrides(recipe: Mapping[str, Any], params: Mapping[str, Any], source: str,
     return values
 
 
+def apply(params: dict[str, Any], values: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """``params`` (changed in place) with each dotted key of ``values`` set; a key params.yaml lacks stops."""
+    for key, value in values.items():
+        *path, last = key.split(".")
+        section = params
+        for name in path:
+            check(isinstance(section.get(name), Mapping), f"{source}: {key}", "not a key of params.yaml")
+            section = section[name]
+        check(last in section, f"{source}: {key}", "not a key of params.yaml")
+        section[last] = value
+    return params
+
+
 def flags(recipe_path: str | Path, params_path: str | Path = "params.yaml") -> list[str]:
     """``--set-param=key=value`` (``-S``) for each value of the recipe, the value in YAML's flow style (which
     ``-S`` parses) with no blank, so that the shell's word splitting of ``$(...)`` keeps each flag whole."""

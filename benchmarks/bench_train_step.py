@@ -134,6 +134,14 @@ class AllTextPositions(torch.nn.Module):
 # Changes to a training run that --compare measures against the run as vlm/train.py builds it (the
 # baseline): each was either adopted in vlm/train.py (its opposite stays here to measure what it gave)
 # or measured and not adopted (docs/experiments.md).
+def per_matrix_muon(muon: torch.optim.Optimizer) -> None:
+    """``muon`` (a FlatMuon) stepping through ``torch.optim.Muon.step``: the same bits, a loop over the matrices."""
+    def step(closure=None):  # pylint: disable=unused-argument
+        muon.point_views()
+        torch.optim.Muon.step(muon)
+    muon.step = step
+
+
 TWEAKS = {
     "foreach_adamw": lambda run: replace_optimizer(run, foreach=True),
     "default_adamw": replace_optimizer,  # PyTorch's default AdamW (per-parameter loop on CPU)
@@ -147,6 +155,8 @@ TWEAKS = {
     "pack_questions": lambda run: setattr(run.model.config, "pack_questions", True),
     # Muon on the layers' matrices only (undoes train.optimizer: muon_conv's Muon on the perception's filters)
     "muon": lambda run: rebuild_optimizer(run, "muon"),
+    # Muon's step as torch.optim.Muon takes it, a Newton-Schulz iteration per matrix (FlatMuon stacks each shape's)
+    "per_matrix_muon": lambda run: per_matrix_muon(run.optimizer.optimizers[0]),
     # both adopted changes undone: the training step as it was before them
     "before_answer_only_and_fused": lambda run: (TWEAKS["all_text_positions"](run), TWEAKS["default_adamw"](run)),
 }

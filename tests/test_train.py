@@ -217,6 +217,26 @@ def test_flat_muon_steps_conv_filters_as_their_matrix():
     assert (moved.weight.detach() - initial).abs().max() > 1e-3  # stepped, not left behind by the move
 
 
+def test_flat_muon_steps_stacked_matrices_as_torch_muon_steps_each():
+    """FlatMuon stacks the matrices of one shape (wide, tall, square, several of each) into one Newton-Schulz
+    iteration: the same bits as torch's Muon stepping each matrix on its own, over steps with momentum."""
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(16, 16), (64, 16), (16, 16), (16, 64), (64, 16), (8, 36), (16, 16)]
+    ours = [torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in shapes]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    options = {"lr": 0.01, "weight_decay": 0.1, "adjust_lr_fn": "match_rms_adamw"}
+    optimizers = [vlm.train.FlatMuon(ours, **options), torch.optim.Muon(theirs, **options)]
+    for _ in range(3):
+        for mine, reference in zip(ours, theirs, strict=True):
+            mine.grad = torch.randn(mine.shape, generator=generator)
+            reference.grad = mine.grad.clone()
+        for optimizer in optimizers:
+            optimizer.step()
+    assert all(torch.equal(mine, reference) for mine, reference in zip(ours, theirs, strict=True))
+    assert all(torch.equal(optimizers[0].state[a]["momentum_buffer"], optimizers[1].state[b]["momentum_buffer"])
+               for a, b in zip(optimizers[0].param_groups[0]["params"], theirs, strict=True))
+
+
 def _files(folder):
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 

@@ -184,6 +184,34 @@ def as_matrix(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().view(tensor.shape[0], -1)
 
 
+def newton_schulz(updates: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
+                  eps: float) -> torch.Tensor:
+    """Muon's quintic Newton-Schulz iteration on a stack of matrices ``[G, rows, columns]`` in bf16, each as
+    ``torch.optim.Muon`` treats one (scaled to a Frobenius norm of at most 1, iterated on its wide orientation)."""
+    a, b, c = coefficients
+    x = updates.bfloat16()
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        x = x.mT
+    x = x / x.flatten(1).norm(dim=1).clamp(min=eps)[:, None, None]
+    for _ in range(steps):
+        gram = x @ x.mT  # [G, r, r]
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
+
+
+def muon_lr(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    """The learning rate of a ``[rows, columns]`` matrix's orthogonal update, as ``torch.optim.Muon`` adjusts it."""
+    rows, columns = shape
+    if adjust_lr_fn == "match_rms_adamw":
+        ratio = 0.2 * math.sqrt(max(rows, columns))
+    elif adjust_lr_fn == "spectral_unclamped":
+        ratio = math.sqrt(rows / columns)
+    else:  # None or "original" (Muon accepts no other)
+        ratio = math.sqrt(max(1, rows / columns))
+    return lr * ratio
+
+
 class FlatMuon(torch.optim.Muon):
     """``torch.optim.Muon`` over parameters of any rank >= 2, each updated as its ``[rows, -1]`` matrix (a conv's
     filters as in Keller Jordan's CIFAR-10 speedrun): Muon steps matrix views of the parameters' storage, pointed
@@ -193,13 +221,33 @@ class FlatMuon(torch.optim.Muon):
         self.originals = params
         super().__init__([as_matrix(p) for p in params], **kwargs)
 
-    @torch.no_grad()
-    def step(self, closure=None):  # pylint: disable=unused-argument
+    def point_views(self) -> None:
+        """Each matrix view at its parameter's storage and gradient."""
         flats = [flat for group in self.param_groups for flat in group["params"]]
         for original, flat in zip(self.originals, flats, strict=True):
             flat.data = as_matrix(original)
             flat.grad = None if original.grad is None else as_matrix(original.grad)
-        super().step()
+
+    @torch.no_grad()
+    def step(self, closure=None):  # pylint: disable=unused-argument
+        """``torch.optim.Muon``'s step with the matrices of one shape stacked: the same arithmetic (the same bits on
+        the CPU, tested), a few kernels per shape instead of per matrix."""
+        self.point_views()
+        for group in self.param_groups:
+            shapes: dict[torch.Size, list[torch.Tensor]] = {}
+            for flat in group["params"]:
+                if flat.grad is not None:
+                    shapes.setdefault(flat.shape, []).append(flat)
+            for shape, same in shapes.items():
+                grads = [flat.grad for flat in same]
+                buffers = [self.state[flat].setdefault("momentum_buffer", torch.zeros_like(flat.grad)) for flat in same]
+                torch._foreach_lerp_(buffers, grads, 1 - group["momentum"])
+                updates = torch._foreach_lerp(grads, buffers, group["momentum"]) if group["nesterov"] else buffers
+                orthogonal = newton_schulz(torch.stack(updates), group["ns_coefficients"], group["ns_steps"],
+                                           group["eps"])  # [G, rows, columns]
+                torch._foreach_mul_(same, 1 - group["lr"] * group["weight_decay"])
+                lr = muon_lr(group["lr"], group["adjust_lr_fn"], shape)
+                torch._foreach_add_(same, orthogonal.unbind(0), alpha=-lr)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)

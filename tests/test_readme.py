@@ -74,6 +74,14 @@ def test_recipe_expectation_is_the_committed_count():
     assert f"about {round(compute['recipe']['steps'], -1):,} steps" in recipe
 
 
+def test_stacked_muon_numbers_are_the_committed_benchmark():
+    text = " ".join((ROOT / "docs" / "experiments.md").read_text(encoding="utf-8").split())
+    loop = _json("metrics/bench_train_muon.json")["results"]["per_matrix_muon"]
+    low, high = loop["speedup_range"]
+    assert f"1/{loop['speedup']:.3f} = {1 / loop['speedup']:.2f}x as long (rounds {low:.2f}-{high:.2f} in speed" in text
+    assert loop["loss_max_abs_diff"] == 0.0 and "the same losses for 20 steps" in text
+
+
 def test_determinism_claim_is_the_committed_check():
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     assert "the same model bytes, also beside busy processes" in text

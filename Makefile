@@ -4,7 +4,7 @@
 #   make scaling the accuracy-vs-compute curve (queued experiments, hours)
 #   make holdout the gap on a held-out combination of frame attributes (a queued experiment)
 #   make compare the experiments side by side: the test accuracies (VLM, blind) first, then whatever differs
-#   make gpu     the GPU recipe (recipes/gpu.yaml) as a dvc exp run: one modern GPU, about 15 minutes
+#   make gpu     the GPU recipe (recipes/gpu.yaml) as a dvc exp run: one modern GPU, at most about 15 minutes
 #   make memory  peak memory of every stage at 1,000 and 10,000 synthetic images (tens of minutes)
 PYTHON ?= python3
 VENV := .venv

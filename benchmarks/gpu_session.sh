@@ -37,8 +37,17 @@ if [ "${TESTS_S:-150}" != 0 ]; then  # TESTS_S=0: no tests
   echo "pytest exit $?"; grep -E "FAILED|ERROR" "$out/tests.log" | head -n 30; tail -n 3 "$out/tests.log"
 fi
 
-progress() {  # a progress bar's updates (carriage returns) as lines of their own, so each one is stamped
-  stdbuf -oL tr '\r' '\n' | grep --line-buffered -v '^[[:space:]]*$'
+progress() {  # a progress bar's updates (carriage returns) as lines of their own, each passed on as it comes
+  python -c '
+import sys
+rest = b""
+while chunk := sys.stdin.buffer.read1(65536):
+    *lines, rest = (rest + chunk.replace(b"\r", b"\n")).split(b"\n")
+    sys.stdout.buffer.writelines(line + b"\n" for line in lines if line.strip())
+    sys.stdout.flush()
+if rest.strip():
+    sys.stdout.buffer.write(rest + b"\n")
+'
 }
 
 repro() {  # $1: the run's name, $2: its time limit in seconds; the pipeline timed in two parts, reported after each

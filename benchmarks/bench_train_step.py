@@ -131,9 +131,6 @@ class AllTextPositions(torch.nn.Module):
         return output
 
 
-# Changes to a training run that --compare measures against the run as vlm/train.py builds it (the
-# baseline): each was either adopted in vlm/train.py (its opposite stays here to measure what it gave)
-# or measured and not adopted (docs/experiments.md).
 def per_matrix_muon(muon: torch.optim.Optimizer) -> None:
     """``muon`` (a FlatMuon) stepping through ``torch.optim.Muon.step``: the same bits, a loop over the matrices."""
     def step(closure=None):  # pylint: disable=unused-argument
@@ -142,6 +139,9 @@ def per_matrix_muon(muon: torch.optim.Optimizer) -> None:
     muon.step = step
 
 
+# Changes to a training run that --compare measures against the run as vlm/train.py builds it (the
+# baseline): each was either adopted in vlm/train.py (its opposite stays here to measure what it gave)
+# or measured and not adopted (docs/experiments.md).
 TWEAKS = {
     "foreach_adamw": lambda run: replace_optimizer(run, foreach=True),
     "default_adamw": replace_optimizer,  # PyTorch's default AdamW (per-parameter loop on CPU)

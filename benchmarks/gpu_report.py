@@ -9,7 +9,7 @@ Run in the project after ``dvc repro evaluate`` (the stages whose files it reads
 ``--pipeline-wall-s`` once the whole ``dvc repro`` has run: that adds the pipeline's wall time and its stages'
 times to the report without measuring anything again (``benchmarks/gpu_session.sh`` does all of it on a GPU
 machine). ``--log`` is the run's ``dvc repro`` output, each line stamped ``[HH:MM:SS]``; a stage's seconds are
-from its "Running stage" line to the next stage's or the log's last line. The MFU is
+from its "Running stage" line to its last line. The MFU is
 the training's whole-run rate (``metrics/train_timing.json``: every step, the data, the per-epoch validation
 and the checkpoints) times the FLOPs of one forward and backward pass per question (counted on a batch of the
 run's own data, as ``bench_train_step.py`` counts them), over the peak of one large square matmul.
@@ -48,23 +48,24 @@ def peak(device: torch.device) -> dict[str, float]:
 
 
 def stage_seconds(log: str) -> dict[str, float]:
-    """Each stage's seconds in a stamped ``dvc repro`` log (a stamp earlier than the one before it is a day later)."""
-    stamps, stage, start, seconds, day = [], None, 0, {}, 0
+    """Each stage's seconds in a stamped ``dvc repro`` log: from its "Running stage" line to its own last line, so
+    that what runs between two ``dvc repro`` calls counts for no stage (a stamp earlier than the one before it is a
+    day later)."""
+    stage, start, seconds, day, now = None, 0, {}, 0, None
     for line in log.splitlines():
         match = re.match(r"\[(\d\d):(\d\d):(\d\d)\] ?(.*)", line)
         if not match:
             continue
-        now = int(match[1]) * 3600 + int(match[2]) * 60 + int(match[3]) + day
-        if stamps and now < stamps[-1]:
+        previous, now = now, int(match[1]) * 3600 + int(match[2]) * 60 + int(match[3]) + day
+        if previous is not None and now < previous:
             day, now = day + 86400, now + 86400
-        stamps.append(now)
         running = re.match(r"Running stage '([\w@.-]+)'", match[4])
         if running:
             if stage:
-                seconds[stage] = now - start
+                seconds[stage] = previous - start
             stage, start = running[1], now
     if stage:
-        seconds[stage] = stamps[-1] - start
+        seconds[stage] = now - start
     return {name: float(value) for name, value in seconds.items()}
 
 

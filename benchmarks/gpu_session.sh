@@ -50,20 +50,23 @@ if rest.strip():
 '
 }
 
+since() { python -c "print(round($(date +%s.%N) - $1, 1))"; }  # seconds since the date +%s.%N given
+
 repro() {  # $1: the run's name, $2: its time limit in seconds; the pipeline timed in two parts, reported after each
-  local log="$out/$1_repro.log" started wall status
+  local log="$out/$1_repro.log" started part wall status
   started=$(date +%s.%N)
   # first the stages the report reads (the training rate and the test accuracy), then the rest
   timeout "$2" dvc repro evaluate 2>&1 | progress | stamp > "$log"
   status=${PIPESTATUS[0]}
-  wall=$(python -c "print(round($(date +%s.%N) - $started, 1))")
+  wall=$(since "$started")
   echo "dvc repro evaluate exit $status after $wall s"
   if [ "$status" = 0 ]; then
     python benchmarks/gpu_report.py --name "$1" --wall-s "$wall" --log "$log" --out "metrics/gpu/$1.json" | tail -n 40
-    timeout "$(python -c "print(max(1, int($2 - ($(date +%s.%N) - $started))))")" dvc repro 2>&1 | progress | stamp >> "$log"
+    part=$(date +%s.%N)  # the report's own time is no part of the pipeline's
+    timeout "$(python -c "print(max(1, int($2 - $(since "$started"))))")" dvc repro 2>&1 | progress | stamp >> "$log"
     status=${PIPESTATUS[0]}
-    wall=$(python -c "print(round($(date +%s.%N) - $started, 1))")
-    echo "dvc repro exit $status after $wall s"
+    wall=$(python -c "print(round($wall + $(since "$part"), 1))")
+    echo "dvc repro exit $status after $wall s of dvc repro"
     if [ "$status" = 0 ]; then
       python benchmarks/gpu_report.py --name "$1" --pipeline-wall-s "$wall" --log "$log" --out "metrics/gpu/$1.json" \
         | grep -A 20 stage_seconds

@@ -23,6 +23,7 @@ H200 at the recipe's shape, docs/experiments.md).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import tempfile
@@ -41,7 +42,7 @@ def measure(name: str, params: dict, images: int, count_batch: int, workdir: Pat
     """The data stages on ``images`` scenes of ``params``, then the training input's probe and the planned training."""
     folder = workdir / name
     (folder / "data" / "bdd100k").mkdir(parents=True)
-    small = apply(json.loads(json.dumps(params)), {"scenes.num_images": images, "train.batch_size": count_batch},
+    small = apply(copy.deepcopy(params), {"scenes.num_images": images, "train.batch_size": count_batch},
                   "recipe_compute")
     (folder / "params.yaml").write_text(yaml.safe_dump(small, sort_keys=False))
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
@@ -64,7 +65,7 @@ def measure(name: str, params: dict, images: int, count_batch: int, workdir: Pat
 def report(params_path: Path, recipe_path: Path, images: int, count_batch: int, gpu_steps_per_s: float,
            scaling: Path) -> dict:
     params = yaml.safe_load(params_path.read_text())
-    recipe = apply(yaml.safe_load(params_path.read_text()),
+    recipe = apply(copy.deepcopy(params),
                    overrides(yaml.safe_load(recipe_path.read_text()), params, str(recipe_path)), str(recipe_path))
     with tempfile.TemporaryDirectory() as workdir:
         default = measure("default", params, images, count_batch, Path(workdir))

@@ -225,7 +225,7 @@ def test_gpu_report_times_each_stage_from_the_stamped_log():
 
     log = ("[23:59:50] Running stage 'train':\n[23:59:58] vlm epoch 1/6:  50%|#####\n"
            "[00:00:05] Running stage 'evaluate':\nno stamp: ignored\n[00:00:09] test: VLM 90.6%\n")
-    assert stage_seconds(log) == {"train": 15.0, "evaluate": 4.0}
+    assert stage_seconds(log) == {"train": 8.0, "evaluate": 4.0}  # train's last line at 23:59:58
     assert stage_seconds("[10:00:00] Stage 'train' didn't change, skipping\n") == {}
 
 

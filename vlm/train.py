@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim._muon import _adjust_lr as adjust_muon_lr
 from tqdm import tqdm
 
 from dvclive import Live
@@ -200,18 +201,6 @@ def newton_schulz(updates: torch.Tensor, coefficients: tuple[float, float, float
     return x.mT if tall else x
 
 
-def muon_lr(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
-    """The learning rate of a ``[rows, columns]`` matrix's orthogonal update, as ``torch.optim.Muon`` adjusts it."""
-    rows, columns = shape
-    if adjust_lr_fn == "match_rms_adamw":
-        ratio = 0.2 * math.sqrt(max(rows, columns))
-    elif adjust_lr_fn == "spectral_unclamped":
-        ratio = math.sqrt(rows / columns)
-    else:  # None or "original" (Muon accepts no other)
-        ratio = math.sqrt(max(1, rows / columns))
-    return lr * ratio
-
-
 class FlatMuon(torch.optim.Muon):
     """``torch.optim.Muon`` over parameters of any rank >= 2, each updated as its ``[rows, -1]`` matrix (a conv's
     filters as in Keller Jordan's CIFAR-10 speedrun): Muon steps matrix views of the parameters' storage, pointed
@@ -240,13 +229,16 @@ class FlatMuon(torch.optim.Muon):
                     shapes.setdefault(flat.shape, []).append(flat)
             for shape, same in shapes.items():
                 grads = [flat.grad for flat in same]
-                buffers = [self.state[flat].setdefault("momentum_buffer", torch.zeros_like(flat.grad)) for flat in same]
+                for flat in same:
+                    if "momentum_buffer" not in self.state[flat]:
+                        self.state[flat]["momentum_buffer"] = torch.zeros_like(flat.grad)
+                buffers = [self.state[flat]["momentum_buffer"] for flat in same]
                 torch._foreach_lerp_(buffers, grads, 1 - group["momentum"])
                 updates = torch._foreach_lerp(grads, buffers, group["momentum"]) if group["nesterov"] else buffers
                 orthogonal = newton_schulz(torch.stack(updates), group["ns_coefficients"], group["ns_steps"],
                                            group["eps"])  # [G, rows, columns]
                 torch._foreach_mul_(same, 1 - group["lr"] * group["weight_decay"])
-                lr = muon_lr(group["lr"], group["adjust_lr_fn"], shape)
+                lr = adjust_muon_lr(group["lr"], group["adjust_lr_fn"], shape)  # torch.optim.Muon's, per shape
                 torch._foreach_add_(same, orthogonal.unbind(0), alpha=-lr)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

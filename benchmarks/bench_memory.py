@@ -45,6 +45,7 @@ import yaml
 from vlm.io import read_json, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
+LOADER_EPOCHS = 2  # timed epochs of the train loader alone, after an untimed one
 STAGES = ("generate_scenes", "generate_commands", "build_vocab", "pack_hdf5", "train_blind", "train", "evaluate")
 TRAIN_VARIANTS = {  # name: (train params, runtime.train settings)
     "train": ({}, {"in_memory": True}),
@@ -117,8 +118,9 @@ def measure(images: int, epochs: int, workdir: Path, variants: list[str], image_
 
 
 def training_input(folder: Path) -> dict:
-    """One epoch of the train stage's loader alone, reading HDF5 (``runtime.train.in_memory: false``) in one process,
-    and the model's FLOPs per question, on the project in ``folder``: run in a child process (``--training-input``),
+    """The train stage's loader alone over LOADER_EPOCHS epochs after a first one, reading HDF5
+    (``runtime.train.in_memory: false``) in one process, the model's FLOPs per question and its operators per
+    training step, on the project in ``folder``: run in a child process (``--training-input``),
     since Linux carries a parent's peak RSS into the children it forks, and torch would inflate every
     stage measured after it."""
     result = subprocess.run([sys.executable, __file__, "--training-input", str(folder)], env=stage_env(),
@@ -130,19 +132,31 @@ def training_input(folder: Path) -> dict:
 
 def measure_training_input(folder: Path) -> dict:
     """What :func:`training_input` returns, measured in this process."""
-    from benchmarks.bench_train_step import batches, build_run, count_flops  # noqa: PLC0415 (torch: child only)
+    from benchmarks.bench_train_step import (  # noqa: PLC0415 (torch: child only)
+        OPERATOR_STEPS,
+        batches,
+        build_run,
+        count_flops,
+        count_operators,
+    )
     from vlm.data.loader import set_epoch  # noqa: PLC0415
 
     (folder / "probe").mkdir()
-    run = build_run(str(folder / "params.yaml"), folder / "data" / "processed", folder / "probe", {"in_memory": False})
-    set_epoch(run.loader, 0)
-    questions, start = 0, time.perf_counter()
-    for batch in run.loader:
-        questions += len(batch)
-    seconds = time.perf_counter() - start
+    # one process, whatever the params' num_workers (a recipe's 12 workers would start up on this machine's cores)
+    run = build_run(str(folder / "params.yaml"), folder / "data" / "processed", folder / "probe",
+                    {"in_memory": False, "num_workers": 0})
+    questions, seconds = 0, 0.0
+    for epoch in range(LOADER_EPOCHS + 1):  # the first one untimed: files opened, caches filled
+        set_epoch(run.loader, epoch)
+        start = time.perf_counter()
+        count = sum(len(batch) for batch in run.loader)
+        if epoch:
+            questions, seconds = questions + count, seconds + time.perf_counter() - start
     flops = count_flops(run, batches(run))
+    operators = count_operators(run, batches(run), OPERATOR_STEPS)
     return {"loader_questions_per_s": round(questions / seconds, 1),
-            "train_gflops_per_question": round(flops["train_flops_per_question"] / 1e9, 4)}
+            "train_gflops_per_question": round(flops["train_flops_per_question"] / 1e9, 4),
+            "operators_per_step": operators["total"]}
 
 
 def extrapolate(run: dict, images: int, gpu_peak_tflops: float) -> dict:

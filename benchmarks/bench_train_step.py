@@ -15,12 +15,14 @@ It builds the run exactly as the train stage does (:func:`vlm.train.setup` with 
    pass and the optimizer, plus the operators with the most self time;
 3. counts the FLOPs of one forward and backward pass (``torch.utils.flop_counter``; matmuls, convolutions
    and attention, as MFU counts them) per question, and measures the fp32 matmul peak (square matmuls,
-   the best of several sizes) with the same threads: MFU = FLOPs per second achieved in step 1 / peak.
+   the best of several sizes) with the same threads: MFU = FLOPs per second achieved in step 1 / peak;
+4. counts the ATen operators of a step, views excluded, by phase (``operators_per_step``): on a GPU each is a
+   kernel launch, and a step of a model this small is bound by its launches, not its arithmetic.
 
 With ``--compare TWEAK ...`` it measures changes to the run instead (:data:`TWEAKS`), each against the run
 as ``vlm/train.py`` builds it: the median over interleaved rounds of the paired ratio baseline step time /
-tweaked step time, and the largest per-step loss difference over ``--check-steps`` steps from the same
-weights and batches:
+tweaked step time, the operators per step, and the largest per-step loss difference over ``--check-steps`` steps
+from the same weights and batches:
 
     PYTHONPATH=. python benchmarks/bench_train_step.py --compare before_answer_only_and_fused \
         all_text_positions default_adamw compile_layers channels_last --out metrics/bench_train_tweaks.json
@@ -39,15 +41,18 @@ Without ``--compare``, ``--against`` adds that comparison to the breakdown's rep
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import platform
 import statistics
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from vlm.data.loader import set_epoch
@@ -69,6 +74,8 @@ from vlm.train import (
     setup,
     weighted_loss,
 )
+
+OPERATOR_STEPS = 2  # steps whose operators are counted (the same count each step on the default run)
 
 # (row, module path in the model): forward regions that do not nest; absent modules are skipped
 REGIONS = [
@@ -155,6 +162,8 @@ TWEAKS = {
     "pack_questions": lambda run: setattr(run.model.config, "pack_questions", True),
     # Muon on the layers' matrices only (undoes train.optimizer: muon_conv's Muon on the perception's filters)
     "muon": lambda run: rebuild_optimizer(run, "muon"),
+    # AdamW on every parameter (train.optimizer: adamw), the optimizer of the first GPU run's code (92dabbb)
+    "adamw": lambda run: rebuild_optimizer(run, "adamw"),
     # Muon's step as torch.optim.Muon takes it, a Newton-Schulz iteration per matrix (FlatMuon stacks each shape's)
     "per_matrix_muon": lambda run: per_matrix_muon(run.optimizer.optimizers[0]),
     # both adopted changes undone: the training step as it was before them
@@ -198,6 +207,39 @@ def time_steps(run: Run, source, steps: int, losses: list[float] | None = None) 
         questions += len(batch)
     return {"seconds_per_step": statistics.median(totals), "data_seconds_per_step": statistics.median(data_times),
             "questions_per_s": questions / sum(totals), "questions_per_step": questions / steps}
+
+
+class OperatorCount(TorchDispatchMode):
+    """The ATen operators dispatched under it, views excluded, counted per ``phase``: on a GPU, about the kernels
+    that a step launches, each one a launch the CPU pays for, however little work it holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.phase, self.counts = "", collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func is not torch.ops.aten._unsafe_view.default:  # a view its schema does not mark
+            self.counts[self.phase] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_operators(run: Run, source, steps: int) -> dict[str, float]:
+    """Operators per training step (:class:`OperatorCount`) of the training loop's own code, by phase, after a first
+    step that makes the optimizer's state; the batch is built before (a GPU run builds it in the loader's worker
+    processes)."""
+    counter, window = OperatorCount(), StepWindow()
+    for index in range(steps + 1):
+        batch = next(source).to(run.device)
+        with counter if index else nullcontext():
+            counter.phase = "forward_backward"
+            output, loss = forward_backward(run, batch, sync_grads=True, where="the operator count")
+            counter.phase = "bookkeeping"
+            window.add(output, loss, batch)
+            window.pop()
+            counter.phase = "optimizer"
+            optimizer_step(run)
+    per_step = {phase: counter.counts[phase] / steps for phase in ("forward_backward", "bookkeeping", "optimizer")}
+    return {**per_step, "total": sum(per_step.values())}
 
 
 class RegionHooks:
@@ -329,11 +371,12 @@ def compare(args, workdir: Path) -> dict[str, object]:
             seconds[name].append(timed[name])
     # the decoder's part of a step (its layers under torch.profiler, the packing's layout included in "the
     # rest"), per question: what one decoder row per image saves
-    decoder = {}
+    decoder, operators = {}, {}
     for name, (run, source, _) in runs.items():
         profile = profile_steps(run, source, args.profile_steps, top=0)
         rows = {row["part"]: row["ms"] for row in profile["rows"]}
         decoder[name] = rows["decoder layers"] / profile["questions_per_step"]
+        operators[name] = count_operators(run, source, OPERATOR_STEPS)
     reference = torch.tensor(runs["baseline"][2])
     steps = {name: run.config.epochs * len(run.loader) for name, (run, _, _) in runs.items()}  # whole training
     results = {}
@@ -343,6 +386,7 @@ def compare(args, workdir: Path) -> dict[str, object]:
                          "speedup": round(statistics.median(ratios[name]), 3),
                          "decoder_ms_per_question": round(decoder[name], 3),
                          "decoder_speedup": round(decoder["baseline"] / decoder[name], 3),
+                         "operators_per_step": operators[name],
                          "training_steps": steps[name],
                          # (step time x steps) / the baseline's: the whole training's time against the baseline's
                          "training_time_ratio": round(steps[name] / steps["baseline"]
@@ -442,6 +486,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         time_steps(run, source, args.warmup)
         timing = time_steps(run, source, args.steps)
         profile = profile_steps(run, source, args.profile_steps, args.top)
+        operators = count_operators(run, source, OPERATOR_STEPS)
         flops = count_flops(run, source)
     peak = matmul_peak(run.device)
     achieved = flops["train_flops_per_question"] * timing["questions_per_s"]
@@ -452,6 +497,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "ms_per_step": round(timing["seconds_per_step"] * 1e3, 2),
         "data_ms_per_step": round(timing["data_seconds_per_step"] * 1e3, 2),
         "profile": profile,
+        "operators_per_step": operators,
         "forward_gflops_per_question": round(flops["forward_flops_per_question"] / 1e9, 4),
         "train_gflops_per_question": round(flops["train_flops_per_question"] / 1e9, 4),
         "achieved_gflops_per_s": round(achieved / 1e9, 2),
@@ -465,7 +511,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             report["against"] = {"params": args.against[0], **compare(args, Path(workdir))}
     print(f"{report['questions_per_s']} questions/s, {report['ms_per_step']} ms per step of "
           f"{report['batch_questions']:.0f} questions on {report['machine']['device']} "
-          f"({report['machine']['threads']} threads)")
+          f"({report['machine']['threads']} threads), {operators['total']:.0f} operators per step")
     print(f"  {'part':64} {'forward':>9} {'backward':>9} {'total':>9}")
     for row in profile["rows"]:
         split = f"{row['forward_ms']:9.2f} {row['backward_ms']:9.2f}" if "forward_ms" in row else " " * 19

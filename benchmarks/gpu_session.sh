@@ -12,9 +12,12 @@
 #    a time budget) written into params.yaml and the same again -> metrics/gpu/recipe.json, OUT/recipe.tgz
 #
 # PARTS picks and orders 2 and 3 ("recipe default", "recipe"; default "default recipe"); each starts from the
-# params.yaml the script found. Each part has a time limit in seconds, so that a lease's end still leaves the parts
-# before it: TESTS_S (0: no tests; TESTS_ARGS selects them, e.g. "-k cuda"), DEFAULT_S, RECIPE_S (by default what
-# is left of DEADLINE seconds after the script's start, less the report's time). Progress bars print every
+# params.yaml the script found. A part "recipe,key=value,..." is the recipe with these values over it as well (values
+# without commas), reported as recipe2, recipe3, ... in order: e.g. PARTS="recipe recipe,train.epochs=15" runs the
+# recipe, then a longer one where the lease has time left. Each part has a time limit in seconds, so that a lease's
+# end still leaves the parts before it: TESTS_S (0: no tests; TESTS_ARGS selects them, e.g. "-k cuda"), DEFAULT_S,
+# RECIPE_S (each recipe part's; at most what is left of DEADLINE seconds after the script's start, less the report's
+# time). Progress bars print every
 # TQDM_MININTERVAL seconds, each update a stamped line of the log. It edits params.yaml and rewrites metrics/ and
 # dvc.lock: run it in a copy of the project.
 # Where the project is no git repository (a copied working tree), DVC runs without one (core.no_scm).
@@ -96,17 +99,24 @@ EOF
 
 defaults=$(mktemp)
 cp params.yaml "$defaults"
+recipes=0
 for part in ${PARTS:-default recipe}; do
   cp "$defaults" params.yaml
   case "$part" in
     default)
       echo "== default pipeline"
       repro default "${DEFAULT_S:-420}" ;;  # on an H200 the stages up to evaluate took 285 s
-    recipe)
-      echo "== GPU recipe"
-      apply_recipe "$@" || exit 1
-      repro recipe "${RECIPE_S:-$(( ${DEADLINE:-100000} - SECONDS - 45 ))}" ;;
+    recipe|recipe,*)
+      recipes=$((recipes + 1))
+      name=recipe; [ "$recipes" = 1 ] || name=recipe$recipes
+      left=$(( ${DEADLINE:-100000} - SECONDS - 45 ))
+      limit=${RECIPE_S:-$left}; [ "$limit" -le "$left" ] || limit=$left
+      if [ "$limit" -le 0 ]; then echo "== $name ($part): no time left"; continue; fi
+      echo "== GPU recipe: $name ($part), at most $limit s"
+      IFS=, read -r -a extra <<< "${part#recipe}"  # its first word is empty
+      apply_recipe "$@" "${extra[@]:1}" || exit 1
+      repro "$name" "$limit" ;;
     *)
-      echo "PARTS: $part is neither default nor recipe"; exit 1 ;;
+      echo "PARTS: $part is neither default nor recipe[,key=value...]"; exit 1 ;;
   esac
 done

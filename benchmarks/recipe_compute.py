@@ -9,6 +9,8 @@ train stage builds its run:
 
 - the model's FLOPs per question, forward and backward (``benchmarks/bench_train_step.py``'s count, on one batch of
   ``--count-batch`` questions: a packed batch's FLOPs per question do not depend on how many it holds);
+- the ATen operators of a training step, views excluded (``bench_train_step.py``'s count): on a GPU, the kernels it
+  launches;
 - the train loader alone, reading HDF5 in one process, in questions/s (``bench_memory.py``'s probe);
 - the questions per train image and the share of images in the train split.
 
@@ -58,6 +60,7 @@ def measure(name: str, params: dict, images: int, count_batch: int, workdir: Pat
             "train_questions": questions, "steps": round(questions / params["train"]["batch_size"]),
             "train_gflops_per_question": probe["train_gflops_per_question"],
             "train_pflops": float(f"{questions * probe['train_gflops_per_question'] / 1e6:.4g}"),
+            "operators_per_step": probe["operators_per_step"],
             "loader_questions_per_s_one_process": probe["loader_questions_per_s"],
             "num_workers": params["runtime"]["train"].get("num_workers", 0)}
 

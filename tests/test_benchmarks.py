@@ -93,11 +93,15 @@ def test_bench_train_step(tmp_path, tiny_run):
     assert report["train_gflops_per_question"] > report["forward_gflops_per_question"] > 0
     assert report["questions_per_s"] > 0 and 0 < report["mfu"] < 1
     assert report["profile"]["top_operators"]
+    operators = report["operators_per_step"]
+    assert operators["forward_backward"] > operators["optimizer"] > operators["bookkeeping"] > 0
+    assert operators["total"] == sum(operators[phase] for phase in ("forward_backward", "bookkeeping", "optimizer"))
 
 
 @pytest.mark.xdist_group("tiny_project")
 def test_bench_train_step_compare(tmp_path, tiny_run):
-    tweaks = ("before_answer_only_and_fused", "channels_last")  # the first undoes two changes, through all of them
+    # the first undoes two changes, through all of them
+    tweaks = ("before_answer_only_and_fused", "channels_last", "per_matrix_muon", "adamw")
     report = run_benchmark("bench_train_step.py", tmp_path / "tweaks.json", *tiny_run, "--compare", *tweaks,
                            "--rounds", "2", "--round-steps", "1", "--check-steps", "3", "--profile-steps", "1")
     results = report["results"]
@@ -105,8 +109,15 @@ def test_bench_train_step_compare(tmp_path, tiny_run):
     assert results["baseline"]["speedup"] == 1 and results["baseline"]["loss_max_abs_diff"] == 0
     assert results["baseline"]["decoder_speedup"] == 1
     for name in tweaks:
-        assert results[name]["speedup"] > 0 and results[name]["loss_max_abs_diff"] < 1e-2
-        assert results[name]["decoder_ms_per_question"] > 0
+        assert results[name]["speedup"] > 0 and results[name]["decoder_ms_per_question"] > 0
+        if name != "adamw":  # another optimizer: other losses
+            assert results[name]["loss_max_abs_diff"] < 1e-2
+    # the optimizers' operators: torch.optim.Muon's loop over the matrices, FlatMuon's stacks, fused AdamW alone
+    operators = {name: results[name]["operators_per_step"] for name in ("baseline", "per_matrix_muon", "adamw")}
+    optimizer = {name: ops["optimizer"] for name, ops in operators.items()}
+    assert optimizer["per_matrix_muon"] > optimizer["baseline"] > optimizer["adamw"] > 0
+    assert len({ops["forward_backward"] for ops in operators.values()}) == 1
+    assert results["per_matrix_muon"]["loss_max_abs_diff"] == 0  # the same bits
 
 
 @pytest.mark.xdist_group("tiny_project")
@@ -176,6 +187,7 @@ def test_recipe_compute(tmp_path, tiny_params):
         assert run["train_pflops"] == pytest.approx(run["train_questions"] * run["train_gflops_per_question"] / 1e6,
                                                     rel=1e-3)
     assert gpu["train_gflops_per_question"] > default["train_gflops_per_question"] > 0  # more pixels, wider layers
+    assert gpu["operators_per_step"] >= default["operators_per_step"] > 0  # the same layers, not fewer
     assert report["compute_multiple"] == pytest.approx(gpu["train_pflops"] / default["train_pflops"], abs=0.06)
     assert report["curve"] == [{"multiple": p["multiple"], "accuracy": p["accuracy"]}
                                for p in json.loads((ROOT / "metrics" / "scaling.json").read_text())["points"]]
@@ -187,8 +199,9 @@ def test_recipe_compute(tmp_path, tiny_params):
 
 @pytest.mark.pipeline
 def test_gpu_session_runs_the_default_then_the_recipe(tmp_path, tiny_params):
-    """benchmarks/gpu_session.sh on a tiny project (on the CPU, without its tests): both pipelines' reports,
-    the recipe's values in params.yaml (its model sizes set back to tiny ones by the arguments)."""
+    """benchmarks/gpu_session.sh on a tiny project (on the CPU, without its tests): both pipelines' reports and a
+    variant of the recipe's, the recipe's values in params.yaml (its model sizes set back to tiny ones by the
+    arguments, the variant's values over them)."""
     from tests.pipeline import DvcProject
 
     project = DvcProject(tmp_path / "project", tiny_params)
@@ -200,7 +213,7 @@ def test_gpu_session_runs_the_default_then_the_recipe(tmp_path, tiny_params):
         **tiny, "pack.image_size": 32, "scenes.num_images": tiny_params["scenes"]["num_images"],
         "train.epochs": 1, "train.batch_size": 16, "runtime.train.compile": "false",
         "runtime.train.num_workers": 0}.items()]
-    project.env["TESTS_S"] = "0"
+    project.env.update(TESTS_S="0", PARTS="default recipe recipe,train.epochs=2,train.warmup_steps=1")
     result = project.run("bash", "benchmarks/gpu_session.sh", str(tmp_path / "out"), *overrides, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     default, recipe = project.json("metrics/gpu/default.json"), project.json("metrics/gpu/recipe.json")
@@ -212,12 +225,17 @@ def test_gpu_session_runs_the_default_then_the_recipe(tmp_path, tiny_params):
     assert all(seconds >= 0 for seconds in default["stage_seconds"].values())
     assert recipe["train"]["batch_size"] == 16 and recipe["images"] == tiny_params["scenes"]["num_images"]
     assert 0 <= recipe["test"]["accuracy"] <= 1 and recipe["matmul_peak_dtype"] == "float32"
-    assert {p.name for p in (tmp_path / "out").iterdir()} == {"default.tgz", "recipe.tgz"}
+    variant = project.json("metrics/gpu/recipe2.json")  # the same data: only the training's stages ran again
+    assert (variant["train"]["epochs"], recipe["train"]["epochs"]) == (2, 1)
+    assert variant["train"]["steps"] > recipe["train"]["steps"]
+    assert "pack_hdf5" not in variant["stage_seconds"] and "train" in variant["stage_seconds"]
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"default.tgz", "recipe.tgz", "recipe2.tgz"}
     with tarfile.open(tmp_path / "out" / "default.tgz") as archive:
         log = next(archive.extractfile(m) for m in archive if m.name.endswith("default_repro.log")).read().decode()
     assert re.search(r"^\[\d\d:\d\d:\d\d\] vlm epoch 1/1: +100%", log, re.M), log  # a progress update is a line
     params = yaml.safe_load((project.path / "params.yaml").read_text())
     assert params["runtime"]["train"]["in_memory_budget_mb"] == 65536  # the recipe's, not overridden
+    assert params["train"]["epochs"] == 2  # the last part's: the variant's
 
 
 def test_gpu_report_times_each_stage_from_the_stamped_log():

@@ -72,6 +72,8 @@ def test_recipe_expectation_is_the_committed_count():
     recipe = (ROOT / "recipes" / "gpu.yaml").read_text(encoding="utf-8")
     assert f"{compute['compute_multiple']:.0f} times the default run's training" in recipe
     assert f"about {round(compute['recipe']['steps'], -1):,} steps" in recipe
+    operators = compute["recipe"]["operators_per_step"], compute["default"]["operators_per_step"]
+    assert "Its step dispatches {:,.0f} operators (the default's {:,.0f})".format(*operators) in text
 
 
 def test_stacked_muon_numbers_are_the_committed_benchmark():
@@ -80,6 +82,16 @@ def test_stacked_muon_numbers_are_the_committed_benchmark():
     low, high = loop["speedup_range"]
     assert f"1/{loop['speedup']:.3f} = {1 / loop['speedup']:.2f}x as long (rounds {low:.2f}-{high:.2f} in speed" in text
     assert loop["loss_max_abs_diff"] == 0.0 and "the same losses for 20 steps" in text
+    results = _json("metrics/bench_train_muon.json")["results"]
+    adamw = results["adamw"]
+    assert (f"AdamW's step is {adamw['speedup']:.3f}x as fast as the stacked Muon's ({adamw['speedup_range'][0]:.2f}-"
+            f"{adamw['speedup_range'][1]:.2f})") in text
+    for name in ("baseline", "per_matrix_muon", "adamw"):  # the operator table's rows
+        ops, speed = results[name]["operators_per_step"], results[name]["speedup"]
+        time = "1" if name == "baseline" else f"{1 / speed:.2f}x"
+        assert f"| {ops['optimizer']:,.0f} | {ops['total']:,.0f} | {time} |" in text, name
+        assert (f"dispatch {ops['forward_backward']:.0f} at the defaults and the step's bookkeeping "
+                f"{ops['bookkeeping']:.0f}") in text
 
 
 def test_determinism_claim_is_the_committed_check():

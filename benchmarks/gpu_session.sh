@@ -12,12 +12,14 @@
 #    a time budget) written into params.yaml and the same again -> metrics/gpu/recipe.json, OUT/recipe.tgz
 #
 # PARTS picks and orders 2 and 3 ("recipe default", "recipe"; default "default recipe"); each starts from the
-# params.yaml the script found. A part "recipe,key=value,..." is the recipe with these values over it as well (values
-# without commas), reported as recipe2, recipe3, ... in order: e.g. PARTS="recipe recipe,train.epochs=15" runs the
-# recipe, then a longer one where the lease has time left. Each part has a time limit in seconds, so that a lease's
-# end still leaves the parts before it: TESTS_S (0: no tests; TESTS_ARGS selects them, e.g. "-k cuda"), DEFAULT_S,
-# RECIPE_S (each recipe part's; at most what is left of DEADLINE seconds after the script's start, less the report's
-# time). Progress bars print every
+# params.yaml the script found. A part "recipe,key=value,..." is a variant: the recipe with these values over it as
+# well (values without commas), reported as recipe2, recipe3, ... in order. With RECIPE_TARGETS="OVERALL EVERY_TYPE"
+# a variant runs only while the recipe's report (metrics/gpu/recipe.json) misses them: e.g.
+# PARTS="recipe recipe,train.epochs=15 default" RECIPE_TARGETS="0.97 0.95" trains the recipe 3x longer where it fell
+# short, else goes on to the default pipeline.
+# Each part has a time limit in seconds, so that a lease's end still leaves the parts before it: TESTS_S (0: no
+# tests; TESTS_ARGS selects them, e.g. "-k cuda"), DEFAULT_S and RECIPE_S (each recipe part's), these two cut to what
+# is left of DEADLINE seconds after the script's start, less the report's time. Progress bars print every
 # TQDM_MININTERVAL seconds, each update a stamped line of the log. It edits params.yaml and rewrites metrics/ and
 # dvc.lock: run it in a copy of the project.
 # Where the project is no git repository (a copied working tree), DVC runs without one (core.no_scm).
@@ -54,6 +56,20 @@ if rest.strip():
 }
 
 since() { python -c "print(round($(date +%s.%N) - $1, 1))"; }  # seconds since the date +%s.%N given
+
+within() {  # $1 seconds, at most what is left of DEADLINE after this script's start, less the report's time
+  local left=$(( ${DEADLINE:-100000} - SECONDS - 45 ))
+  echo $(( $1 < left ? $1 : left ))
+}
+
+met() {  # whether the recipe's report reaches RECIPE_TARGETS ("OVERALL EVERY_TYPE" test accuracy)
+  [ -n "${RECIPE_TARGETS:-}" ] && [ -f metrics/gpu/recipe.json ] && python -c '
+import json
+import sys
+from benchmarks.gpu_report import targets_met
+report = json.load(open("metrics/gpu/recipe.json"))
+sys.exit(0 if targets_met(report, *map(float, sys.argv[1:])) else 1)' $RECIPE_TARGETS  # two words: unquoted
+}
 
 repro() {  # $1: the run's name, $2: its time limit in seconds; the pipeline timed in two parts, reported after each
   local log="$out/$1_repro.log" started part wall status
@@ -99,18 +115,22 @@ EOF
 
 defaults=$(mktemp)
 cp params.yaml "$defaults"
-recipes=0
+variants=0
 for part in ${PARTS:-default recipe}; do
   cp "$defaults" params.yaml
   case "$part" in
     default)
-      echo "== default pipeline"
-      repro default "${DEFAULT_S:-420}" ;;  # on an H200 the stages up to evaluate took 285 s
+      limit=$(within "${DEFAULT_S:-420}")  # on an H200 the stages up to evaluate took 285 s
+      if [ "$limit" -le 0 ]; then echo "== default pipeline: no time left"; continue; fi
+      echo "== default pipeline, at most $limit s"
+      repro default "$limit" ;;
     recipe|recipe,*)
-      recipes=$((recipes + 1))
-      name=recipe; [ "$recipes" = 1 ] || name=recipe$recipes
-      left=$(( ${DEADLINE:-100000} - SECONDS - 45 ))
-      limit=${RECIPE_S:-$left}; [ "$limit" -le "$left" ] || limit=$left
+      name=recipe
+      if [ "$part" != recipe ]; then
+        variants=$((variants + 1)); name=recipe$((variants + 1))
+        if met; then echo "== $name ($part): not run, the recipe reached RECIPE_TARGETS ($RECIPE_TARGETS)"; continue; fi
+      fi
+      limit=$(within "${RECIPE_S:-100000}")
       if [ "$limit" -le 0 ]; then echo "== $name ($part): no time left"; continue; fi
       echo "== GPU recipe: $name ($part), at most $limit s"
       IFS=, read -r -a extra <<< "${part#recipe}"  # its first word is empty

@@ -213,7 +213,9 @@ def test_gpu_session_runs_the_default_then_the_recipe(tmp_path, tiny_params):
         **tiny, "pack.image_size": 32, "scenes.num_images": tiny_params["scenes"]["num_images"],
         "train.epochs": 1, "train.batch_size": 16, "runtime.train.compile": "false",
         "runtime.train.num_workers": 0}.items()]
-    project.env.update(TESTS_S="0", PARTS="default recipe recipe,train.epochs=2,train.warmup_steps=1")
+    # a variant of the recipe's, run since the recipe misses its targets (an accuracy above 1)
+    project.env.update(TESTS_S="0", PARTS="default recipe recipe,train.epochs=2,train.warmup_steps=1",
+                       RECIPE_TARGETS="1.01 0")
     result = project.run("bash", "benchmarks/gpu_session.sh", str(tmp_path / "out"), *overrides, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     default, recipe = project.json("metrics/gpu/default.json"), project.json("metrics/gpu/recipe.json")
@@ -236,6 +238,26 @@ def test_gpu_session_runs_the_default_then_the_recipe(tmp_path, tiny_params):
     params = yaml.safe_load((project.path / "params.yaml").read_text())
     assert params["runtime"]["train"]["in_memory_budget_mb"] == 65536  # the recipe's, not overridden
     assert params["train"]["epochs"] == 2  # the last part's: the variant's
+
+
+def test_gpu_session_runs_no_variant_once_the_recipe_reached_its_targets(tmp_path):
+    """RECIPE_TARGETS: a variant of the recipe runs only while the recipe's report misses them."""
+    from benchmarks.gpu_report import targets_met
+
+    report = {"test": {"accuracy": 0.975, "per_type": {"counting": 0.951, "scene": 1.0}}}
+    assert targets_met(report, 0.97, 0.95) and not targets_met(report, 0.98, 0.95)
+    assert not targets_met(report, 0.97, 0.96)  # one type short
+    shutil.copytree(ROOT / "benchmarks", tmp_path / "benchmarks", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "metrics" / "gpu").mkdir(parents=True)
+    (tmp_path / "metrics" / "gpu" / "recipe.json").write_text(json.dumps(report))
+    (tmp_path / "params.yaml").write_text("train: {epochs: 1}\n")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "TESTS_S": "0",
+           "PARTS": "recipe,train.epochs=2", "RECIPE_TARGETS": "0.97 0.95"}
+    result = subprocess.run(["bash", "benchmarks/gpu_session.sh", str(tmp_path / "out")], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "recipe2 (recipe,train.epochs=2): not run, the recipe reached RECIPE_TARGETS (0.97 0.95)" in result.stdout
+    assert (tmp_path / "params.yaml").read_text() == "train: {epochs: 1}\n"
 
 
 def test_gpu_report_times_each_stage_from_the_stamped_log():

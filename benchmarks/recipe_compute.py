@@ -20,6 +20,11 @@ beside what multiples of the default's training gave on the default shape (``met
 accuracy-vs-compute curve). The loader's rate is per process: the recipe's ``runtime.train.num_workers`` processes
 deliver up to that many times it, against the questions/s of ``--gpu-steps-per-s`` steps (the rate measured on an
 H200 at the recipe's shape, docs/experiments.md).
+
+``gpu_launch_estimate`` reads the GPU's step time as a cost per operator: each ``--gpu-run`` (a GPU run's files,
+``=`` the ``bench_train_step.py --compare`` tweak whose step is that run's, in ``--operators``' report) gives its
+milliseconds per step over its operators per step, and the range of those costs times each run's operators here
+predicts its GPU step, for a step bound by its launches (its arithmetic not counted).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -38,6 +44,9 @@ from vlm.io import read_json, write_json
 from vlm.recipe import apply, overrides
 
 DATA_STAGES = ("generate_scenes", "generate_commands", "build_vocab", "pack_hdf5")
+# the GPU runs' default pipelines (metrics/gpu/<run>/default) and the --compare tweak whose step each one ran: the
+# first (92dabbb) trained with AdamW, the second (f908e5c) with torch.optim.Muon's loop over the matrices
+GPU_RUNS = (("h200-2026-11-26", "adamw"), ("h200-2026-11-26b", "per_matrix_muon"))
 
 
 def measure(name: str, params: dict, images: int, count_batch: int, workdir: Path) -> dict:
@@ -65,8 +74,36 @@ def measure(name: str, params: dict, images: int, count_batch: int, workdir: Pat
             "num_workers": params["runtime"]["train"].get("num_workers", 0)}
 
 
+def launch_estimate(gpu_runs: list[str], operators: Path, default: dict, recipe: dict) -> dict:
+    """The GPU runs' microseconds per operator, and the default's and the recipe's steps predicted from them."""
+    tweaks = read_json(operators, what="bench_train_step.py --compare's report")["results"]
+    runs = []
+    for item in gpu_runs:
+        folder, _, tweak = item.partition("=")
+        timing = read_json(ROOT / folder / "train_timing.json", what="a GPU run's training timing")
+        count = tweaks[tweak]["operators_per_step"]["total"]
+        ms = timing["seconds"] / timing["planned_steps"] * 1e3
+        runs.append({"run": folder, "step_of": tweak, "operators_per_step": count, "ms_per_step": round(ms, 2),
+                     "questions_per_step": round(timing["questions_per_s"] * ms / 1e3, 2),
+                     "us_per_operator": round(ms / count * 1e3, 2)})
+    costs = sorted(run["us_per_operator"] for run in runs)
+    questions = statistics.fmean(run["questions_per_step"] for run in runs)
+
+    def predict(count: float, questions_per_step: float, steps: int) -> dict:  # each range low to high
+        ms = [count * cost / 1e3 for cost in costs]
+        rates = sorted(1e3 / m for m in ms)
+        return {"operators_per_step": count, "ms_per_step": [round(m, 1) for m in ms],
+                "steps_per_s": [round(rate, 2) for rate in rates],
+                "questions_per_s": [round(questions_per_step * rate) for rate in rates],
+                "training_seconds": sorted(round(steps / rate, 1) for rate in rates)}
+
+    return {"runs": runs, "us_per_operator": costs,
+            "default": predict(default["operators_per_step"], questions, default["steps"]),
+            "recipe": predict(recipe["operators_per_step"], recipe["batch_size"], recipe["steps"])}
+
+
 def report(params_path: Path, recipe_path: Path, images: int, count_batch: int, gpu_steps_per_s: float,
-           scaling: Path) -> dict:
+           scaling: Path, gpu_runs: list[str], operators: Path) -> dict:
     params = yaml.safe_load(params_path.read_text())
     recipe = apply(copy.deepcopy(params),
                    overrides(yaml.safe_load(recipe_path.read_text()), params, str(recipe_path)), str(recipe_path))
@@ -83,6 +120,7 @@ def report(params_path: Path, recipe_path: Path, images: int, count_batch: int, 
                           "questions_per_s": round(gpu_steps_per_s * gpu["batch_size"], 1),
                           "loader_questions_per_s_all_workers": round(loader_bound, 1),
                           "training_minutes": round(gpu["steps"] / gpu_steps_per_s / 60, 1)},
+        "gpu_launch_estimate": launch_estimate(gpu_runs, operators, default, gpu),
     }
 
 
@@ -95,9 +133,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--gpu-steps-per-s", type=float, default=3.4,
                         help="the recipe's step rate measured on a GPU (docs/experiments.md: at least 3.4 on an H200)")
     parser.add_argument("--scaling", type=Path, default=ROOT / "metrics" / "scaling.json")
+    parser.add_argument("--gpu-run", dest="gpu_runs", action="append", metavar="FOLDER=TWEAK",
+                        help="a GPU run's files (a folder in the project, or absolute) and the --compare tweak whose "
+                             "step it ran (default: the two H200 runs)")
+    parser.add_argument("--operators", type=Path, default=ROOT / "metrics" / "bench_train_muon.json",
+                        help="bench_train_step.py --compare's report with those tweaks' operators per step")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    result = report(args.params, args.recipe, args.images, args.count_batch, args.gpu_steps_per_s, args.scaling)
+    gpu_runs = args.gpu_runs or [f"metrics/gpu/{run}/default={tweak}" for run, tweak in GPU_RUNS]
+    result = report(args.params, args.recipe, args.images, args.count_batch, args.gpu_steps_per_s, args.scaling,
+                    gpu_runs, args.operators)
     write_json(args.out, result)
     json.dump(result, sys.stdout, indent=1)
     print()

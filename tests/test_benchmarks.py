@@ -195,6 +195,17 @@ def test_recipe_compute(tmp_path, tiny_params):
     assert rate["questions_per_s"] == 64 and rate["training_minutes"] == pytest.approx(gpu["steps"] / 120, abs=0.06)
     assert rate["loader_questions_per_s_all_workers"] == pytest.approx(4 * gpu["loader_questions_per_s_one_process"],
                                                                        rel=1e-3)
+    # the committed GPU runs' cost per operator, times these runs' operators
+    estimate = report["gpu_launch_estimate"]
+    assert [run["step_of"] for run in estimate["runs"]] == ["adamw", "per_matrix_muon"]
+    for run in estimate["runs"]:
+        assert run["us_per_operator"] == pytest.approx(run["ms_per_step"] / run["operators_per_step"] * 1e3, abs=0.01)
+    costs = estimate["us_per_operator"]
+    for name, run in (("default", default), ("recipe", gpu)):
+        assert estimate[name]["ms_per_step"] == pytest.approx([run["operators_per_step"] * c / 1e3 for c in costs],
+                                                              abs=0.06)
+    fastest = estimate["recipe"]["steps_per_s"][1]
+    assert estimate["recipe"]["training_seconds"][0] == pytest.approx(gpu["steps"] / fastest, rel=1e-2)
 
 
 @pytest.mark.pipeline

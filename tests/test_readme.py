@@ -76,6 +76,36 @@ def test_recipe_expectation_is_the_committed_count():
     assert "Its step dispatches {:,.0f} operators (the default's {:,.0f})".format(*operators) in text
 
 
+def test_launch_estimate_numbers_are_the_committed_report():
+    """The GPU step predicted from its operators: docs, README and the recipe's comment from recipe_compute.json."""
+    docs = " ".join((ROOT / "docs" / "experiments.md").read_text(encoding="utf-8").split())
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    recipe_text = " ".join((ROOT / "recipes" / "gpu.yaml").read_text(encoding="utf-8").replace("#", "").split())
+    compute = _json("metrics/recipe_compute.json")
+    estimate = compute["gpu_launch_estimate"]
+    for run in estimate["runs"]:
+        assert (f"| {run['operators_per_step']:,.0f} | {run['ms_per_step']:.2f} | {run['us_per_operator']:.2f} |"
+                in docs), run
+    low, high = estimate["us_per_operator"]
+    default, recipe = estimate["default"], estimate["recipe"]
+    rates = "{:.1f}-{:.1f} steps/s".format(*recipe["steps_per_s"])
+    phrases = [f"{low:.1f}-{high:.1f} µs per operator",
+               "takes {:.0f}-{:.0f} ms on the H200".format(*default["ms_per_step"]),
+               "{:,.0f}-{:,.0f} questions/s".format(*(round(q, -1) for q in default["questions_per_s"])),
+               "{:.0f}-{:.0f} ms, ".format(*recipe["ms_per_step"]) + rates,
+               "its {:,.0f} steps train in {:.0f}-{:.0f} s".format(compute["recipe"]["steps"],
+                                                                  *recipe["training_seconds"]),
+               "the {:,.0f}-{:,.0f} that".format(*(round(q, -2) for q in recipe["questions_per_s"]))]
+    for phrase in phrases:
+        assert phrase in docs, phrase
+    loader = compute["recipe"]["loader_questions_per_s_one_process"]
+    assert (f"{loader:,.0f} questions/s from HDF5 at 448 x 256" in docs
+            and f"up to about {round(loader * compute['recipe']['num_workers'], -2):,.0f}" in docs)
+    assert f"{low:.1f}-{high:.1f} µs per operator, so it may run {rates}" in readme
+    assert f"{low:.1f}-{high:.1f} us per operator" in recipe_text and rates in recipe_text
+    assert "its training {:.0f}-{:.0f} s".format(*recipe["training_seconds"]) in recipe_text
+
+
 def test_stacked_muon_numbers_are_the_committed_benchmark():
     text = " ".join((ROOT / "docs" / "experiments.md").read_text(encoding="utf-8").split())
     loop = _json("metrics/bench_train_muon.json")["results"]["per_matrix_muon"]

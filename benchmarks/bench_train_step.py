@@ -218,21 +218,25 @@ class OperatorCount(TorchDispatchMode):
         self.phase, self.counts = "", collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view and func is not torch.ops.aten._unsafe_view.default:  # a view its schema does not mark
+        # not the profiler's own operators; _unsafe_view: a view that its schema does not mark as one
+        if func.namespace == "aten" and not func.is_view and func is not torch.ops.aten._unsafe_view.default:
             self.counts[self.phase] += 1
         return func(*args, **(kwargs or {}))
 
 
 def count_operators(run: Run, source, steps: int) -> dict[str, float]:
-    """Operators per training step (:class:`OperatorCount`) of the training loop's own code, by phase, after a first
-    step that makes the optimizer's state; the batch is built before (a GPU run builds it in the loader's worker
-    processes)."""
+    """Operators per training step (:class:`OperatorCount`) of the training loop's own code, by phase, as a GPU run
+    dispatches them: under bf16 autocast (on the CPU its casts stand in for CUDA's), after a first step that makes
+    the optimizer's state. One forward and backward pass per optimizer step; the batch is built and copied to the
+    device before (a GPU run builds it in the loader's worker processes). Compiled code is not counted: Dynamo runs
+    eagerly under a dispatch mode."""
     counter, window = OperatorCount(), StepWindow()
     for index in range(steps + 1):
         batch = next(source).to(run.device)
         with counter if index else nullcontext():
             counter.phase = "forward_backward"
-            output, loss = forward_backward(run, batch, sync_grads=True, where="the operator count")
+            with torch.autocast(run.device.type, dtype=torch.bfloat16):
+                output, loss = forward_backward(run, batch, sync_grads=True, where="the operator count")
             counter.phase = "bookkeeping"
             window.add(output, loss, batch)
             window.pop()
@@ -376,7 +380,8 @@ def compare(args, workdir: Path) -> dict[str, object]:
         profile = profile_steps(run, source, args.profile_steps, top=0)
         rows = {row["part"]: row["ms"] for row in profile["rows"]}
         decoder[name] = rows["decoder layers"] / profile["questions_per_step"]
-        operators[name] = count_operators(run, source, OPERATOR_STEPS)
+        # a compiled tweak's count would be its eager code's
+        operators[name] = None if name.startswith("compile") else count_operators(run, source, OPERATOR_STEPS)
     reference = torch.tensor(runs["baseline"][2])
     steps = {name: run.config.epochs * len(run.loader) for name, (run, _, _) in runs.items()}  # whole training
     results = {}

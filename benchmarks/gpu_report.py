@@ -69,12 +69,6 @@ def stage_seconds(log: str) -> dict[str, float]:
     return {name: float(value) for name, value in seconds.items()}
 
 
-def targets_met(report: dict[str, object], overall: float, every_type: float) -> bool:
-    """Whether a report's test accuracy reaches ``overall`` and each question type's reaches ``every_type``."""
-    test = report["test"]
-    return test["accuracy"] >= overall and min(test["per_type"].values()) >= every_type
-
-
 def report(name: str, wall_s: float, params_path: str, data: Path, metrics: Path) -> dict[str, object]:
     timing = json.loads((metrics / "train_timing.json").read_text())
     evaluation = json.loads((metrics / "eval.json").read_text())

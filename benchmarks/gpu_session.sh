@@ -12,20 +12,18 @@
 #    a time budget) written into params.yaml and the same again -> metrics/gpu/recipe.json, OUT/recipe.tgz
 #
 # PARTS picks and orders 2 and 3 ("recipe default", "recipe"; default "default recipe"); each starts from the
-# params.yaml the script found. A part "recipe,key=value,..." is a variant: the recipe with these values over it as
-# well (values without commas), reported as recipe2, recipe3, ... in order. With RECIPE_TARGETS="OVERALL EVERY_TYPE"
-# a variant runs only while the recipe's report (metrics/gpu/recipe.json) misses them: e.g.
-# PARTS="recipe recipe,train.epochs=15 default" RECIPE_TARGETS="0.97 0.95" trains the recipe 3x longer where it fell
-# short, else goes on to the default pipeline.
-# Each part has a time limit in seconds, so that a lease's end still leaves the parts before it: TESTS_S (0: no
-# tests; TESTS_ARGS selects them, e.g. "-k cuda"), DEFAULT_S and RECIPE_S (each recipe part's), these two cut to what
-# is left of DEADLINE seconds after the script's start, less the report's time. Progress bars print every
+# params.yaml the script found. Each part has a time limit in whole seconds, so that a lease's end still leaves the
+# parts before it: TESTS_S (0: no tests; TESTS_ARGS selects them, e.g. "-k cuda"), DEFAULT_S and RECIPE_S, these two
+# cut to what is left of DEADLINE seconds after the script's start, less the report's time. Progress bars print every
 # TQDM_MININTERVAL seconds, each update a stamped line of the log. It edits params.yaml and rewrites metrics/ and
 # dvc.lock: run it in a copy of the project.
 # Where the project is no git repository (a copied working tree), DVC runs without one (core.no_scm).
 set -u
 out=${1:?usage: benchmarks/gpu_session.sh OUT [key=value ...]}
 shift
+for name in TESTS_S DEFAULT_S RECIPE_S DEADLINE; do  # each a whole number of seconds where set
+  [[ ${!name:-0} =~ ^[0-9]+$ ]] || { echo "$name=${!name}: not a whole number of seconds" >&2; exit 1; }
+done
 mkdir -p "$out" metrics/gpu
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TQDM_MININTERVAL=${TQDM_MININTERVAL:-5}
 stamp() { while IFS= read -r line; do printf '[%s] %s\n' "$(date +%T)" "$line"; done; }
@@ -60,15 +58,6 @@ since() { python -c "print(round($(date +%s.%N) - $1, 1))"; }  # seconds since t
 within() {  # $1 seconds, at most what is left of DEADLINE after this script's start, less the report's time
   local left=$(( ${DEADLINE:-100000} - SECONDS - 45 ))
   echo $(( $1 < left ? $1 : left ))
-}
-
-met() {  # whether the recipe's report reaches RECIPE_TARGETS ("OVERALL EVERY_TYPE" test accuracy)
-  [ -n "${RECIPE_TARGETS:-}" ] && [ -f metrics/gpu/recipe.json ] && python -c '
-import json
-import sys
-from benchmarks.gpu_report import targets_met
-report = json.load(open("metrics/gpu/recipe.json"))
-sys.exit(0 if targets_met(report, *map(float, sys.argv[1:])) else 1)' $RECIPE_TARGETS  # two words: unquoted
 }
 
 repro() {  # $1: the run's name, $2: its time limit in seconds; the pipeline timed in two parts, reported after each
@@ -115,7 +104,6 @@ EOF
 
 defaults=$(mktemp)
 cp params.yaml "$defaults"
-variants=0
 for part in ${PARTS:-default recipe}; do
   cp "$defaults" params.yaml
   case "$part" in
@@ -124,19 +112,13 @@ for part in ${PARTS:-default recipe}; do
       if [ "$limit" -le 0 ]; then echo "== default pipeline: no time left"; continue; fi
       echo "== default pipeline, at most $limit s"
       repro default "$limit" ;;
-    recipe|recipe,*)
-      name=recipe
-      if [ "$part" != recipe ]; then
-        variants=$((variants + 1)); name=recipe$((variants + 1))
-        if met; then echo "== $name ($part): not run, the recipe reached RECIPE_TARGETS ($RECIPE_TARGETS)"; continue; fi
-      fi
+    recipe)
       limit=$(within "${RECIPE_S:-100000}")
-      if [ "$limit" -le 0 ]; then echo "== $name ($part): no time left"; continue; fi
-      echo "== GPU recipe: $name ($part), at most $limit s"
-      IFS=, read -r -a extra <<< "${part#recipe}"  # its first word is empty
-      apply_recipe "$@" "${extra[@]:1}" || exit 1
-      repro "$name" "$limit" ;;
+      if [ "$limit" -le 0 ]; then echo "== GPU recipe: no time left"; continue; fi
+      echo "== GPU recipe, at most $limit s"
+      apply_recipe "$@" || exit 1
+      repro recipe "$limit" ;;
     *)
-      echo "PARTS: $part is neither default nor recipe[,key=value...]"; exit 1 ;;
+      echo "PARTS: $part is neither default nor recipe"; exit 1 ;;
   esac
 done

@@ -12,14 +12,14 @@ train stage builds its run:
 - the ATen operators of a training step, views excluded (``bench_train_step.py``'s count): on a GPU, the kernels it
   launches;
 - the train loader alone, reading HDF5 in one process, in questions/s (``bench_memory.py``'s probe);
-- the questions per train image and the share of images in the train split.
+- the share of images in the train split.
 
-The planned training is then the train questions at the params' ``scenes.num_images`` times ``train.epochs``, and its
-FLOPs those questions times the FLOPs per question. The report gives the recipe's as a multiple of the default's,
-beside what multiples of the default's training gave on the default shape (``metrics/scaling.json``, the
-accuracy-vs-compute curve). The loader's rate is per process: the recipe's ``runtime.train.num_workers`` processes
-deliver up to that many times it, against the questions/s of ``--gpu-steps-per-s`` steps (the rate measured on an
-H200 at the recipe's shape, docs/experiments.md).
+The planned training is then the train questions at the params' ``scenes.num_images`` (at ``--commands``' questions
+per train image, a full run's) times ``train.epochs``, and its FLOPs those questions times the FLOPs per question.
+The report gives the recipe's as a multiple of the default's, beside what multiples of the default's training gave on
+the default shape (``metrics/scaling.json``, the accuracy-vs-compute curve). The loader's rate is per process: the
+recipe's ``runtime.train.num_workers`` processes deliver up to that many times it, against the questions/s of
+``--gpu-steps-per-s`` steps (the rate measured on an H200 at the recipe's shape, docs/experiments.md).
 
 ``gpu_launch_estimate`` reads the GPU's step time as a cost per operator: each ``--gpu-run`` (a GPU run's files,
 ``=`` the ``bench_train_step.py --compare`` tweak whose step is that run's, in ``--operators``' report) gives its
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -49,8 +50,9 @@ DATA_STAGES = ("generate_scenes", "generate_commands", "build_vocab", "pack_hdf5
 GPU_RUNS = (("h200-2026-11-26", "adamw"), ("h200-2026-11-26b", "per_matrix_muon"))
 
 
-def measure(name: str, params: dict, images: int, count_batch: int, workdir: Path) -> dict:
-    """The data stages on ``images`` scenes of ``params``, then the training input's probe and the planned training."""
+def measure(name: str, params: dict, images: int, count_batch: int, workdir: Path, per_image: float) -> dict:
+    """The data stages on ``images`` scenes of ``params``, then the training input's probe and the planned training
+    at ``per_image`` questions per train image."""
     folder = workdir / name
     (folder / "data" / "bdd100k").mkdir(parents=True)
     small = apply(copy.deepcopy(params), {"scenes.num_images": images, "train.batch_size": count_batch},
@@ -61,12 +63,14 @@ def measure(name: str, params: dict, images: int, count_batch: int, workdir: Pat
         run_stage(stages[stage]["cmd"], folder)
     probe = training_input(folder)
     train = read_json(folder / "metrics" / "commands.json", what="commands metrics")["train"]
-    per_image, train_share = train["questions"] / train["images"], train["images"] / images
-    questions = round(params["scenes"]["num_images"] * train_share * per_image) * params["train"]["epochs"]
-    return {"images": params["scenes"]["num_images"], "epochs": params["train"]["epochs"],
-            "batch_size": params["train"]["batch_size"],
+    train_share = train["images"] / images
+    per_epoch = round(params["scenes"]["num_images"] * train_share * per_image)
+    epochs, batch_size = params["train"]["epochs"], params["train"]["batch_size"]
+    questions = per_epoch * epochs
+    return {"images": params["scenes"]["num_images"], "epochs": epochs, "batch_size": batch_size,
             "train_questions_per_image": round(per_image, 3), "train_share": round(train_share, 3),
-            "train_questions": questions, "steps": round(questions / params["train"]["batch_size"]),
+            # an epoch's last batch is a part one (the questions of an image stay together: a few more)
+            "train_questions": questions, "steps": math.ceil(per_epoch / batch_size) * epochs,
             "train_gflops_per_question": probe["train_gflops_per_question"],
             "train_pflops": float(f"{questions * probe['train_gflops_per_question'] / 1e6:.4g}"),
             "operators_per_step": probe["operators_per_step"],
@@ -103,13 +107,15 @@ def launch_estimate(gpu_runs: list[str], operators: Path, default: dict, recipe:
 
 
 def report(params_path: Path, recipe_path: Path, images: int, count_batch: int, gpu_steps_per_s: float,
-           scaling: Path, gpu_runs: list[str], operators: Path) -> dict:
+           scaling: Path, gpu_runs: list[str], operators: Path, commands: Path) -> dict:
     params = yaml.safe_load(params_path.read_text())
     recipe = apply(copy.deepcopy(params),
                    overrides(yaml.safe_load(recipe_path.read_text()), params, str(recipe_path)), str(recipe_path))
+    train = read_json(commands, what="a full run's commands metrics")["train"]
+    per_image = train["questions"] / train["images"]  # the recipe changes no commands param
     with tempfile.TemporaryDirectory() as workdir:
-        default = measure("default", params, images, count_batch, Path(workdir))
-        gpu = measure("recipe", recipe, images, count_batch, Path(workdir))
+        default = measure("default", params, images, count_batch, Path(workdir), per_image)
+        gpu = measure("recipe", recipe, images, count_batch, Path(workdir), per_image)
     loader_bound = gpu["loader_questions_per_s_one_process"] * max(1, gpu["num_workers"])
     curve = read_json(scaling, what="the accuracy-vs-compute curve")["points"] if scaling.exists() else []
     return {
@@ -136,13 +142,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--gpu-run", dest="gpu_runs", action="append", metavar="FOLDER=TWEAK",
                         help="a GPU run's files (a folder in the project, or absolute) and the --compare tweak whose "
                              "step it ran (default: the two H200 runs)")
+    parser.add_argument("--commands", type=Path, default=ROOT / "metrics" / "commands.json",
+                        help="a full run's commands metrics: its questions per train image (a split of --images scenes "
+                             "has fewer: the question mix is balanced over the split)")
     parser.add_argument("--operators", type=Path, default=ROOT / "metrics" / "bench_train_muon.json",
                         help="bench_train_step.py --compare's report with those tweaks' operators per step")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     gpu_runs = args.gpu_runs or [f"metrics/gpu/{run}/default={tweak}" for run, tweak in GPU_RUNS]
     result = report(args.params, args.recipe, args.images, args.count_batch, args.gpu_steps_per_s, args.scaling,
-                    gpu_runs, args.operators)
+                    gpu_runs, args.operators, args.commands)
     write_json(args.out, result)
     json.dump(result, sys.stdout, indent=1)
     print()

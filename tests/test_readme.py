@@ -120,7 +120,7 @@ def test_stacked_muon_numbers_are_the_committed_benchmark():
         ops, speed = results[name]["operators_per_step"], results[name]["speedup"]
         time = "1" if name == "baseline" else f"{1 / speed:.2f}x"
         assert f"| {ops['optimizer']:,.0f} | {ops['total']:,.0f} | {time} |" in text, name
-        assert (f"dispatch {ops['forward_backward']:.0f} at the defaults and the step's bookkeeping "
+        assert (f"dispatch {ops['forward_backward']:,.0f} at the defaults and the step's bookkeeping "
                 f"{ops['bookkeeping']:.0f}") in text
 
 

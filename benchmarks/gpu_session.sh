@@ -107,18 +107,12 @@ cp params.yaml "$defaults"
 for part in ${PARTS:-default recipe}; do
   cp "$defaults" params.yaml
   case "$part" in
-    default)
-      limit=$(within "${DEFAULT_S:-420}")  # on an H200 the stages up to evaluate took 285 s
-      if [ "$limit" -le 0 ]; then echo "== default pipeline: no time left"; continue; fi
-      echo "== default pipeline, at most $limit s"
-      repro default "$limit" ;;
-    recipe)
-      limit=$(within "${RECIPE_S:-100000}")
-      if [ "$limit" -le 0 ]; then echo "== GPU recipe: no time left"; continue; fi
-      echo "== GPU recipe, at most $limit s"
-      apply_recipe "$@" || exit 1
-      repro recipe "$limit" ;;
-    *)
-      echo "PARTS: $part is neither default nor recipe"; exit 1 ;;
+    default) title="default pipeline"; limit=$(within "${DEFAULT_S:-420}") ;;  # H200: 285 s up to evaluate
+    recipe) title="GPU recipe"; limit=$(within "${RECIPE_S:-100000}") ;;
+    *) echo "PARTS: $part is neither default nor recipe"; exit 1 ;;
   esac
+  if [ "$limit" -le 0 ]; then echo "== $title: no time left"; continue; fi
+  echo "== $title, at most $limit s"
+  if [ "$part" = recipe ]; then apply_recipe "$@" || exit 1; fi
+  repro "$part" "$limit"
 done

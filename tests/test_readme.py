@@ -108,12 +108,11 @@ def test_launch_estimate_numbers_are_the_committed_report():
 
 def test_stacked_muon_numbers_are_the_committed_benchmark():
     text = " ".join((ROOT / "docs" / "experiments.md").read_text(encoding="utf-8").split())
-    loop = _json("metrics/bench_train_muon.json")["results"]["per_matrix_muon"]
+    results = _json("metrics/bench_train_muon.json")["results"]
+    loop, adamw = results["per_matrix_muon"], results["adamw"]
     low, high = loop["speedup_range"]
     assert f"1/{loop['speedup']:.3f} = {1 / loop['speedup']:.2f}x as long (rounds {low:.2f}-{high:.2f} in speed" in text
     assert loop["loss_max_abs_diff"] == 0.0 and "the same losses for 20 steps" in text
-    results = _json("metrics/bench_train_muon.json")["results"]
-    adamw = results["adamw"]
     assert (f"AdamW's step is {adamw['speedup']:.3f}x as fast as the stacked Muon's ({adamw['speedup_range'][0]:.2f}-"
             f"{adamw['speedup_range'][1]:.2f})") in text
     for name in ("baseline", "per_matrix_muon", "adamw"):  # the operator table's rows

@@ -194,7 +194,7 @@ def time_steps(run: Run, source, steps: int, losses: list[float] | None = None) 
         started = time.perf_counter()
         batch = next(source).to(run.device)
         fetched = time.perf_counter()
-        output, loss = forward_backward(run, batch, sync_grads=True, where="the benchmark")
+        output, loss = forward_backward(run, batch, sync_grads=True)
         window.add(output, loss, batch)
         optimizer_step(run)
         record = window.pop()
@@ -209,18 +209,44 @@ def time_steps(run: Run, source, steps: int, losses: list[float] | None = None) 
             "questions_per_s": questions / sum(totals), "questions_per_step": questions / steps}
 
 
+# Operators whose result a GPU run reads back to the host (a value, or the size of a data-dependent shape): each
+# waits for the GPU to finish what is queued before it. Boolean-mask indexing reads the mask's count (nonzero).
+READ_BACK = {"_local_scalar_dense", "nonzero", "masked_select", "bincount", "unique_dim", "_unique2",
+             "unique_consecutive", "repeat_interleave"}
+
+
 class OperatorCount(TorchDispatchMode):
     """The ATen operators dispatched under it, views excluded, counted per ``phase``: on a GPU, about the kernels
-    that a step launches, each one a launch the CPU pays for, however little work it holds."""
+    that a step launches, each one a launch the CPU pays for, however little work it holds. ``reads`` counts, per
+    phase, the device reads among them (:data:`READ_BACK`, boolean-mask indexing, ``Tensor.tolist``)."""
 
     def __init__(self):
         super().__init__()
-        self.phase, self.counts = "", collections.Counter()
+        self.phase, self.counts, self.reads = "", collections.Counter(), collections.Counter()
+        self.tolist = None
+
+    def __enter__(self):
+        self.tolist = torch.Tensor.tolist  # a read on a GPU, dispatched as no operator
+
+        def tolist(tensor):
+            self.reads[self.phase] += 1
+            return self.tolist(tensor)
+
+        torch.Tensor.tolist = tolist
+        return super().__enter__()
+
+    def __exit__(self, *args):
+        torch.Tensor.tolist = self.tolist
+        return super().__exit__(*args)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # not the profiler's own operators; _unsafe_view: a view that its schema does not mark as one
         if func.namespace == "aten" and not func.is_view and func is not torch.ops.aten._unsafe_view.default:
             self.counts[self.phase] += 1
+            name = func._opname  # pylint: disable=protected-access
+            masks = args[1] if name in ("index", "index_put", "index_put_") else ()
+            if name in READ_BACK or any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in masks):
+                self.reads[self.phase] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -229,21 +255,24 @@ def count_operators(run: Run, source, steps: int) -> dict[str, float]:
     dispatches them: under bf16 autocast (on the CPU its casts stand in for CUDA's), after a first step that makes
     the optimizer's state. One forward and backward pass per optimizer step; the batch is built and copied to the
     device before (a GPU run builds it in the loader's worker processes). Compiled code is not counted: Dynamo runs
-    eagerly under a dispatch mode."""
+    eagerly under a dispatch mode. ``device_reads``: how many of them (and ``tolist`` calls) read back from the
+    device, whole step."""
     counter, window = OperatorCount(), StepWindow()
     for index in range(steps + 1):
         batch = next(source).to(run.device)
         with counter if index else nullcontext():
             counter.phase = "forward_backward"
             with torch.autocast(run.device.type, dtype=torch.bfloat16):
-                output, loss = forward_backward(run, batch, sync_grads=True, where="the operator count")
+                output, loss = forward_backward(run, batch, sync_grads=True)
             counter.phase = "bookkeeping"
             window.add(output, loss, batch)
             window.pop()
             counter.phase = "optimizer"
             optimizer_step(run)
-    per_step = {phase: counter.counts[phase] / steps for phase in ("forward_backward", "bookkeeping", "optimizer")}
-    return {**per_step, "total": sum(per_step.values())}
+    phases = ("forward_backward", "bookkeeping", "optimizer")
+    per_step = {phase: counter.counts[phase] / steps for phase in phases}
+    return {**per_step, "total": sum(per_step.values()),
+            "device_reads": sum(counter.reads[phase] for phase in phases) / steps}
 
 
 class RegionHooks:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from PIL import Image
 
@@ -95,6 +96,21 @@ def test_bench_train_step(tmp_path, tiny_run):
     assert report["profile"]["top_operators"]
     operators = report["operators_per_step"]
     assert operators["forward_backward"] > operators["optimizer"] > operators["bookkeeping"] > 0
+    assert operators["device_reads"] == 2  # the answers' length, the step's record (a row per question: no layout)
+
+
+def test_operator_count_counts_what_a_gpu_would_read_back():
+    from benchmarks.bench_train_step import OperatorCount
+
+    x, mask, index = torch.arange(6.0), torch.tensor([True, False] * 3), torch.tensor([0, 2])
+    counter, tolist = OperatorCount(), torch.Tensor.tolist
+    with counter:
+        counter.phase = "reads"
+        x[mask], x.sum().item(), x.tolist(), mask.nonzero()  # four reads
+        counter.phase = "none"
+        x[index], x * 2, torch.ones(3, device=x.device)  # sizes known without reading the device
+    assert counter.reads == {"reads": 4} and counter.counts["none"] == 3
+    assert torch.Tensor.tolist is tolist  # counted under the mode only
 
 
 @pytest.mark.xdist_group("tiny_project")

@@ -121,6 +121,7 @@ def test_stacked_muon_numbers_are_the_committed_benchmark():
         assert f"| {ops['optimizer']:,.0f} | {ops['total']:,.0f} | {time} |" in text, name
         assert (f"dispatch {ops['forward_backward']:,.0f} at the defaults and the step's bookkeeping "
                 f"{ops['bookkeeping']:.0f}") in text
+    assert f"default step reads back {results['baseline']['operators_per_step']['device_reads']:.0f} times" in text
 
 
 def test_determinism_claim_is_the_committed_check():

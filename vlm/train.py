@@ -477,9 +477,13 @@ def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
         batch = batch.to(run.device)
         last_batch = index + 1 == batches
         boundary = (index + 1) % config.grad_accum == 0 or last_batch
-        output, loss = forward_backward(run, batch, sync_grads=boundary,
-                                        where=f"epoch {state.epoch + 1}, batch {index + 1} (step {state.step})")
-        window.add(output, loss, batch, run.dist.world_size)
+        output, loss = forward_backward(run, batch, sync_grads=boundary)
+        loss = window.add(output, loss, batch, run.dist.world_size)
+        if not math.isfinite(loss):  # before the optimizer step: the weights stay as they were
+            raise NonFiniteLossError(
+                f"{run.name}: loss is {loss} at epoch {state.epoch + 1}, batch {index + 1} (step {state.step}); "
+                f"stopped. The last good checkpoint is kept at {run.last_path} and the best model at "
+                f"{run.paths.model}; lower train.lr or raise train.warmup_steps")
         state.samples += len(batch) * run.dist.world_size
         if not boundary:
             continue
@@ -538,16 +542,13 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
 
 
 # The loop's helpers
-def forward_backward(run: Run, batch: Batch, *, sync_grads: bool, where: str) -> tuple[VLMOutput, torch.Tensor]:
-    """Forward and backward pass of one batch; under DDP the gradients sync only at an accumulation window's end."""
+def forward_backward(run: Run, batch: Batch, *, sync_grads: bool) -> tuple[VLMOutput, torch.Tensor]:
+    """Forward and backward pass of one batch; under DDP the gradients sync only at an accumulation window's end.
+    Its loss is checked by :meth:`StepWindow.add`, before the optimizer step, in the one sync of the step's record."""
     sync = nullcontext() if sync_grads or run.dist.world_size == 1 else run.ddp_model.no_sync()
     with sync, autocast(run.device):
         output = run.ddp_model(batch, answer_only=True)
     loss = weighted_loss(output.losses, run.model.loss_weights)
-    if not torch.isfinite(loss):
-        raise NonFiniteLossError(
-            f"{run.name}: loss is {loss.item()} at {where}; stopped. The last good checkpoint is kept at "
-            f"{run.last_path} and the best model at {run.paths.model}; lower train.lr or raise train.warmup_steps")
     (loss / run.config.grad_accum).backward()
     return output, loss
 
@@ -573,19 +574,24 @@ class StepWindow:
         self.sums: dict[str, float] = {}
         self.count = 0
 
-    def add(self, output: VLMOutput, loss: torch.Tensor, batch: Batch, world_size: int = 1) -> None:
+    def add(self, output: VLMOutput, loss: torch.Tensor, batch: Batch, world_size: int = 1) -> float:
+        """Add a forward pass's losses and accuracy, read from the device in one sync; -> its loss (under DDP the
+        processes' mean, non-finite where any process's is)."""
         # the share of questions whose first answer token (the answer of a one-word one) is the argmax
         rows = torch.arange(len(batch.labels), device=batch.labels.device)
         first_token = output.logits.detach()[:, 0].argmax(-1)  # [B] (answer_only logits [B, A, V])
-        accuracy = (first_token == batch.labels[rows, batch.prefix_lengths]).float().mean().item()
-        named = {"train/loss": loss, **{f"train/{name}_loss": value for name, value in output.losses.items()}}
-        values = torch.stack([v.detach().float() for v in named.values()] + [loss.new_tensor(accuracy).float()])
+        accuracy = (first_token == batch.labels[rows, batch.prefix_lengths]).float().mean()
+        named = {"train/loss": loss, **{f"train/{name}_loss": value for name, value in output.losses.items()},
+                 "train/accuracy": accuracy}
+        values = torch.stack([v.detach().float() for v in named.values()])
         if world_size > 1:
             dist.all_reduce(values)
             values /= world_size
-        for key, value in zip([*named, "train/accuracy"], values.tolist()):
+        values = values.tolist()
+        for key, value in zip(named, values):
             self.sums[key] = self.sums.get(key, 0.0) + value
         self.count += 1
+        return values[0]
 
     def pop(self) -> dict[str, float]:
         record = {key: total / self.count for key, total in self.sums.items()}

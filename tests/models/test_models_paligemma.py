@@ -225,6 +225,29 @@ def test_packed_rows_give_each_question_its_loss_and_gradients_alone(config, mak
         model.zero_grad()
 
 
+@pytest.mark.parametrize("vision, reads", [("siglip", 3), ("none", 4)])
+def test_a_packed_training_pass_reads_the_device_before_the_image_tokens_only(config, make_batch, vision, reads):
+    """On a GPU each read back to the host (a value, or a size that depends on the data) waits for all queued work:
+    the packed forward and backward read the answers' length and the layout's token places and row sizes (the
+    blind model its row count too), all before the image tokens, and nothing after them."""
+    from benchmarks.bench_train_step import OperatorCount
+
+    model = build(config, vision=vision, pack_questions=True).train()
+    batch = make_batch(model.config, batch=7, num_images=3)
+    counter, encode_images = OperatorCount(), model.encode_images
+
+    def encode_images_then_count_apart(*args, **kwargs):
+        counter.phase = "the image tokens and after"
+        return encode_images(*args, **kwargs)
+
+    model.encode_images = encode_images_then_count_apart
+    with counter:
+        counter.phase = "before the image tokens"
+        model(batch, answer_only=True).losses["answer"].backward()
+    assert counter.reads == {"before the image tokens": reads}
+    assert counter.counts["the image tokens and after" if vision == "siglip" else "before the image tokens"] > 100
+
+
 def test_packed_image_tokens_ignore_the_questions(config, make_batch):
     """With pack_questions the image tokens attend to each other only: what a question reads of its image does
     not depend on its words (PaliGemma's prefix lets them see the question)."""
@@ -348,6 +371,28 @@ def test_bf16_autocast_on_cuda(config, make_batch):
         probs = model.answer(inputs(batch), candidates=CANDIDATES)
     assert cached.shape == (5, 4)
     torch.testing.assert_close(probs.sum(-1), torch.ones(5, device="cuda"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_packed_training_pass_waits_for_the_gpu_before_the_image_tokens_only(config, make_batch):
+    """CUDA's own check of the reads counted above: from the image tokens on, the bf16 forward and the backward pass
+    never wait for the GPU (a synchronising call raises)."""
+    model = build(config, pack_questions=True).cuda().train()
+    batch = make_batch(model.config, batch=7, num_images=3).to("cuda")
+    encode_images = model.encode_images
+
+    def encode_images_strictly(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        return encode_images(*args, **kwargs)
+
+    model.encode_images = encode_images_strictly
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(batch, answer_only=True).losses["answer"]
+        loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(loss)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

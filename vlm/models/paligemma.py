@@ -296,15 +296,18 @@ class PaliGemma(nn.Module):
     def _decode_packed(self, batch: Batch, outputs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """:meth:`_decode` with one decoder row per image, ``[image tokens | q1 a1 | q2 a2 | ...]``."""
         text_embeds = self.language_model.model.embed_tokens(batch.input_ids)  # [B, L, D]
-        if self.config.vision == "none":  # no image tokens: a row per image all the same, or per question
+        blind = self.config.vision == "none"  # no image tokens: a row per image all the same, or per question
+        if blind:
             image_index = batch.image_index if batch.image_index is not None else torch.arange(
                 len(batch), device=text_embeds.device)
-            image_tokens, losses = text_embeds.new_zeros(int(image_index.max()) + 1, 0, text_embeds.shape[2]), {}
+            num_rows = int(image_index.max()) + 1
         else:
-            image_index = batch.image_index
-            image_tokens, losses = self.encode_images(batch.images, batch.targets)  # [N, T, D]
-        rows = PackedRows.build(image_index, image_tokens.shape[0], image_tokens.shape[1], batch.attention_mask,
+            image_index, num_rows = batch.image_index, batch.images.shape[0]
+        # before the image tokens: on a GPU, the sizes it reads back then wait for the batch's copy alone
+        rows = PackedRows.build(image_index, num_rows, self.num_image_tokens, batch.attention_mask,
                                 batch.prefix_lengths)
+        image_tokens, losses = (text_embeds.new_zeros(num_rows, 0, text_embeds.shape[2]), {}) if blind \
+            else self.encode_images(batch.images, batch.targets)  # [N, T, D]
         inputs_embeds = rows.pack(image_tokens, text_embeds)  # [N, S, D]
         output_slots = rows.row_slots(rows.slots.gather(1, outputs))  # [N, K*Q]
         hidden, _ = self.language_model.model(inputs_embeds, rows.position_ids, rows.mask,

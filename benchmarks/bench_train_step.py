@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import math
 import platform
 import statistics
 import tempfile
@@ -185,6 +186,12 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def add_finite(window: StepWindow, output, loss: torch.Tensor, batch, where: str) -> None:
+    """``window.add``, stopping at a non-finite loss as the training loop does."""
+    if not math.isfinite(window.add(output, loss, batch)):
+        raise FloatingPointError(f"non-finite loss in {where}")
+
+
 def time_steps(run: Run, source, steps: int, losses: list[float] | None = None) -> dict[str, float]:
     """Seconds per step (median), data seconds per step (median) and questions/s over ``steps`` steps
     (each step's loss appended to ``losses``)."""
@@ -195,7 +202,7 @@ def time_steps(run: Run, source, steps: int, losses: list[float] | None = None) 
         batch = next(source).to(run.device)
         fetched = time.perf_counter()
         output, loss = forward_backward(run, batch, sync_grads=True)
-        window.add(output, loss, batch)
+        add_finite(window, output, loss, batch, "the benchmark")
         optimizer_step(run)
         record = window.pop()
         if losses is not None:
@@ -212,13 +219,14 @@ def time_steps(run: Run, source, steps: int, losses: list[float] | None = None) 
 # Operators whose result a GPU run reads back to the host (a value, or the size of a data-dependent shape): each
 # waits for the GPU to finish what is queued before it. Boolean-mask indexing reads the mask's count (nonzero).
 READ_BACK = {"_local_scalar_dense", "nonzero", "masked_select", "bincount", "unique_dim", "_unique2",
-             "unique_consecutive", "repeat_interleave"}
+             "unique_consecutive", "repeat_interleave", "equal"}
 
 
 class OperatorCount(TorchDispatchMode):
     """The ATen operators dispatched under it, views excluded, counted per ``phase``: on a GPU, about the kernels
     that a step launches, each one a launch the CPU pays for, however little work it holds. ``reads`` counts, per
-    phase, the device reads among them (:data:`READ_BACK`, boolean-mask indexing, ``Tensor.tolist``)."""
+    phase, the device reads among them (:data:`READ_BACK`, boolean-mask indexing, ``Tensor.tolist``): an estimate,
+    as a CPU run dispatches no copy to the host and CUDA reads inside a few kernels (e.g. a tensor fill value)."""
 
     def __init__(self):
         super().__init__()
@@ -226,6 +234,9 @@ class OperatorCount(TorchDispatchMode):
         self.tolist = None
 
     def __enter__(self):
+        if self.tolist is not None:
+            raise RuntimeError("OperatorCount: already counting (one `with` at a time)")
+        entered = super().__enter__()
         self.tolist = torch.Tensor.tolist  # a read on a GPU, dispatched as no operator
 
         def tolist(tensor):
@@ -233,10 +244,10 @@ class OperatorCount(TorchDispatchMode):
             return self.tolist(tensor)
 
         torch.Tensor.tolist = tolist
-        return super().__enter__()
+        return entered
 
     def __exit__(self, *args):
-        torch.Tensor.tolist = self.tolist
+        torch.Tensor.tolist, self.tolist = self.tolist, None
         return super().__exit__(*args)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -265,7 +276,7 @@ def count_operators(run: Run, source, steps: int) -> dict[str, float]:
             with torch.autocast(run.device.type, dtype=torch.bfloat16):
                 output, loss = forward_backward(run, batch, sync_grads=True)
             counter.phase = "bookkeeping"
-            window.add(output, loss, batch)
+            add_finite(window, output, loss, batch, "the operator count")
             window.pop()
             counter.phase = "optimizer"
             optimizer_step(run)

@@ -111,6 +111,9 @@ def test_operator_count_counts_what_a_gpu_would_read_back():
         x[index], x * 2, torch.ones(3, device=x.device)  # sizes known without reading the device
     assert counter.reads == {"reads": 4} and counter.counts["none"] == 3
     assert torch.Tensor.tolist is tolist  # counted under the mode only
+    with pytest.raises(RuntimeError, match="already counting"), counter, counter:
+        pass
+    assert torch.Tensor.tolist is tolist
 
 
 @pytest.mark.xdist_group("tiny_project")

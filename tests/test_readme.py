@@ -61,7 +61,7 @@ def test_gpu_bullet_is_the_committed_gpu_run():
     run = "metrics/gpu/h200-2026-11-26b/default"
     gpu, cpu = _json(f"{run}/train_timing.json"), _json("metrics/train_timing.json")
     accuracy = _json(f"{run}/eval.json")["vlm"]["accuracy"]
-    assert (f"ran at {gpu['questions_per_s']:,.0f} questions/s (this CPU's committed run: "
+    assert (f"ran at {gpu['questions_per_s']:,.0f} questions/s (the committed CPU run: "
             f"{cpu['questions_per_s']:.0f}) to test accuracy {accuracy:.3f}") in text
 
 

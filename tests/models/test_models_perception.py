@@ -152,6 +152,26 @@ def test_grounding_loss_is_its_own_entry_and_trains_the_encoder(config, make_bat
     assert model.vision_tower.embeddings.patch_embedding.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("perception", [
+    {"heads": {"grounding": 1.0}, "to_decoder": True},
+    {"stem_channels": STEM, "heads": {"grounding": 1.0, "centres": 0.5, "counts": 1.0}, "to_decoder": True},
+    {"stem_channels": STEM, "heads": {"counts": 1.0}, "to_decoder": False},
+], ids=["grounding", "every head", "not to the decoder"])
+@pytest.mark.parametrize("connector", ["linear", "qformer"])
+def test_the_packed_layout_has_a_slot_for_each_image_token(config, make_batch, perception, connector):
+    """The packed rows are laid out from ``num_image_tokens`` before the image tokens exist (so that on a GPU the
+    layout's reads wait for nothing): every extension's tokens are in that count."""
+    torch.manual_seed(0)
+    core = config(pack_questions=True, connector=connector)
+    model = build_vlm(VLMConfig(**{f: getattr(core, f) for f in core.__dataclass_fields__},
+                                perception=PerceptionConfig(**perception)), pretrained=False).eval()
+    batch = make_batch(model.config)
+    tokens, _ = model.encode_images(batch.images)
+    assert tokens.shape[1] == model.num_image_tokens
+    assert (model.num_image_tokens > model.config.num_image_tokens) == perception["to_decoder"]  # the heads' tokens
+    assert model(batch).logits.shape[:2] == batch.input_ids.shape
+
+
 def test_to_decoder_gives_the_connector_the_maps_and_one_token_their_totals(config, make_batch):
     model = build(config, heads={"grounding": 1.0}, to_decoder=True).eval()
     head = model.extension.heads["grounding"]

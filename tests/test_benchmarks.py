@@ -99,6 +99,17 @@ def test_bench_train_step(tmp_path, tiny_run):
     assert operators["device_reads"] == 2  # the answers' length, the step's record (a row per question: no layout)
 
 
+def test_gpu_wheels_are_dvc_and_what_it_needs_beyond_the_gpu_image():
+    from importlib import metadata
+
+    from benchmarks.gpu_wheels import IMAGE, needed
+
+    packages = needed()
+    assert {"dvc", "dvclive", "dvc-data", "scmrepo", "hydra-core"} <= set(packages)
+    assert {"torch", "numpy", "pyyaml", "h5py"} <= IMAGE and not set(packages) & IMAGE  # there already
+    assert packages["dvc"] == metadata.version("dvc") and packages["dvclive"] == metadata.version("dvclive")
+
+
 def test_operator_count_counts_what_a_gpu_would_read_back():
     from benchmarks.bench_train_step import OperatorCount
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import math
 import platform
 import statistics
 import tempfile
@@ -72,6 +71,7 @@ from vlm.train import (
     forward_backward,
     make_optimizer,
     optimizer_step,
+    record_pass,
     setup,
     weighted_loss,
 )
@@ -186,12 +186,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def add_finite(window: StepWindow, output, loss: torch.Tensor, batch, where: str) -> None:
-    """``window.add``, stopping at a non-finite loss as the training loop does."""
-    if not math.isfinite(window.add(output, loss, batch)):
-        raise FloatingPointError(f"non-finite loss in {where}")
-
-
 def time_steps(run: Run, source, steps: int, losses: list[float] | None = None) -> dict[str, float]:
     """Seconds per step (median), data seconds per step (median) and questions/s over ``steps`` steps
     (each step's loss appended to ``losses``)."""
@@ -202,7 +196,7 @@ def time_steps(run: Run, source, steps: int, losses: list[float] | None = None) 
         batch = next(source).to(run.device)
         fetched = time.perf_counter()
         output, loss = forward_backward(run, batch, sync_grads=True)
-        add_finite(window, output, loss, batch, "the benchmark")
+        record_pass(run, window, output, loss, batch, where="the benchmark")
         optimizer_step(run)
         record = window.pop()
         if losses is not None:
@@ -276,7 +270,7 @@ def count_operators(run: Run, source, steps: int) -> dict[str, float]:
             with torch.autocast(run.device.type, dtype=torch.bfloat16):
                 output, loss = forward_backward(run, batch, sync_grads=True)
             counter.phase = "bookkeeping"
-            add_finite(window, output, loss, batch, "the operator count")
+            record_pass(run, window, output, loss, batch, where="the operator count")
             window.pop()
             counter.phase = "optimizer"
             optimizer_step(run)

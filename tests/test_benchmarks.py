@@ -96,6 +96,7 @@ def test_bench_train_step(tmp_path, tiny_run):
     assert report["profile"]["top_operators"]
     operators = report["operators_per_step"]
     assert operators["forward_backward"] > operators["optimizer"] > operators["bookkeeping"] > 0
+    assert operators["total"] == sum(operators[phase] for phase in ("forward_backward", "bookkeeping", "optimizer"))
     assert operators["device_reads"] == 2  # the answers' length, the step's record (a row per question: no layout)
 
 

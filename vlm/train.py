@@ -478,12 +478,8 @@ def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
         last_batch = index + 1 == batches
         boundary = (index + 1) % config.grad_accum == 0 or last_batch
         output, loss = forward_backward(run, batch, sync_grads=boundary)
-        loss = window.add(output, loss, batch, run.dist.world_size)
-        if not math.isfinite(loss):  # before the optimizer step: the weights stay as they were
-            raise NonFiniteLossError(
-                f"{run.name}: loss is {loss} at epoch {state.epoch + 1}, batch {index + 1} (step {state.step}); "
-                f"stopped. The last good checkpoint is kept at {run.last_path} and the best model at "
-                f"{run.paths.model}; lower train.lr or raise train.warmup_steps")
+        record_pass(run, window, output, loss, batch,
+                    where=f"epoch {state.epoch + 1}, batch {index + 1} (step {state.step})")
         state.samples += len(batch) * run.dist.world_size
         if not boundary:
             continue
@@ -544,7 +540,7 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
 # The loop's helpers
 def forward_backward(run: Run, batch: Batch, *, sync_grads: bool) -> tuple[VLMOutput, torch.Tensor]:
     """Forward and backward pass of one batch; under DDP the gradients sync only at an accumulation window's end.
-    Its loss is checked by :meth:`StepWindow.add`, before the optimizer step, in the one sync of the step's record."""
+    Its loss is checked by :func:`record_pass`, before the optimizer step, in the one sync of the step's record."""
     sync = nullcontext() if sync_grads or run.dist.world_size == 1 else run.ddp_model.no_sync()
     with sync, autocast(run.device):
         output = run.ddp_model(batch, answer_only=True)
@@ -597,6 +593,17 @@ class StepWindow:
         record = {key: total / self.count for key, total in self.sums.items()}
         self.__init__()
         return record
+
+
+def record_pass(run: Run, window: StepWindow, output: VLMOutput, loss: torch.Tensor, batch: Batch, *,
+                where: str) -> None:
+    """The pass's losses and accuracy into ``window`` (one read from the device); a non-finite loss stops the run
+    there, before the optimizer step, so the weights stay as they were."""
+    loss = window.add(output, loss, batch, run.dist.world_size)
+    if not math.isfinite(loss):
+        raise NonFiniteLossError(
+            f"{run.name}: loss is {loss} at {where}; stopped. The last good checkpoint is kept at {run.last_path} and "
+            f"the best model at {run.paths.model}; lower train.lr or raise train.warmup_steps")
 
 
 def save_resume(run: Run, state: TrainState) -> None:

@@ -27,10 +27,10 @@ HEAT_CHANNELS = GROUPS["heat"] + GROUPS["foot"]
 STEM = [8, 8, 16]  # 3 stride-2 stages = the tiny encoder's patch size 8
 
 
-def build(config, seed=0, **perception) -> PaliGemma:
-    """The tiny core config of conftest with the perception ``perception`` gives."""
+def build(config, seed=0, core: dict | None = None, **perception) -> PaliGemma:
+    """The tiny core config of conftest (``core`` over it) with the perception ``perception`` gives."""
     torch.manual_seed(seed)
-    core = config()
+    core = config(**(core or {}))
     return build_vlm(VLMConfig(**{f: getattr(core, f) for f in core.__dataclass_fields__},
                                perception=PerceptionConfig(**perception)), pretrained=False)
 
@@ -161,10 +161,7 @@ def test_grounding_loss_is_its_own_entry_and_trains_the_encoder(config, make_bat
 def test_the_packed_layout_has_a_slot_for_each_image_token(config, make_batch, perception, connector):
     """The packed rows are laid out from ``num_image_tokens`` before the image tokens exist (so that on a GPU the
     layout's reads wait for nothing): every extension's tokens are in that count."""
-    torch.manual_seed(0)
-    core = config(pack_questions=True, connector=connector)
-    model = build_vlm(VLMConfig(**{f: getattr(core, f) for f in core.__dataclass_fields__},
-                                perception=PerceptionConfig(**perception)), pretrained=False).eval()
+    model = build(config, core={"pack_questions": True, "connector": connector}, **perception).eval()
     batch = make_batch(model.config)
     tokens, _ = model.encode_images(batch.images)
     assert tokens.shape[1] == model.num_image_tokens

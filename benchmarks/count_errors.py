@@ -3,8 +3,13 @@ whole-image count (its density summed over the image and rounded, as the decoder
 when the model is) against the labels' count, grouped by what the labels say about the image's objects of that
 category: the true count, whether one of them is occluded, and whether two of their box centres are close (within
 ``--close`` frame pixels). Writes exact shares and mean signed errors (rounded count minus true count) per group.
+With ``--predictions`` (evaluate's answers, ``metrics/eval/predictions.csv``, of the same split) it also sets the
+decoder's "how many" answers beside the counts head's rounded count, by how far the head's count is from a whole
+number: where the perception is unsure, and what the decoder makes of it.
 
     PYTHONPATH=. .venv/bin/python benchmarks/count_errors.py --out metrics/count_errors.json   # after make repro
+    PYTHONPATH=. .venv/bin/python benchmarks/count_errors.py --split test --predictions metrics/eval/predictions.csv \
+        --out /tmp/count_errors_test.json
 """
 
 from __future__ import annotations
@@ -61,6 +66,27 @@ def image_rows(scenes, counts: dict[str, dict[str, np.ndarray]], categories: lis
     return table
 
 
+def how_many_rows(predictions: pd.DataFrame, counts: dict[str, dict[str, np.ndarray]], categories: list[str]
+                  ) -> pd.DataFrame:
+    """The "how many" questions of ``predictions`` (evaluate's table) about a counted category: the decoder's answer and
+    the counts head's whole-image count beside the true answer, and the count's distance from a whole number."""
+    asked = predictions[(predictions.template == "counting/how_many")
+                        & predictions.counting_category.isin(categories)]
+    missing = sorted(set(asked.image_id) - set(counts))
+    if missing:
+        sys.exit(f"error: --predictions: {len(missing)} image(s) not in the split counted, e.g. {missing[0]}: give the "
+                 "predictions of the same split (--split)")
+    head = np.array([float(counts[i][c][0]) for i, c in zip(asked.image_id, asked.counting_category)])
+    return pd.DataFrame({"category": asked.counting_category.to_numpy(), "decoder_exact": asked.correct.to_numpy(),
+                         "head_exact": np.round(head) == asked.answer.astype(int).to_numpy(),
+                         "distance": np.abs(head - np.round(head))})
+
+
+def exact_shares(asked: pd.DataFrame) -> dict:
+    return {"questions": len(asked), "decoder_exact": round(float(asked.decoder_exact.mean()), 4),
+            "head_exact": round(float(asked.head_exact.mean()), 4)}
+
+
 def summary(table: pd.DataFrame, by: list[str]) -> list[dict]:
     groups = table.groupby(by).agg(exact=("exact", "mean"), mean_error=("error", "mean"), images=("exact", "size"))
     return [{**dict(zip(by, key if isinstance(key, tuple) else (key,))), **{k: round(float(v), 4) if k != "images"
@@ -75,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="val")
     parser.add_argument("--categories", nargs="+", default=["car", "pedestrian"])
     parser.add_argument("--close", type=float, default=40.0, help="frame pixels between two centres that are close")
+    parser.add_argument("--predictions", help="evaluate's predictions.csv of the same split: the decoder's answers")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     data = Path(args.data)
@@ -92,9 +119,18 @@ def main(argv: list[str] | None = None) -> None:
               "exact": summary(table, ["category"]), "by_true_count": summary(table, ["category", "true"]),
               "two_or_more_by_occluded": summary(several, ["category", "occluded"]),
               "two_or_more_by_close": summary(several, ["category", "close"])}
+    if args.predictions:
+        asked = how_many_rows(pd.read_csv(args.predictions, dtype={"image_id": str}), counts, args.categories)
+        edges = [0, 0.1, 0.2, 0.3, 0.4, 0.5]
+        labels = ["[0, 0.1]"] + [f"({low}, {high}]" for low, high in zip(edges[1:-1], edges[2:])]
+        bands = pd.cut(asked.distance, edges, labels=labels, include_lowest=True)
+        report["how_many"] = [exact_shares(asked)]
+        report["how_many_by_head_distance"] = [{"head_distance": band, **exact_shares(group)}
+                                               for band, group in asked.groupby(bands, observed=True)]
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    for key in ("exact", "two_or_more_by_occluded", "two_or_more_by_close"):
-        print(key, json.dumps(report[key]))
+    for key in ("exact", "two_or_more_by_occluded", "two_or_more_by_close", "how_many", "how_many_by_head_distance"):
+        if key in report:
+            print(key, json.dumps(report[key]))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -329,6 +330,34 @@ def test_count_errors(tmp_path, tiny_project, tiny_model):
     for key in ("two_or_more_by_occluded", "two_or_more_by_close"):
         several = sum(row["images"] for row in report["by_true_count"] if row["true"] >= 2)
         assert sum(row["images"] for row in report[key]) == several
+    assert "how_many" not in report  # without --predictions
+
+
+@pytest.mark.xdist_group("tiny_project")
+def test_count_errors_sets_the_decoders_answers_beside_the_heads_counts(tmp_path, tiny_project, tiny_model):
+    """--predictions: each "how many" question's decoder answer (evaluate's ``correct``) beside the counts head's
+    rounded count, in bands of the head's distance from a whole number; predictions of another split are refused."""
+    asked = [{**r, "counting_category": "car" if " car" in r["command"] else "pedestrian",
+              "correct": index % 2 == 0} for index, r in enumerate(tiny_project.records["val"])
+             if r["template"] == "counting/how_many"]
+    assert asked, "the tiny val split asks how many"
+    pd.DataFrame(asked).to_csv(tmp_path / "predictions.csv", index=False)
+    args = ["--model", str(tiny_model), "--data", str(tiny_project.processed),
+            "--raw", str(tiny_project.root / "data" / "raw"), "--predictions", str(tmp_path / "predictions.csv")]
+    report = run_benchmark("count_errors.py", tmp_path / "counts.json", *args)
+    overall, = report["how_many"]
+    assert overall["questions"] == len(asked)
+    assert overall["decoder_exact"] == round(sum(a["correct"] for a in asked) / len(asked), 4)
+    assert 0 <= overall["head_exact"] <= 1
+    bands = report["how_many_by_head_distance"]
+    assert sum(band["questions"] for band in bands) == len(asked)
+    assert {band["head_distance"] for band in bands} <= {"[0, 0.1]", "(0.1, 0.2]", "(0.2, 0.3]", "(0.3, 0.4]",
+                                                         "(0.4, 0.5]"}
+    pd.DataFrame([{**asked[0], "image_id": "not-in-val"}]).to_csv(tmp_path / "other.csv", index=False)
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "count_errors.py"), *args[:-1],
+                             str(tmp_path / "other.csv"), "--out", str(tmp_path / "other.json")], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "not in the split counted, e.g. not-in-val" in result.stderr, result.stderr
 
 
 @pytest.mark.xdist_group("tiny_project")

@@ -17,7 +17,6 @@ PRIOR = 1e-3  # initial expected count per cell
 MAX_LOG_COUNT = 4.0  # log-counts are clamped before exp (at most e^4 ~ 55 per cell)
 NUM_THRESHOLDS = 10  # region sums thermometer-coded at 0.5, 1.5, ..., 9.5
 WINDOW = 5  # cells: the density's sums over every WINDOW x WINDOW window are trained against the labels' too
-REGION_WEIGHT = 10.0  # the region sums' Poisson term against the per-cell one (probe)
 
 
 class CountHead(AuxiliaryHead):
@@ -79,7 +78,7 @@ class CountHead(AuxiliaryHead):
         per_region = F.poisson_nll_loss(sums, exact, log_input=False, full=False, eps=1e-6)
         per_window = (self.window_sums(density) - self.window_sums(counts)).pow(2).sum()
         per_window = per_window / (num * channels * WINDOW ** 2)
-        return per_cell + REGION_WEIGHT * per_region + per_window
+        return per_cell + per_region + per_window
 
     def oracle(self, targets: torch.Tensor) -> torch.Tensor:
         """The labels' counts per cell as log counts ``[N, h*w, C]``: region sums exactly the labels' counts."""

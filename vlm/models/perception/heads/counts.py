@@ -58,12 +58,12 @@ class CountHead(AuxiliaryHead):
     def density(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.float().clamp(max=MAX_LOG_COUNT).exp()  # [N, h*w, C]
 
-    def window_sums(self, counts: torch.Tensor, size: int = WINDOW) -> torch.Tensor:
+    def window_sums(self, counts: torch.Tensor) -> torch.Tensor:
         """Counts per cell ``[N, h*w, C]`` -> their sums over the WINDOW x WINDOW window around each cell
         ``[N, C, h, w]`` (cells outside the map count 0)."""
         rows, columns = self.grid
         maps = counts.transpose(1, 2).reshape(counts.shape[0], -1, rows, columns)
-        return F.avg_pool2d(maps, size, stride=1, padding=size // 2) * size ** 2
+        return F.avg_pool2d(maps, WINDOW, stride=1, padding=WINDOW // 2) * WINDOW ** 2
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Poisson per cell (summed over cells, averaged over images and channels), Poisson per region sum, and the
@@ -78,8 +78,7 @@ class CountHead(AuxiliaryHead):
         per_region = F.poisson_nll_loss(sums, exact, log_input=False, full=False, eps=1e-6)
         per_window = (self.window_sums(density) - self.window_sums(counts)).pow(2).sum()
         per_window = per_window / (num * channels * WINDOW ** 2)
-        per_small = (self.window_sums(density, 3) - self.window_sums(counts, 3)).pow(2).sum() / (num * channels * 9)
-        return per_cell + per_region + per_window + per_small
+        return per_cell + per_region + per_window
 
     def oracle(self, targets: torch.Tensor) -> torch.Tensor:
         """The labels' counts per cell as log counts ``[N, h*w, C]``: region sums exactly the labels' counts."""

@@ -14,7 +14,6 @@ from vlm.models.perception.targets import CENTRE_REGIONS, CHANNELS, FOOT_REGIONS
 from vlm.models.siglip import SiglipVisionConfig
 
 PEAK_THRESHOLD = 0.5
-LOW_PEAK_THRESHOLD = 0.25  # probe: the peaks above it too
 PRIOR = 0.1  # initial heatmap probability (CenterNet's bias init -2.19)
 NUM_COUNT_THRESHOLDS = 10  # peak counts thermometer-coded: > 0, > 1, ..., > 9
 
@@ -32,7 +31,7 @@ class CentreHead(AuxiliaryHead):
         self.register_buffer("thresholds", torch.arange(NUM_COUNT_THRESHOLDS) + 0.5, persistent=False)
         regions = [CENTRE_REGIONS if name in GROUPS["heat"] else FOOT_REGIONS for name in heat_channels]
         self.register_buffer("masks", region_masks(regions, self.grid), persistent=False)  # [C, R, H/4, W/4]
-        self.num_token_features = 2 * len(heat_channels) * len(CENTRE_REGIONS) * NUM_COUNT_THRESHOLDS
+        self.num_token_features = len(heat_channels) * len(CENTRE_REGIONS) * NUM_COUNT_THRESHOLDS
 
     def forward(self, patch_features: torch.Tensor, fine_features: torch.Tensor) -> torch.Tensor:
         """The stride-4 map -> heatmap logits ``[N, H/4 * W/4, C_heat]`` (row-major cells)."""
@@ -51,14 +50,14 @@ class CentreHead(AuxiliaryHead):
         """The label heatmaps as logits ``[N, H/4 * W/4, C_heat]`` (each object's cell a peak)."""
         return torch.logit(targets[..., self.channels].float().clamp(1e-4, 1 - 1e-4))
 
-    def peak_counts(self, logits: torch.Tensor, threshold: float = PEAK_THRESHOLD) -> torch.Tensor:
+    def peak_counts(self, logits: torch.Tensor) -> torch.Tensor:
         """Peaks (3x3 local maxima above 0.5) per channel and region: ``[N, C_heat, R]``."""
         num, _, channels = logits.shape
         prob = logits.detach().float().sigmoid().transpose(1, 2).reshape(num, channels, *self.grid)
-        peaks = (prob > threshold) & (prob == F.max_pool2d(prob, 3, stride=1, padding=1))  # [N, C, H/4, W/4]
+        peaks = (prob > PEAK_THRESHOLD) & (prob == F.max_pool2d(prob, 3, stride=1, padding=1))  # [N, C, H/4, W/4]
         return (peaks[:, :, None] & self.masks).sum(dim=(3, 4)).float()
 
     def decoder_features(self, logits: torch.Tensor) -> tuple[None, torch.Tensor]:
         """No per-patch maps (finer than the patches); the peak counts thermometer-coded (count > 0 ... > 9)."""
-        counts = torch.cat([self.peak_counts(logits), self.peak_counts(logits, LOW_PEAK_THRESHOLD)], dim=1)
+        counts = self.peak_counts(logits)  # [N, C_heat, R]
         return None, (counts[..., None] > self.thresholds).flatten(1).float()

@@ -77,7 +77,7 @@ def how_many_rows(predictions: pd.DataFrame, counts: dict[str, dict[str, np.ndar
         sys.exit(f"error: --predictions: {len(missing)} image(s) not in the split counted, e.g. {missing[0]}: give the "
                  "predictions of the same split (--split)")
     head = np.array([float(counts[i][c][0]) for i, c in zip(asked.image_id, asked.counting_category)])
-    return pd.DataFrame({"category": asked.counting_category.to_numpy(), "decoder_exact": asked.correct.to_numpy(),
+    return pd.DataFrame({"decoder_exact": asked.correct.to_numpy(),
                          "head_exact": np.round(head) == asked.answer.astype(int).to_numpy(),
                          "distance": np.abs(head - np.round(head))})
 
@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--predictions", help="evaluate's predictions.csv of the same split: the decoder's answers")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if args.predictions and not Path(args.predictions).is_file():
+        sys.exit(f"error: --predictions: {args.predictions} not found (evaluate writes metrics/eval/predictions.csv)")
     data = Path(args.data)
     loaded = load_model(args.model, data / "vocab.json")
     model = loaded.model

@@ -354,10 +354,17 @@ def test_count_errors_sets_the_decoders_answers_beside_the_heads_counts(tmp_path
     assert {band["head_distance"] for band in bands} <= {"[0, 0.1]", "(0.1, 0.2]", "(0.2, 0.3]", "(0.3, 0.4]",
                                                          "(0.4, 0.5]"}
     pd.DataFrame([{**asked[0], "image_id": "not-in-val"}]).to_csv(tmp_path / "other.csv", index=False)
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "count_errors.py"), *args[:-1],
-                             str(tmp_path / "other.csv"), "--out", str(tmp_path / "other.json")], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and "not in the split counted, e.g. not-in-val" in result.stderr, result.stderr
+
+    def refused(predictions: Path) -> str:
+        command = [sys.executable, str(ROOT / "benchmarks" / "count_errors.py"), *args[:-1], str(predictions),
+                   "--out", str(tmp_path / "refused.json")]
+        result = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                                text=True, timeout=300)
+        assert result.returncode == 1 and not (tmp_path / "refused.json").exists(), result.stderr
+        return result.stderr
+
+    assert "not in the split counted, e.g. not-in-val" in refused(tmp_path / "other.csv")
+    assert f"--predictions: {tmp_path / 'none.csv'} not found" in refused(tmp_path / "none.csv")
 
 
 @pytest.mark.xdist_group("tiny_project")

@@ -4,14 +4,15 @@
 #   benchmarks/gpu_session.sh OUT [key=value ...]
 #
 # 1. the tests (pytest, as `make test` runs them; the CUDA-marked ones run here) -> OUT/tests.log
-# 2. the default pipeline, timed -> metrics/gpu/default.json (benchmarks/gpu_report.py), OUT/default.tgz (metrics/,
-#    dvc.lock and the stamped repro log). First `dvc repro evaluate`, then the report: training questions/s, MFU
-#    against this GPU's bf16 matmul peak, test accuracy, each stage's seconds. Then the rest of `dvc repro`, and the
-#    whole pipeline's wall time is added to the report. So a time limit that ends the last stages keeps the rest.
-# 3. the GPU recipe (recipes/gpu.yaml, then the key=value arguments over it, e.g. a smaller num_images to fit
-#    a time budget) written into params.yaml and the same again -> metrics/gpu/recipe.json, OUT/recipe.tgz
+# 2. the GPU recipe (recipes/gpu.yaml, then the key=value arguments over it, e.g. a smaller num_images to fit
+#    a time budget) written into params.yaml, timed -> metrics/gpu/recipe.json, OUT/recipe.tgz (metrics/, dvc.lock
+#    and the stamped repro log). First `dvc repro evaluate`, then the report: training questions/s, MFU against this
+#    GPU's bf16 matmul peak, test accuracy, each stage's seconds. Then the rest of `dvc repro`, and the whole
+#    pipeline's wall time is added to the report. So a time limit that ends the last stages keeps the rest.
+# 3. the default pipeline, the same way -> metrics/gpu/default.json, OUT/default.tgz
 #
-# PARTS picks and orders 2 and 3 ("recipe default", "recipe"; default "default recipe"); each starts from the
+# PARTS picks and orders 2 and 3 (default "recipe default": the recipe's accuracy is what a lease is for, the default
+# pipeline gets the time left; "default recipe", "recipe"; "" for none, the tests alone); each starts from the
 # params.yaml the script found. Each part has a time limit in whole seconds, so that a lease's end still leaves the
 # parts before it: TESTS_S (0: no tests; TESTS_ARGS selects them, e.g. "-k cuda"), DEFAULT_S and RECIPE_S, these two
 # cut to what is left of DEADLINE seconds after the script's start, less the report's time. Progress bars print every
@@ -104,7 +105,7 @@ EOF
 
 defaults=$(mktemp)
 cp params.yaml "$defaults"
-for part in ${PARTS:-default recipe}; do
+for part in ${PARTS-recipe default}; do  # PARTS="": the tests alone
   cp "$defaults" params.yaml
   case "$part" in
     default) title="default pipeline"; limit=$(within "${DEFAULT_S:-420}") ;;  # H200: 285 s up to evaluate

@@ -240,9 +240,10 @@ def test_recipe_compute(tmp_path, tiny_params):
 
 
 @pytest.mark.pipeline
-def test_gpu_session_runs_the_default_then_the_recipe(tmp_path, tiny_params):
-    """benchmarks/gpu_session.sh on a tiny project (on the CPU, without its tests): both pipelines' reports,
-    the recipe's values in params.yaml (its model sizes set back to tiny ones by the arguments)."""
+def test_gpu_session_runs_the_recipe_then_the_default(tmp_path, tiny_params):
+    """benchmarks/gpu_session.sh on a tiny project (on the CPU, without its tests), in its default order: both
+    pipelines' reports, the recipe's values in params.yaml while it ran (its model sizes set back to tiny ones by the
+    arguments), then the default's."""
     from tests.pipeline import DvcProject
 
     project = DvcProject(tmp_path / "project", tiny_params)
@@ -255,23 +256,25 @@ def test_gpu_session_runs_the_default_then_the_recipe(tmp_path, tiny_params):
         "train.epochs": 1, "train.batch_size": 16, "runtime.train.compile": "false",
         "runtime.train.num_workers": 0}.items()]
     project.env["TESTS_S"] = "0"
+    defaults = (project.path / "params.yaml").read_text()
     result = project.run("bash", "benchmarks/gpu_session.sh", str(tmp_path / "out"), *overrides, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     default, recipe = project.json("metrics/gpu/default.json"), project.json("metrics/gpu/recipe.json")
     assert default["pipeline_wall_s"] >= default["wall_s_through_evaluate"] > 0
     assert 0 < default["mfu"] < 1 and default["train"]["questions_per_s"] > 0
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    assert set(default["stage_seconds"]) == set(stages)  # the recipe's: the stages it ran (its images were there)
-    assert {"train", "evaluate", "counterfactuals"} <= set(recipe["stage_seconds"]) < set(stages)
-    assert all(seconds >= 0 for seconds in default["stage_seconds"].values())
+    assert set(recipe["stage_seconds"]) == set(stages)  # the default's: the stages it ran (its images were there)
+    assert {"train", "evaluate", "counterfactuals"} <= set(default["stage_seconds"]) < set(stages)
+    assert all(seconds >= 0 for seconds in recipe["stage_seconds"].values())
     assert recipe["train"]["batch_size"] == 16 and recipe["images"] == tiny_params["scenes"]["num_images"]
     assert 0 <= recipe["test"]["accuracy"] <= 1 and recipe["matmul_peak_dtype"] == "float32"
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"default.tgz", "recipe.tgz"}
-    with tarfile.open(tmp_path / "out" / "default.tgz") as archive:
-        log = next(archive.extractfile(m) for m in archive if m.name.endswith("default_repro.log")).read().decode()
+    with tarfile.open(tmp_path / "out" / "recipe.tgz") as archive:
+        log = next(archive.extractfile(m) for m in archive if m.name.endswith("recipe_repro.log")).read().decode()
+        lock = yaml.safe_load(next(archive.extractfile(m) for m in archive if m.name.endswith("recipe_dvc.lock")))
     assert re.search(r"^\[\d\d:\d\d:\d\d\] vlm epoch 1/1: +100%", log, re.M), log  # a progress update is a line
-    params = yaml.safe_load((project.path / "params.yaml").read_text())
-    assert params["runtime"]["train"]["in_memory_budget_mb"] == 65536  # the recipe's, not overridden
+    assert lock["stages"]["train"]["params"]["params.yaml"]["train.lr"] == 0.004  # the recipe's, not overridden
+    assert (project.path / "params.yaml").read_text() == defaults  # restored for the default pipeline
 
 
 def test_gpu_session_keeps_to_its_deadline(tmp_path):
@@ -284,6 +287,9 @@ def test_gpu_session_keeps_to_its_deadline(tmp_path):
     result = subprocess.run(session, cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "== default pipeline: no time left" in result.stdout and "== GPU recipe: no time left" in result.stdout
+    result = subprocess.run(session, cwd=tmp_path, env={**env, "PARTS": ""}, capture_output=True, text=True,
+                            check=False)  # no pipeline: what a call for the tests alone gives
+    assert result.returncode == 0 and "==" not in result.stdout, result.stdout + result.stderr
     result = subprocess.run(session, cwd=tmp_path, env={**env, "DEFAULT_S": "7m"}, capture_output=True, text=True,
                             check=False)
     assert result.returncode == 1 and "DEFAULT_S=7m: not a whole number of seconds" in result.stderr

@@ -5,11 +5,13 @@ category: the true count, whether one of them is occluded, and whether two of th
 ``--close`` frame pixels). Writes exact shares and mean signed errors (rounded count minus true count) per group.
 With ``--predictions`` (evaluate's answers, ``metrics/eval/predictions.csv``, of the same split) it also sets the
 decoder's "how many" answers beside the counts head's rounded count, by how far the head's count is from a whole
-number: where the perception is unsure, and what the decoder makes of it.
+number: where the perception is unsure, and what the decoder makes of it. With ``--calibrated`` too, a classifier
+fitted on the train split's density statistics answers the same questions: does the decoder read less of the density
+than a readout trained on its counts alone could?
 
     PYTHONPATH=. .venv/bin/python benchmarks/count_errors.py --out metrics/count_errors.json   # after make repro
     PYTHONPATH=. .venv/bin/python benchmarks/count_errors.py --split test --predictions metrics/eval/predictions.csv \
-        --out /tmp/count_errors_test.json
+        --calibrated --out /tmp/count_errors_test.json
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
+from sklearn.ensemble import HistGradientBoostingClassifier
 
 from vlm.checkpoint import load_model
 from vlm.data.collate import collate_questions
@@ -31,19 +35,44 @@ from vlm.models.perception.targets import CHANNELS
 from vlm.scenes.generate import load_raw
 
 
-def region_counts(model, dataset: TrafficVQADataset, categories: list[str]) -> dict[str, dict[str, np.ndarray]]:
-    """image id -> category -> the counts head's expected counts over its regions ``[R]``: the whole image, its left
-    third, its right third (``CENTRE_REGIONS``)."""
+def head_counts(model, dataset: TrafficVQADataset) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The counts head on every image of ``dataset``: image ids, their region sums ``[N, C, R]`` (the expected counts of
+    each density channel over ``CENTRE_REGIONS``/``FOOT_REGIONS``: the whole image, its left third, its right third
+    for the centres) and density statistics ``[N, F]``: the region sums, and per channel the sum of squared cell
+    counts, the largest cell, the cells above 0.1 and the largest WINDOW x WINDOW window sum."""
+    head = model.extension.heads["counts"]
+    ids, sums, statistics = [], [], []
+    for indices in GroupedBatchSampler(dataset.image_rows, 256, shuffle=False):
+        batch = collate_questions(dataset.__getitems__(indices), dataset.pad_token_id)
+        density = head.density(image_head_logits(model, batch.images)["counts"])  # [N, h*w, C]
+        regions = head.region_sums(density)  # [N, C, R]
+        ids += list(dict.fromkeys(batch.image_id))
+        sums.append(regions.numpy())
+        statistics.append(torch.cat([regions.flatten(1), density.pow(2).sum(1), density.amax(1),
+                                     (density > 0.1).float().sum(1), head.window_sums(density).flatten(2).amax(2)],
+                                    dim=1).numpy())
+    return ids, np.concatenate(sums), np.concatenate(statistics)
+
+
+def region_counts(model, ids: list[str], sums: np.ndarray, categories: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """image id -> category -> its expected counts over the regions ``[R]`` (from :func:`head_counts`)."""
     head = model.extension.heads["counts"]
     names = CHANNELS[head.centres] + CHANNELS[head.feet]  # the density channels, in order
     channels = {category: names.index(f"centre/{category}") for category in categories}
-    counts: dict[str, dict[str, np.ndarray]] = {}
-    for indices in GroupedBatchSampler(dataset.image_rows, 256, shuffle=False):
-        batch = collate_questions(dataset.__getitems__(indices), dataset.pad_token_id)
-        logits = image_head_logits(model, batch.images)["counts"]
-        sums = head.region_sums(head.density(logits)).numpy()  # [N, C, R]
-        for row, image_id in enumerate(dict.fromkeys(batch.image_id)):
-            counts[image_id] = {category: sums[row, c] for category, c in channels.items()}
+    return {image_id: {category: sums[row, c] for category, c in channels.items()} for row, image_id in enumerate(ids)}
+
+
+def calibrated_counts(train: tuple[list[str], np.ndarray], true: dict[str, dict[str, int]],
+                      split: tuple[list[str], np.ndarray], categories: list[str]) -> dict[str, dict[str, int]]:
+    """A gradient-boosted classifier per category, fitted on the train split's density statistics against the labels'
+    whole-image counts, then counting each image of the split: image id -> category -> count."""
+    (train_ids, train_statistics), (ids, statistics) = train, split
+    counts: dict[str, dict[str, int]] = {image_id: {} for image_id in ids}
+    for category in categories:
+        classifier = HistGradientBoostingClassifier(max_iter=200, learning_rate=0.05, random_state=0)
+        classifier.fit(train_statistics, [true[image_id][category] for image_id in train_ids])
+        for image_id, count in zip(ids, classifier.predict(statistics)):
+            counts[image_id][category] = int(count)
     return counts
 
 
@@ -66,10 +95,17 @@ def image_rows(scenes, counts: dict[str, dict[str, np.ndarray]], categories: lis
     return table
 
 
-def how_many_rows(predictions: pd.DataFrame, counts: dict[str, dict[str, np.ndarray]], categories: list[str]
-                  ) -> pd.DataFrame:
+def true_counts(scenes, categories: list[str]) -> dict[str, dict[str, int]]:
+    """image id -> category -> the labels' count."""
+    return {scene.image_id: {category: sum(o.category == category for o in scene.objects) for category in categories}
+            for scene in scenes}
+
+
+def how_many_rows(predictions: pd.DataFrame, counts: dict[str, dict[str, np.ndarray]], categories: list[str],
+                  calibrated: dict[str, dict[str, int]] | None = None) -> pd.DataFrame:
     """The "how many" questions of ``predictions`` (evaluate's table) about a counted category: the decoder's answer and
-    the counts head's whole-image count beside the true answer, and the count's distance from a whole number."""
+    the counts head's whole-image count beside the true answer, and the count's distance from a whole number; with
+    ``calibrated`` (:func:`calibrated_counts`) whether its count is the answer too."""
     asked = predictions[(predictions.template == "counting/how_many")
                         & predictions.counting_category.isin(categories)]
     missing = sorted(set(asked.image_id) - set(counts))
@@ -77,14 +113,19 @@ def how_many_rows(predictions: pd.DataFrame, counts: dict[str, dict[str, np.ndar
         sys.exit(f"error: --predictions: {len(missing)} image(s) not in the split counted, e.g. {missing[0]}: give the "
                  "predictions of the same split (--split)")
     head = np.array([float(counts[i][c][0]) for i, c in zip(asked.image_id, asked.counting_category)])
-    return pd.DataFrame({"decoder_exact": asked.correct.to_numpy(),
-                         "head_exact": np.round(head) == asked.answer.astype(int).to_numpy(),
+    answers = asked.answer.astype(int).to_numpy()
+    rows = pd.DataFrame({"category": asked.counting_category.to_numpy(), "decoder_exact": asked.correct.to_numpy(),
+                         "head_exact": np.round(head) == answers,
                          "distance": np.abs(head - np.round(head))})
+    if calibrated is not None:
+        rows["calibrated_exact"] = np.array([calibrated[i][c] for i, c in zip(asked.image_id,
+                                                                               asked.counting_category)]) == answers
+    return rows
 
 
 def exact_shares(asked: pd.DataFrame) -> dict:
-    return {"questions": len(asked), "decoder_exact": round(float(asked.decoder_exact.mean()), 4),
-            "head_exact": round(float(asked.head_exact.mean()), 4)}
+    return {"questions": len(asked), **{column: round(float(asked[column].mean()), 4) for column in
+                                        ("decoder_exact", "head_exact", "calibrated_exact") if column in asked}}
 
 
 def summary(table: pd.DataFrame, by: list[str]) -> list[dict]:
@@ -102,8 +143,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--categories", nargs="+", default=["car", "pedestrian"])
     parser.add_argument("--close", type=float, default=40.0, help="frame pixels between two centres that are close")
     parser.add_argument("--predictions", help="evaluate's predictions.csv of the same split: the decoder's answers")
+    parser.add_argument("--calibrated", action="store_true",
+                        help="with --predictions: a classifier fitted on the train split's density statistics answers "
+                             "the same questions")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if args.calibrated and not args.predictions:
+        sys.exit("error: --calibrated: needs --predictions (the questions it answers)")
     if args.predictions and not Path(args.predictions).is_file():
         sys.exit(f"error: --predictions: {args.predictions} not found (evaluate writes metrics/eval/predictions.csv)")
     data = Path(args.data)
@@ -112,25 +158,40 @@ def main(argv: list[str] | None = None) -> None:
     if model.extension is None or "counts" not in model.extension.heads:
         sys.exit(f"error: {args.model}: has no counts head (model.perception.heads.counts)")
     targets = model.extension.targets(model.config.siglip.height_width, tuple(loaded.checkpoint["frame_size"]))
-    dataset = TrafficVQADataset(data / "commands" / f"{args.split}.json", data / f"{args.split}_images.h5",
-                                loaded.tokenizer, in_memory=True, targets=targets)
-    counts = region_counts(model, dataset, args.categories)
-    table = image_rows(load_raw(args.raw).iter_scenes(), counts, args.categories, args.close)
+
+    def split_counts(split: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+        return head_counts(model, TrafficVQADataset(data / "commands" / f"{split}.json", data / f"{split}_images.h5",
+                                                    loaded.tokenizer, in_memory=True, targets=targets))
+
+    ids, sums, statistics = split_counts(args.split)
+    counts = region_counts(model, ids, sums, args.categories)
+    scenes = list(load_raw(args.raw).iter_scenes())
+    table = image_rows(scenes, counts, args.categories, args.close)
     several = table[table.true >= 2]  # where occlusion and closeness can happen
     report = {"model": args.model, "split": args.split, "close_px": args.close, "images": int(table.image_id.nunique()),
               "exact": summary(table, ["category"]), "by_true_count": summary(table, ["category", "true"]),
               "two_or_more_by_occluded": summary(several, ["category", "occluded"]),
               "two_or_more_by_close": summary(several, ["category", "close"])}
     if args.predictions:
-        asked = how_many_rows(pd.read_csv(args.predictions, dtype={"image_id": str}), counts, args.categories)
+        calibrated = None
+        if args.calibrated:
+            train_ids, _, train_statistics = split_counts("train")
+            calibrated = calibrated_counts((train_ids, train_statistics), true_counts(scenes, args.categories),
+                                           (ids, statistics), args.categories)
+            report["calibrated_on"] = {"split": "train", "images": len(train_ids)}
+        asked = how_many_rows(pd.read_csv(args.predictions, dtype={"image_id": str}), counts, args.categories,
+                              calibrated)
         edges = [0, 0.1, 0.2, 0.3, 0.4, 0.5]
         labels = ["[0, 0.1]"] + [f"({low}, {high}]" for low, high in zip(edges[1:-1], edges[2:])]
         bands = pd.cut(asked.distance, edges, labels=labels, include_lowest=True)
         report["how_many"] = [exact_shares(asked)]
         report["how_many_by_head_distance"] = [{"head_distance": band, **exact_shares(group)}
                                                for band, group in asked.groupby(bands, observed=True)]
+        report["how_many_by_category"] = [{"category": category, **exact_shares(group)}
+                                          for category, group in asked.groupby("category")]
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    for key in ("exact", "two_or_more_by_occluded", "two_or_more_by_close", "how_many", "how_many_by_head_distance"):
+    for key in ("exact", "two_or_more_by_occluded", "two_or_more_by_close", "how_many", "how_many_by_category",
+                "how_many_by_head_distance"):
         if key in report:
             print(key, json.dumps(report[key]))
 

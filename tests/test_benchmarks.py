@@ -350,11 +350,14 @@ def test_count_errors_sets_the_decoders_answers_beside_the_heads_counts(tmp_path
     pd.DataFrame(asked).to_csv(tmp_path / "predictions.csv", index=False)
     args = ["--model", str(tiny_model), "--data", str(tiny_project.processed),
             "--raw", str(tiny_project.root / "data" / "raw"), "--predictions", str(tmp_path / "predictions.csv")]
-    report = run_benchmark("count_errors.py", tmp_path / "counts.json", *args)
+    report = run_benchmark("count_errors.py", tmp_path / "counts.json", "--calibrated", *args)
     overall, = report["how_many"]
     assert overall["questions"] == len(asked)
     assert overall["decoder_exact"] == round(sum(a["correct"] for a in asked) / len(asked), 4)
-    assert 0 <= overall["head_exact"] <= 1
+    assert 0 <= overall["head_exact"] <= 1 and 0 <= overall["calibrated_exact"] <= 1
+    assert report["calibrated_on"] == {"split": "train", "images": len({r["image_id"]
+                                                                        for r in tiny_project.records["train"]})}
+    assert sum(c["questions"] for c in report["how_many_by_category"]) == len(asked)
     bands = report["how_many_by_head_distance"]
     assert sum(band["questions"] for band in bands) == len(asked)
     assert {band["head_distance"] for band in bands} <= {"[0, 0.1]", "(0.1, 0.2]", "(0.2, 0.3]", "(0.3, 0.4]",
@@ -371,6 +374,29 @@ def test_count_errors_sets_the_decoders_answers_beside_the_heads_counts(tmp_path
 
     assert "not in the split counted, e.g. not-in-val" in refused(tmp_path / "other.csv")
     assert f"--predictions: {tmp_path / 'none.csv'} not found" in refused(tmp_path / "none.csv")
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "count_errors.py"), "--calibrated", "--out",
+                             str(tmp_path / "refused.json")], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "--calibrated: needs --predictions" in result.stderr, result.stderr
+
+
+def test_calibrated_counts_learn_what_the_density_statistics_say():
+    """A density that counts 0.8 of each object and a column of noise: the classifier fitted on the train images
+    counts nearly all of the split's images right (its bins' edges may cut a class's tail), where rounding the
+    density's sum misses every count from 3 on."""
+    from benchmarks.count_errors import calibrated_counts
+
+    rng = np.random.default_rng(0)
+
+    def images(prefix: str, number: int) -> tuple[list[str], np.ndarray, dict]:
+        ids, counts = [f"{prefix}{i}" for i in range(number)], rng.integers(0, 7, number)
+        statistics = np.stack([0.8 * counts + rng.normal(0, 0.02, number), rng.normal(0, 1, number)], axis=1)
+        return ids, statistics, {i: {"car": int(c)} for i, c in zip(ids, counts)}
+
+    (train_ids, train_statistics, train_true), (ids, statistics, true) = images("t", 400), images("s", 100)
+    counted = calibrated_counts((train_ids, train_statistics), train_true, (ids, statistics), ["car"])
+    assert sum(counted[i] == true[i] for i in ids) >= 95
+    assert sum(round(s) != true[i]["car"] for i, s in zip(ids, statistics[:, 0])) >= 40
 
 
 @pytest.mark.xdist_group("tiny_project")

@@ -1,5 +1,8 @@
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -274,3 +277,13 @@ def test_mirror_answers_average_the_image_and_its_mirror_image(trained):
     np.testing.assert_allclose(mirrored_probs, probs, atol=1e-6)
     with pytest.raises(ParamError, match="model.mirror_answers: a model without vision"):
         VLMConfig.from_params({"vision": "none", "mirror_answers": True}, 50, 32)
+
+
+def test_answering_imports_no_torchvision():
+    """evaluate, the counterfactuals and vlm.predict never augment, so they skip torchvision's import (its models
+    and ops, over a second of every stage's start): only training's augmentation imports it."""
+    modules = "stages.evaluate, stages.counterfactuals, vlm.predict, vlm.export"
+    check = f"import sys, {modules}; print(sorted(m for m in sys.modules if m.startswith('torchvision'))[:3])"
+    result = subprocess.run([sys.executable, "-c", check], cwd=Path(__file__).resolve().parents[1],
+                            capture_output=True, text=True, check=True, timeout=120)
+    assert result.stdout.strip() == "[]"

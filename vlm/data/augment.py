@@ -8,8 +8,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms.v2 import functional as F
 
 from vlm.params import check
 
@@ -72,6 +70,11 @@ def single_threaded_torch() -> Iterator[None]:
 
 def augment_image(image: torch.Tensor, params: AugmentParams) -> torch.Tensor:
     """uint8 ``[3, H, W]`` -> augmented uint8 ``[3, H, W]``; call it inside ``single_threaded_torch()``."""
+    # imported here: torchvision's package loads its models and ops (about 1.2 s), which answering (evaluate,
+    # counterfactuals, vlm.predict) never needs
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional as F
+
     if params.hflip:
         image = F.horizontal_flip(image)
     if params.brightness != 1.0:

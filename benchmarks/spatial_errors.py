@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from benchmarks.count_errors import region_counts
+from benchmarks.count_errors import head_counts, region_counts
 from vlm.checkpoint import load_model
 from vlm.commands import rules
 from vlm.commands.templates import TEMPLATES
@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     for split in args.splits:
         records, dataset = spatial_questions(loaded, data, split)
         categories = sorted({TEMPLATES["spatial/on_side"].parse(r["command"])["category"] for r in records})
-        counts = region_counts(model, dataset, categories)
+        ids, sums, _ = head_counts(model, dataset)
+        counts = region_counts(model, ids, sums, categories)
         table = predictions_table(loaded, dataset, args.batch_size, torch.device("cpu"))
         report[split] = summary(question_rows(records, table, counts, scenes))
         for row in report[split]:

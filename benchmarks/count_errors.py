@@ -144,12 +144,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--close", type=float, default=40.0, help="frame pixels between two centres that are close")
     parser.add_argument("--predictions", help="evaluate's predictions.csv of the same split: the decoder's answers")
     parser.add_argument("--calibrated", action="store_true",
-                        help="with --predictions: a classifier fitted on the train split's density statistics answers "
-                             "the same questions")
+                        help="with --predictions: a classifier fitted on the train split's density statistics (as a "
+                             "readout trained with the model would be) answers the same questions")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.calibrated and not args.predictions:
         sys.exit("error: --calibrated: needs --predictions (the questions it answers)")
+    if args.calibrated and args.split == "train":
+        sys.exit("error: --calibrated: the classifier is fitted on the train split; answer another (--split)")
     if args.predictions and not Path(args.predictions).is_file():
         sys.exit(f"error: --predictions: {args.predictions} not found (evaluate writes metrics/eval/predictions.csv)")
     data = Path(args.data)

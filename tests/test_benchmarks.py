@@ -378,6 +378,10 @@ def test_count_errors_sets_the_decoders_answers_beside_the_heads_counts(tmp_path
                              str(tmp_path / "refused.json")], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and "--calibrated: needs --predictions" in result.stderr, result.stderr
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "count_errors.py"), "--calibrated", "--split",
+                             "train", *args[-2:], "--out", str(tmp_path / "refused.json")], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "fitted on the train split; answer another" in result.stderr, result.stderr
 
 
 def test_calibrated_counts_learn_what_the_density_statistics_say():

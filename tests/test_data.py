@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -316,3 +319,23 @@ def test_a_rectangular_image_and_its_targets_mirror_as_a_whole(project, tokenize
         np.testing.assert_array_equal(mirrored[index]["targets"].reshape(4, 6, -1), targets.reshape(4, 6, -1)[:, ::-1])
     batch = collate_questions([plain[i] for i in range(6)])
     assert batch.images.shape[1:] == (3, PACK_SIZE, 48) and batch.targets.shape[1:] == (24, len(CHANNELS))
+
+
+def test_only_a_dataset_that_jitters_imports_torchvision(project, tokenizer, tmp_path):
+    """A flip needs no torchvision (answering imports none, a second or two of each stage's start); a dataset whose
+    augmentation jitters imports its transforms when built, before the loader's workers fork from its process."""
+    (tmp_path / "tokenizer.pkl").write_bytes(pickle.dumps(tokenizer))
+    script = f"""
+import pickle, sys
+from vlm.data.augment import AugmentConfig
+from vlm.data.dataset import MIRROR, TrafficVQADataset
+tokenizer = pickle.loads(open({str(tmp_path / "tokenizer.pkl")!r}, "rb").read())
+paths = {str(project.commands("train"))!r}, {str(project.h5("train"))!r}
+TrafficVQADataset(*paths, tokenizer, augment=MIRROR).__getitems__([0, 1])
+flipped = any(name.startswith("torchvision") for name in sys.modules)
+TrafficVQADataset(*paths, tokenizer, augment=AugmentConfig())
+print(flipped, any(name.startswith("torchvision") for name in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.split() == ["False", "True"], result.stdout + result.stderr

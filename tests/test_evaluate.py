@@ -280,10 +280,21 @@ def test_mirror_answers_average_the_image_and_its_mirror_image(trained):
 
 
 def test_answering_imports_no_torchvision():
-    """evaluate, the counterfactuals and vlm.predict never augment, so they skip torchvision's import (its models
-    and ops, over a second of every stage's start): only training's augmentation imports it."""
-    modules = "stages.evaluate, stages.counterfactuals, vlm.predict, vlm.export"
-    check = f"import sys, {modules}; print(sorted(m for m in sys.modules if m.startswith('torchvision'))[:3])"
+    """evaluate, the counterfactuals and vlm.predict never jitter an image, so they skip torchvision's import (its
+    models and ops, about 2 s of every stage's start), also when they answer the mirror image (model.mirror_answers):
+    its flip is torch's own, the same pixels as torchvision's horizontal_flip."""
+    check = """
+import sys, torch, stages.evaluate, stages.counterfactuals, vlm.predict, vlm.export
+from vlm.data.augment import augment_image, sample_augment_params
+from vlm.data.dataset import MIRROR
+image = torch.randint(0, 256, (3, 8, 16), dtype=torch.uint8)
+assert torch.equal(augment_image(image, sample_augment_params(MIRROR, 0, 0, 0)), image.flip(-1))
+print(sorted(m for m in sys.modules if m.startswith("torchvision"))[:3])
+"""
     result = subprocess.run([sys.executable, "-c", check], cwd=Path(__file__).resolve().parents[1],
-                            capture_output=True, text=True, check=True, timeout=120)
-    assert result.stdout.strip() == "[]"
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+    from torchvision.transforms.v2 import functional
+
+    image = torch.randint(0, 256, (3, 8, 16), dtype=torch.uint8)
+    assert torch.equal(image.flip(-1), functional.horizontal_flip(image))

@@ -23,6 +23,11 @@ class AugmentConfig:
     hue: float = 0.0  # shift drawn from [-hue, hue]; keep 0 or tiny, see MAX_HUE
     rotation_degrees: float = 3.0  # angle drawn from [-rotation_degrees, rotation_degrees]
 
+    @property
+    def jitters(self) -> bool:
+        """Whether it changes the pixels beyond a flip (torchvision's transforms)."""
+        return any((self.brightness, self.contrast, self.saturation, self.hue, self.rotation_degrees))
+
     def validate(self, prefix: str = "augment") -> None:
         check(0.0 <= self.hflip_prob <= 1.0, f"{prefix}.hflip_prob", f"must be in [0, 1], got {self.hflip_prob}")
         for name in ("brightness", "contrast", "saturation"):
@@ -68,15 +73,22 @@ def single_threaded_torch() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+def transforms():
+    """torchvision's functional transforms, imported on first use: its package loads its models and ops (about 2 s on
+    the reference CPU), which answering (a flip at most) never needs. A dataset that jitters or rotates imports them
+    when built, so the DataLoader workers forked from its process find them imported."""
+    from torchvision.transforms.v2 import functional
+
+    return functional
+
+
 def augment_image(image: torch.Tensor, params: AugmentParams) -> torch.Tensor:
     """uint8 ``[3, H, W]`` -> augmented uint8 ``[3, H, W]``; call it inside ``single_threaded_torch()``."""
-    # imported here: torchvision's package loads its models and ops (about 1.2 s), which answering (evaluate,
-    # counterfactuals, vlm.predict) never needs
-    from torchvision.transforms import InterpolationMode
-    from torchvision.transforms.v2 import functional as F
-
     if params.hflip:
-        image = F.horizontal_flip(image)
+        image = image.flip(-1)  # what torchvision's horizontal_flip does to an image tensor
+    if (params.brightness, params.contrast, params.saturation, params.hue, params.angle) == (1.0, 1.0, 1.0, 0.0, 0.0):
+        return image.contiguous()
+    F = transforms()  # pylint: disable=invalid-name
     if params.brightness != 1.0:
         image = F.adjust_brightness(image, params.brightness)
     if params.contrast != 1.0:
@@ -86,7 +98,7 @@ def augment_image(image: torch.Tensor, params: AugmentParams) -> torch.Tensor:
     if params.hue != 0.0:
         image = F.adjust_hue(image, params.hue)
     if params.angle != 0.0:
-        image = F.rotate(image, params.angle, interpolation=InterpolationMode.BILINEAR)
+        image = F.rotate(image, params.angle, interpolation=F.InterpolationMode.BILINEAR)
     return image.contiguous()
 
 

@@ -12,7 +12,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from vlm.data.augment import AugmentConfig, augment_image, sample_augment_params, single_threaded_torch, swap_left_right
+from vlm.data.augment import (
+    AugmentConfig,
+    augment_image,
+    sample_augment_params,
+    single_threaded_torch,
+    swap_left_right,
+    transforms,
+)
 from vlm.data.commands import read_commands
 from vlm.data.h5file import PackedImageReader
 from vlm.processor import QATokenizer
@@ -62,6 +69,8 @@ class TrafficVQADataset(Dataset):
         self.commands_path = Path(commands_path)
         self.images = PackedImageReader(h5_path)
         self.augment = augment
+        if augment is not None and augment.jitters:
+            transforms()  # imported here, before any DataLoader worker forks from this process
         self.seed = seed
         self.epoch = 0
         self.pad_token_id = tokenizer.pad_token_id

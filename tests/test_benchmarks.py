@@ -364,24 +364,18 @@ def test_count_errors_sets_the_decoders_answers_beside_the_heads_counts(tmp_path
                                                          "(0.4, 0.5]"}
     pd.DataFrame([{**asked[0], "image_id": "not-in-val"}]).to_csv(tmp_path / "other.csv", index=False)
 
-    def refused(predictions: Path) -> str:
-        command = [sys.executable, str(ROOT / "benchmarks" / "count_errors.py"), *args[:-1], str(predictions),
+    def refused(*arguments: str) -> str:
+        command = [sys.executable, str(ROOT / "benchmarks" / "count_errors.py"), *arguments,
                    "--out", str(tmp_path / "refused.json")]
         result = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
                                 text=True, timeout=300)
         assert result.returncode == 1 and not (tmp_path / "refused.json").exists(), result.stderr
         return result.stderr
 
-    assert "not in the split counted, e.g. not-in-val" in refused(tmp_path / "other.csv")
-    assert f"--predictions: {tmp_path / 'none.csv'} not found" in refused(tmp_path / "none.csv")
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "count_errors.py"), "--calibrated", "--out",
-                             str(tmp_path / "refused.json")], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and "--calibrated: needs --predictions" in result.stderr, result.stderr
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "count_errors.py"), "--calibrated", "--split",
-                             "train", *args[-2:], "--out", str(tmp_path / "refused.json")], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and "fitted on the train split; answer another" in result.stderr, result.stderr
+    assert "not in the split counted, e.g. not-in-val" in refused(*args[:-1], str(tmp_path / "other.csv"))
+    assert f"--predictions: {tmp_path / 'none.csv'} not found" in refused(*args[:-1], str(tmp_path / "none.csv"))
+    assert "--calibrated: needs --predictions" in refused("--calibrated")
+    assert "fitted on the train split; answer another" in refused("--calibrated", "--split", "train", *args[-2:])
 
 
 def test_calibrated_counts_learn_what_the_density_statistics_say():

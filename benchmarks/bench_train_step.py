@@ -513,7 +513,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     args = parser.parse_args(argv)
     if args.compare is not None:
         with tempfile.TemporaryDirectory() as workdir:
-            report = {"machine": machine(), **compare(args, Path(workdir))}
+            report = {"machine": machine(), **({"against": args.against[0]} if args.against else {}),
+                      **compare(args, Path(workdir))}
         if args.out:
             write_json(args.out, report)
         return report

@@ -7,9 +7,11 @@ With ``--predictions`` (evaluate's answers, ``metrics/eval/predictions.csv``, of
 decoder's "how many" answers beside the counts head's rounded count, by how far the head's count is from a whole
 number: where the perception is unsure, and what the decoder makes of it. With ``--calibrated`` too, a classifier
 fitted on the train split's density statistics answers the same questions: does the decoder read less of the density
-than a readout trained on its counts alone could?
+than a readout trained on its counts alone could? With ``--sheet`` it draws the images counted furthest from their
+labels as the model reads them (its pixels, enlarged), with the category's label boxes, occluded ones in red.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/count_errors.py --out metrics/count_errors.json   # after make repro
+    PYTHONPATH=. .venv/bin/python benchmarks/count_errors.py --out metrics/count_errors.json \
+        --sheet metrics/plots/count_errors.png   # after make repro
     PYTHONPATH=. .venv/bin/python benchmarks/count_errors.py --split test --predictions metrics/eval/predictions.csv \
         --calibrated --out /tmp/count_errors_test.json
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from PIL import Image, ImageDraw
 from sklearn.ensemble import HistGradientBoostingClassifier
 
 from vlm.checkpoint import load_model
@@ -32,6 +35,7 @@ from vlm.data.dataset import TrafficVQADataset
 from vlm.data.sampler import GroupedBatchSampler
 from vlm.models.perception import image_head_logits
 from vlm.models.perception.targets import CHANNELS
+from vlm.plots import GREEN, GREY, RED, Line, contact_sheet, save_image
 from vlm.scenes.generate import load_raw
 
 
@@ -95,6 +99,44 @@ def image_rows(scenes, counts: dict[str, dict[str, np.ndarray]], categories: lis
     return table
 
 
+def boxes_sheet(images: list[tuple[Image.Image, list[tuple[tuple[float, float, float, float], bool]], list[Line]]],
+                frame_size: tuple[float, float], scale: int = 2) -> Image.Image:
+    """Images ``(pixels, [(label box in frame coordinates, occluded), ...], caption)``, each enlarged ``scale`` times
+    without smoothing (the pixels a model reads) under its boxes: occluded ones red, the others green."""
+    tiles = []
+    for image, boxes, lines in images:
+        enlarged = image.convert("RGB").resize((image.width * scale, image.height * scale), Image.NEAREST)
+        draw = ImageDraw.Draw(enlarged)
+        x_scale, y_scale = enlarged.width / frame_size[0], enlarged.height / frame_size[1]
+        for (x1, y1, x2, y2), occluded in boxes:
+            draw.rectangle((x1 * x_scale, y1 * y_scale, x2 * x_scale, y2 * y_scale),
+                           outline=(255, 40, 40) if occluded else (40, 230, 60))
+        tiles.append((enlarged, lines))
+    return contact_sheet(tiles, columns=3, tile_width=tiles[0][0].width, max_lines=2)
+
+
+def count_sheet(dataset: TrafficVQADataset, scenes, table: pd.DataFrame, counts: dict[str, dict[str, np.ndarray]],
+                frame_size: tuple[float, float], examples: int) -> Image.Image:
+    """The ``examples`` (image, category) rows of :func:`image_rows` counted furthest from the labels (the most
+    objects first among equal misses), each image as the model reads it with that category's label boxes."""
+    shown = table.assign(miss=table.error.abs()).sort_values(["miss", "true", "image_id", "category"],
+                                                             ascending=[False, False, True, True]).head(examples)
+    first_question = {}
+    for index, record in enumerate(dataset.records):
+        first_question.setdefault(record["image_id"], index)
+    objects = {scene.image_id: scene.objects for scene in scenes}
+    tiles = []
+    for row in shown.itertuples():
+        pixels = dataset[first_question[row.image_id]]["image"].permute(1, 2, 0).numpy()  # uint8 [S, W, 3]
+        boxes = [(o.box, o.occluded) for o in objects[row.image_id] if o.category == row.category]
+        expected = float(counts[row.image_id][row.category][0])
+        tiles.append((Image.fromarray(pixels), boxes,
+                      [(f"{row.image_id}: {row.true} {row.category}, head {expected:.2f} -> {row.predicted}",
+                        GREEN if row.exact else RED),
+                       (f"{sum(occluded for _, occluded in boxes)} occluded (red)", GREY)]))
+    return boxes_sheet(tiles, frame_size)
+
+
 def true_counts(scenes, categories: list[str]) -> dict[str, dict[str, int]]:
     """image id -> category -> the labels' count."""
     return {scene.image_id: {category: sum(o.category == category for o in scene.objects) for category in categories}
@@ -146,6 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calibrated", action="store_true",
                         help="with --predictions: a classifier fitted on the train split's density statistics (as a "
                              "readout trained with the model would be) answers the same questions")
+    parser.add_argument("--sheet", help="PNG: the images counted furthest from their labels, with their label boxes")
+    parser.add_argument("--sheet-examples", type=int, default=12, help="images on --sheet")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.calibrated and not args.predictions:
@@ -159,13 +203,15 @@ def main(argv: list[str] | None = None) -> None:
     model = loaded.model
     if model.extension is None or "counts" not in model.extension.heads:
         sys.exit(f"error: {args.model}: has no counts head (model.perception.heads.counts)")
-    targets = model.extension.targets(model.config.siglip.height_width, tuple(loaded.checkpoint["frame_size"]))
+    frame_size = tuple(loaded.checkpoint["frame_size"])  # (width, height) of the label boxes' frames
+    targets = model.extension.targets(model.config.siglip.height_width, frame_size)
 
-    def split_counts(split: str) -> tuple[list[str], np.ndarray, np.ndarray]:
-        return head_counts(model, TrafficVQADataset(data / "commands" / f"{split}.json", data / f"{split}_images.h5",
-                                                    loaded.tokenizer, in_memory=True, targets=targets))
+    def split_dataset(split: str) -> TrafficVQADataset:
+        return TrafficVQADataset(data / "commands" / f"{split}.json", data / f"{split}_images.h5", loaded.tokenizer,
+                                 in_memory=True, targets=targets)
 
-    ids, sums, statistics = split_counts(args.split)
+    dataset = split_dataset(args.split)
+    ids, sums, statistics = head_counts(model, dataset)
     counts = region_counts(model, ids, sums, args.categories)
     scenes = list(load_raw(args.raw).iter_scenes())
     table = image_rows(scenes, counts, args.categories, args.close)
@@ -177,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.predictions:
         calibrated = None
         if args.calibrated:
-            train_ids, _, train_statistics = split_counts("train")
+            train_ids, _, train_statistics = head_counts(model, split_dataset("train"))
             calibrated = calibrated_counts((train_ids, train_statistics), true_counts(scenes, args.categories),
                                            (ids, statistics), args.categories)
             report["calibrated_on"] = {"split": "train", "images": len(train_ids)}
@@ -192,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
         report["how_many_by_category"] = [{"category": category, **exact_shares(group)}
                                           for category, group in asked.groupby("category")]
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.sheet:
+        save_image(count_sheet(dataset, scenes, table, counts, frame_size, args.sheet_examples), Path(args.sheet))
     for key in ("exact", "two_or_more_by_occluded", "two_or_more_by_close", "how_many", "how_many_by_category",
                 "how_many_by_head_distance"):
         if key in report:

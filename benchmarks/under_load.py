@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             for process in busy:
                 process.kill()
                 process.wait()
-        report = {"epochs": args.epochs, "busy_processes": args.busy, "idle_seconds": round(idle, 1),
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                check=False).stdout.strip() or None
+        report = {"commit": commit, "epochs": args.epochs, "busy_processes": args.busy, "idle_seconds": round(idle, 1),
                   "loaded_seconds": round(loaded, 1), **compare(work / "idle" / "vlm.pt", work / "loaded" / "vlm.pt")}
     if args.out:
         write_json(args.out, report)

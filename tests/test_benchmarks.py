@@ -20,6 +20,7 @@ import yaml
 from PIL import Image
 
 from tiny_project import FRAME_SIZE, TINY_MODEL, TINY_RUNTIME, paths_for, tiny_train_config
+from vlm.data.h5file import PackedImageReader
 from vlm.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -325,9 +326,11 @@ def tiny_model(tmp_path_factory, tiny_project) -> Path:
 
 @pytest.mark.xdist_group("tiny_project")
 def test_count_errors(tmp_path, tiny_project, tiny_model):
-    """benchmarks/count_errors.py on a tiny model: every val image's counts of each category, grouped."""
+    """benchmarks/count_errors.py on a tiny model: every val image's counts of each category, grouped; the sheet of
+    the worst-counted images draws each at twice the model's pixels, three to a row."""
     report = run_benchmark("count_errors.py", tmp_path / "counts.json", "--model", str(tiny_model),
-                           "--data", str(tiny_project.processed), "--raw", str(tiny_project.root / "data" / "raw"))
+                           "--data", str(tiny_project.processed), "--raw", str(tiny_project.root / "data" / "raw"),
+                           "--sheet", str(tmp_path / "sheet.png"), "--sheet-examples", "4")
     images = len({r["image_id"] for r in tiny_project.records["val"]})
     assert report["images"] == images
     assert [row["category"] for row in report["exact"]] == ["car", "pedestrian"]
@@ -337,6 +340,8 @@ def test_count_errors(tmp_path, tiny_project, tiny_model):
         several = sum(row["images"] for row in report["by_true_count"] if row["true"] >= 2)
         assert sum(row["images"] for row in report[key]) == several
     assert "how_many" not in report  # without --predictions
+    with Image.open(tmp_path / "sheet.png") as sheet:
+        assert sheet.width == 3 * 2 * PackedImageReader(tiny_project.processed / "val_images.h5").image_width + 4 * 4
 
 
 @pytest.mark.xdist_group("tiny_project")

@@ -192,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sheet-examples", type=int, default=12, help="images on --sheet")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if args.sheet_examples < 1:
+        sys.exit(f"error: --sheet-examples: must be at least 1, got {args.sheet_examples}")
     if args.calibrated and not args.predictions:
         sys.exit("error: --calibrated: needs --predictions (the questions it answers)")
     if args.calibrated and args.split == "train":

@@ -39,6 +39,16 @@ def train(params: Path, data: Path, out: Path) -> float:
     return time.perf_counter() - started
 
 
+def code_version() -> str | None:
+    """The checkout's commit, ``-dirty`` with uncommitted changes (``git describe``); None outside a git checkout."""
+    try:
+        result = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True,
+                                check=False)
+    except OSError:  # no git
+        return None
+    return result.stdout.strip() or None
+
+
 def compare(a: Path, b: Path) -> dict[str, object]:
     """Whether two model files are the same bytes, and by how much their weights differ if not."""
     if a.read_bytes() == b.read_bytes():
@@ -58,6 +68,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                         help="busy processes beside the loaded run (default: one per core)")
     parser.add_argument("--out", type=Path, default=None, help="JSON report")
     args = parser.parse_args(argv)
+    commit = code_version()
     params = yaml.safe_load(args.params.read_text())
     params["train"]["epochs"] = args.epochs
     with tempfile.TemporaryDirectory() as workdir:
@@ -71,8 +82,6 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             for process in busy:
                 process.kill()
                 process.wait()
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                check=False).stdout.strip() or None
         report = {"commit": commit, "epochs": args.epochs, "busy_processes": args.busy, "idle_seconds": round(idle, 1),
                   "loaded_seconds": round(loaded, 1), **compare(work / "idle" / "vlm.pt", work / "loaded" / "vlm.pt")}
     if args.out:

@@ -340,8 +340,23 @@ def test_count_errors(tmp_path, tiny_project, tiny_model):
         several = sum(row["images"] for row in report["by_true_count"] if row["true"] >= 2)
         assert sum(row["images"] for row in report[key]) == several
     assert "how_many" not in report  # without --predictions
-    with Image.open(tmp_path / "sheet.png") as sheet:
-        assert sheet.width == 3 * 2 * PackedImageReader(tiny_project.processed / "val_images.h5").image_width + 4 * 4
+    packed = PackedImageReader(tiny_project.processed / "val_images.h5")
+    with Image.open(tmp_path / "sheet.png") as sheet:  # 4 tiles: two rows of 3, each image over two caption lines
+        assert sheet.size == (3 * 2 * packed.image_width + 4 * 4, 2 * (2 * packed.image_size + 6 + 2 * 17) + 3 * 4)
+
+
+def test_count_sheet_draws_each_label_box_where_its_frame_coordinates_fall():
+    """A 400 x 100 frame read as 40 x 20 pixels, enlarged twice: a box's corner (x, y) lands at (x / 5, y / 2.5),
+    visible boxes green, occluded red, three tiles to a row."""
+    from benchmarks.count_errors import boxes_sheet
+
+    pixels = Image.new("RGB", (40, 20))
+    sheet = boxes_sheet([(pixels, [((100, 20, 200, 60), False), ((300, 50, 380, 90), True)], [("caption", (0, 0, 0))])],
+                        frame_size=(400, 100))
+    assert sheet.width == 3 * 80 + 4 * 4
+    assert sheet.getpixel((4 + 20, 4 + 8)) == (40, 230, 60) and sheet.getpixel((4 + 40, 4 + 24)) == (40, 230, 60)
+    assert sheet.getpixel((4 + 60, 4 + 20)) == (255, 40, 40) and sheet.getpixel((4 + 76, 4 + 36)) == (255, 40, 40)
+    assert sheet.getpixel((4 + 30, 4 + 16)) == (0, 0, 0)  # inside the box: the image's own pixels
 
 
 @pytest.mark.xdist_group("tiny_project")
@@ -380,6 +395,7 @@ def test_count_errors_sets_the_decoders_answers_beside_the_heads_counts(tmp_path
     assert "not in the split counted, e.g. not-in-val" in refused(*args[:-1], str(tmp_path / "other.csv"))
     assert f"--predictions: {tmp_path / 'none.csv'} not found" in refused(*args[:-1], str(tmp_path / "none.csv"))
     assert "--calibrated: needs --predictions" in refused("--calibrated")
+    assert "--sheet-examples: must be at least 1, got 0" in refused("--sheet-examples", "0")
     assert "fitted on the train split; answer another" in refused("--calibrated", "--split", "train", *args[-2:])
 
 

@@ -58,12 +58,14 @@ def test_training_time_row_is_the_committed_benchmark():
 def test_gpu_bullet_is_the_committed_gpu_run():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     text = " ".join(text.split())
-    run = "metrics/gpu/h200-2026-11-26b/default"
+    folder = "metrics/gpu/h200-2026-11-26b"
+    run = f"{folder}/default"
     # beside the GPU's files: git show f908e5c:metrics/train_timing.json, this CPU's committed run of the same code
-    gpu, cpu = _json(f"{run}/train_timing.json"), _json(f"{run}/../cpu_train_timing.json")
+    gpu, cpu = _json(f"{run}/train_timing.json"), _json(f"{folder}/cpu_train_timing.json")
     accuracy = _json(f"{run}/eval.json")["vlm"]["accuracy"]
-    assert (f"ran at {gpu['questions_per_s']:,.0f} questions/s (this CPU's committed run of the same code: "
-            f"{cpu['questions_per_s']:.0f}, `cpu_train_timing.json` beside it) to test accuracy {accuracy:.3f}") in text
+    assert (f"ran at {gpu['questions_per_s']:,.0f} questions/s (the CPU run of the same code, an earlier session's "
+            f"machine: {cpu['questions_per_s']:.0f}, `{folder}/cpu_train_timing.json`) to test accuracy "
+            f"{accuracy:.3f}") in text
 
 
 def test_recipe_expectation_is_the_committed_count():

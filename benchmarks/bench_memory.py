@@ -4,8 +4,9 @@
 
 For each size, a throw-away project folder gets the repository's params.yaml with ``scenes.num_images`` set
 to the size and one training epoch, and runs the stages of dvc.yaml in order (their own ``cmd``, as
-``dvc repro`` would). A stage's peak is the resident set of its largest process (``wait4``'s
-``ru_maxrss``: the stage itself or one of its workers or DDP ranks). ``train`` runs four ways: images
+``dvc repro`` would) but ``profile_dataloader``, whose work ``profile.max_images`` bounds. A stage's peak is the
+resident set of its largest process (``wait4``'s ``ru_maxrss``: the stage itself or one of its workers or DDP
+ranks). ``train`` runs four ways: images
 held in RAM, read from HDF5, and each with 2 DDP processes (``train.nproc: 2``; the figure is then the
 largest rank). It measures the CPU path, the host's memory: a GPU is hidden from the stages (two DDP
 processes on a one-GPU machine would not start). Wall seconds are recorded too: they are this machine's,
@@ -46,7 +47,9 @@ from vlm.io import read_json, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 LOADER_EPOCHS = 2  # timed epochs of the train loader alone, after an untimed one
-STAGES = ("generate_scenes", "generate_commands", "build_vocab", "pack_hdf5", "train_blind", "train", "evaluate")
+# profile_dataloader is left out: it reads at most profile.max_images images of a split, whatever the dataset's size
+STAGES = ("generate_scenes", "generate_commands", "build_vocab", "pack_hdf5", "train_blind", "train", "evaluate",
+          "counterfactuals")
 TRAIN_VARIANTS = {  # name: (train params, runtime.train settings)
     "train": ({}, {"in_memory": True}),
     "train (HDF5)": ({}, {"in_memory": False}),

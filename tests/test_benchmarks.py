@@ -188,7 +188,7 @@ def test_bench_memory(tmp_path):
     assert gpu["peak_tflops"] == 989.0 and 0 < gpu["arithmetic_seconds_at_peak"] < gpu["loader_seconds"]
     assert run["images"] == 24 and run["raw_bytes"] > 0 and set(run["packed_bytes"]) == {"train", "val", "test"}
     stages = {"generate_scenes", "generate_commands", "build_vocab", "pack_hdf5", "train_blind",
-              "train (2 ranks, HDF5)", "evaluate"}
+              "train (2 ranks, HDF5)", "evaluate", "counterfactuals"}
     assert set(run["stages"]) == stages
     assert all(r["peak_rss_mib"] > 10 and r["seconds"] > 0 for r in run["stages"].values())
     # stages without torch stay small, also after the first size's runs: no peak of the benchmark's own

@@ -6,11 +6,10 @@ For each size, a throw-away project folder gets the repository's params.yaml wit
 to the size and one training epoch, and runs the stages of dvc.yaml in order (their own ``cmd``, as
 ``dvc repro`` would) but ``profile_dataloader``, whose work ``profile.max_images`` bounds. A stage's peak is the
 resident set of its largest process (``wait4``'s ``ru_maxrss``: the stage itself or one of its workers or DDP
-ranks). ``train`` runs four ways: images
-held in RAM, read from HDF5, and each with 2 DDP processes (``train.nproc: 2``; the figure is then the
-largest rank). It measures the CPU path, the host's memory: a GPU is hidden from the stages (two DDP
-processes on a one-GPU machine would not start). Wall seconds are recorded too: they are this machine's,
-and only comparable between runs on an otherwise idle machine.
+ranks). ``train`` runs four ways: images held in RAM, read from HDF5, and each with 2 DDP processes
+(``train.nproc: 2``; the figure is then the largest rank). It measures the CPU path, the host's memory: a GPU
+is hidden from the stages (two DDP processes on a one-GPU machine would not start). Wall seconds are recorded
+too: they are this machine's, and only comparable between runs on an otherwise idle machine.
 
 ``--extrapolate N`` adds what the largest size's run implies for N images (real BDD100K has 100,000),
 linearly: every stage's seconds, the packed and raw bytes, and the training questions per epoch times

@@ -14,6 +14,7 @@ from vlm.commands import rules
 from vlm.commands.generate import BalancedCommands, CommandsConfig
 from vlm.commands.templates import candidates
 from vlm.counterfactuals import (
+    AskedPair,
     CounterfactualsConfig,
     CounterfactualsPaths,
     consistency_table,
@@ -22,10 +23,9 @@ from vlm.counterfactuals import (
 )
 from vlm.io import read_json
 from vlm.processor import Processor
-from vlm.scenes.edits import EDITS, SWITCHED, Pair, Rendered, _things, make_pairs, render
+from vlm.scenes.edits import EDITS, SWITCHED, Pair, _things, make_pairs, render
 from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_synthetic, image_name, load_raw
 from vlm.scenes.render import RenderConfig
-from vlm.scenes.schema import Scene
 
 CONFIG = RenderConfig(width=640, height=360, max_count=6)
 SCENES = range(56)
@@ -35,7 +35,7 @@ SCENES = range(56)
 def pairs() -> list[Pair]:
     labels = {image_name(i).removesuffix(".jpg"): render(np.random.SeedSequence([3, i]), image_name(i), CONFIG).scene
               for i in SCENES}
-    return make_pairs(sorted(labels), 3, labels, CONFIG, list(EDITS), seed=0)
+    return list(make_pairs(sorted(labels), 3, labels, CONFIG, list(EDITS), seed=0))
 
 
 def _by_edit(pairs, edit):
@@ -47,7 +47,18 @@ def _by_edit(pairs, edit):
 def test_make_pairs_refuses_scenes_rendered_with_other_params():
     labels = {"000000": render(np.random.SeedSequence([3, 0]), "000000.jpg", CONFIG).scene}
     with pytest.raises(ValueError, match="scene 000000: re-rendering with the scenes params"):
-        make_pairs(["000000"], 4, labels, CONFIG, ["mirror"], seed=0)
+        list(make_pairs(["000000"], 4, labels, CONFIG, ["mirror"], seed=0))
+
+
+def test_make_pairs_renders_one_scene_at_a_time():
+    """The pairs come scene by scene, so that the stage holds one scene's full-size images at a time: the first
+    scene's are given before the second scene is rendered (and found not to be the labelled one)."""
+    labels = {"000000": render(np.random.SeedSequence([3, 0]), "000000.jpg", CONFIG).scene,
+              "000001": render(np.random.SeedSequence([4, 1]), "000001.jpg", CONFIG).scene}
+    pairs = make_pairs(sorted(labels), 3, labels, CONFIG, ["mirror"], seed=0)
+    assert next(pairs).original.scene.image_id == "000000"
+    with pytest.raises(ValueError, match="scene 000001"):
+        next(pairs)
 
 
 def test_each_edit_changes_the_answers_it_is_about(pairs):
@@ -137,7 +148,7 @@ def test_questions_must_change_exactly_where_the_rules_answer_differently(pairs)
 
 
 def test_summary_counts_what_it_says():
-    pair = Pair("mirror", "mirrored", Rendered(None, [], None, Scene("000001.jpg")), None, None, None)
+    pair = AskedPair("mirror", "mirrored", "000001", "000001/0")
     questions = [[{"key": "a", "command": "q1", "command_type": "spatial", "answer_before": "yes",
                    "answer_after": "no", "must_change": True},
                   {"key": "b", "command": "q2", "command_type": "spatial", "answer_before": "no",
@@ -178,6 +189,10 @@ def test_images_reach_the_model_as_the_scenes_stage_saved_them(tmp_path, monkeyp
         return np.zeros((len(questions), len(answers)), dtype=np.float32)  # [Q, C]: the first answer everywhere
 
     monkeypatch.setattr(counterfactuals, "answer_questions", answer_questions)
+    sheet = []
+    drawn = counterfactuals.plots.counterfactual_sheet
+    monkeypatch.setattr(counterfactuals.plots, "counterfactual_sheet",
+                        lambda shown: sheet.extend(shown) or drawn(shown))
     paths = CounterfactualsPaths(model=tmp_path / "vlm.pt", data=processed, raw=raw, metrics=tmp_path / "cf.json",
                                  details=tmp_path / "summary.json", table=tmp_path / "cf.csv", plot=tmp_path / "cf.png",
                                  sheet=tmp_path / "sheet.png")
@@ -189,3 +204,10 @@ def test_images_reach_the_model_as_the_scenes_stage_saved_them(tmp_path, monkeyp
     assert originals and len(handed) > len(originals)
     for image_id in originals:
         assert torch.equal(handed[image_id], processor.image(data.image_dir / image_name(int(image_id))))
+    # the sheet's pairs, rendered again at full size once the answers are in, are the pairs the model was shown
+    assert sheet
+    for pair, row in sheet:
+        assert (pair.edit, pair.original.scene.image_id) == (row.edit, row.image_id)
+        assert torch.equal(processor.rendered(pair.original.image, scenes.jpeg_quality), handed[row.image_id])
+        assert torch.equal(processor.rendered(pair.edited_image, scenes.jpeg_quality),
+                           handed[f"{row.image_id}/{row.pair}"])

@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from PIL import Image
 from tqdm import tqdm
 
 from vlm import plots
@@ -20,6 +19,7 @@ from vlm.device import pick_device
 from vlm.inference import answer_questions
 from vlm.io import atomic_path, write_json
 from vlm.params import check
+from vlm.processor import Processor
 from vlm.scenes.edits import EDITS, Pair, make_pairs
 from vlm.scenes.generate import ScenesConfig, load_raw
 from vlm.scenes.schema import Scene
@@ -69,36 +69,59 @@ def pair_questions(pair: Pair, width: float, height: float, options: TemplateOpt
     return rows
 
 
-def answer_pairs(loaded: LoadedModel, pairs: list[Pair], questions: list[list[dict]], jpeg_quality: int,
-                 batch_size: int, device: torch.device) -> list[tuple[list[str], list[str]]]:
-    """The model's answers on each pair's original and edited images, both saved as JPEGs of ``jpeg_quality`` first."""
-    images: dict[str, torch.Tensor] = {}  # image key -> uint8 [3, S, S]
-    scenes: dict[str, Scene] = {}  # image key -> its labels
-    asked: dict[tuple[str, str], int] = {}  # (image key, question) -> its row in the answers
+@dataclass
+class AskedPair:
+    """A pair as the model is asked about it: its edit, and the keys of its two images in :class:`ModelImages`."""
 
-    def ask(key: str, image: Image.Image, scene: Scene, rows: list[dict]) -> list[int]:
-        if key not in images:
-            images[key], scenes[key] = loaded.processor.rendered(image, jpeg_quality), scene
-        return [asked.setdefault((key, row["command"]), len(asked)) for row in rows]
+    edit: str
+    description: str
+    image_id: str  # the original's key
+    edited_key: str  # "{image id}/{pair}"
 
-    slots = []  # per pair: (rows of its questions on the original, on the edited image)
-    for p, (pair, rows) in enumerate(zip(pairs, questions)):
+
+@dataclass
+class ModelImages:
+    """The pairs' images at the model's pixels (each JPEG-encoded at the scenes' quality first, as the scenes stage
+    stores them) and their labels, by key. The full-size renders are not kept: a scene's original and edits
+    at 1280 x 720 take about 24 MB, at the model's 224 x 128 under 1 MB."""
+
+    processor: Processor
+    jpeg_quality: int
+    images: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> uint8 [3, H, W]
+    scenes: dict[str, Scene] = field(default_factory=dict)  # key -> its labels
+
+    def add(self, p: int, pair: Pair) -> AskedPair:
+        """Pair number ``p``'s two images: the original's once per scene, the edited one's under its own key."""
         original = pair.original.scene.image_id
-        slots.append((ask(original, pair.original.image, pair.original.scene, rows),
-                      ask(f"{original}/{p}", pair.edited_image, pair.edited_scene, rows)))
-    maps = loaded.label_maps(scenes.values())  # for an oracle probe
-    targets = None if maps is None else dict(zip(scenes, maps))
-    probs = answer_questions(loaded.model, loaded.processor, images, list(asked), loaded.candidates(), batch_size,
-                             device, targets, None if maps is None else loaded.label_targets().mirror)  # [Q, C]
+        asked = AskedPair(pair.edit, pair.description, original, f"{original}/{p}")
+        for key, image, scene in ((original, pair.original.image, pair.original.scene),
+                                  (asked.edited_key, pair.edited_image, pair.edited_scene)):
+            if key not in self.images:
+                self.images[key], self.scenes[key] = self.processor.rendered(image, self.jpeg_quality), scene
+        return asked
+
+
+def answer_pairs(loaded: LoadedModel, pairs: list[AskedPair], questions: list[list[dict]], pictures: ModelImages,
+                 batch_size: int, device: torch.device) -> list[tuple[list[str], list[str]]]:
+    """The model's answers to each pair's questions on its original and its edited image."""
+    asked: dict[tuple[str, str], int] = {}  # (image key, question) -> its row in the answers
+    slots = [tuple([asked.setdefault((key, row["command"]), len(asked)) for row in rows]
+                   for key in (pair.image_id, pair.edited_key))
+             for pair, rows in zip(pairs, questions)]  # per pair: its questions' rows on the original, on the edit
+    maps = loaded.label_maps(pictures.scenes.values())  # for an oracle probe
+    targets = None if maps is None else dict(zip(pictures.scenes, maps))
+    probs = answer_questions(loaded.model, loaded.processor, pictures.images, list(asked), loaded.candidates(),
+                             batch_size, device, targets,
+                             None if maps is None else loaded.label_targets().mirror)  # [Q, C]
     predicted = [loaded.answers[best] for best in probs.argmax(1)]
     return [([predicted[i] for i in before], [predicted[i] for i in after]) for before, after in slots]
 
 
-def consistency_table(pairs: list[Pair], questions: list[list[dict]], predictions) -> pd.DataFrame:
+def consistency_table(pairs: list[AskedPair], questions: list[list[dict]], predictions) -> pd.DataFrame:
     rows = []
     for p, (pair, pair_rows, (before, after)) in enumerate(zip(pairs, questions, predictions)):
         for row, pred_before, pred_after in zip(pair_rows, before, after):
-            rows.append({"pair": p, "edit": pair.edit, "image_id": pair.original.scene.image_id,
+            rows.append({"pair": p, "edit": pair.edit, "image_id": pair.image_id,
                          "description": pair.description, **row, "predicted_before": pred_before,
                          "predicted_after": pred_after})
     table = pd.DataFrame(rows)
@@ -154,21 +177,27 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
     if config.samples < len(image_ids):
         image_ids = sorted(np.random.default_rng(config.seed).choice(image_ids, config.samples, replace=False).tolist())
     labels = {scene.image_id: scene for scene in raw.scenes}
-    pairs = make_pairs(tqdm(image_ids, desc="render", disable=not progress), scenes.seed, labels,
-                       scenes.render_config, config.edits, config.seed)
     # (template, frozenset of params) of every question asked in training
     asked = {(r["template"], frozenset(TEMPLATES[r["template"]].parse(r["command"]).items()))
              for r in read_commands(paths.data / "commands" / "train.json", FIELDS)}
     rng = np.random.default_rng(config.seed)
-    questions = [pair_questions(pair, raw.width, raw.height, commands.template_options, asked, set(loaded.answers),
-                                config.unchanged_per_pair, rng) for pair in pairs]
-    predictions = answer_pairs(loaded, pairs, questions, scenes.jpeg_quality, config.batch_size, device)
+    pictures = ModelImages(loaded.processor, scenes.jpeg_quality)
+    pairs, questions = [], []
+    for p, pair in enumerate(make_pairs(tqdm(image_ids, desc="render", disable=not progress), scenes.seed, labels,
+                                        scenes.render_config, config.edits, config.seed)):
+        questions.append(pair_questions(pair, raw.width, raw.height, commands.template_options, asked,
+                                        set(loaded.answers), config.unchanged_per_pair, rng))
+        pairs.append(pictures.add(p, pair))
+    predictions = answer_pairs(loaded, pairs, questions, pictures, config.batch_size, device)
     table = consistency_table(pairs, questions, predictions)
     metrics = {"counterfactuals": summarize(table, config.edits)}
-    # the first question of each pair whose answer had to change and the model's did not (or changed to a wrong one)
+    # the first question of each pair whose answer had to change and the model's did not (or changed to a wrong one),
+    # its pair rendered again at full size for the sheet
     failed = table[table["must_change"] & ~table["right_after"]].drop_duplicates("pair")
     picks = failed.groupby("edit", sort=False).head(max(1, config.sheet_examples // len(config.edits)))
-    shown = [(pairs[row.pair], row) for row in picks.head(config.sheet_examples).itertuples()]
+    shown = [(next(pair for pair in make_pairs([row.image_id], scenes.seed, labels, scenes.render_config,
+                                               config.edits, config.seed) if pair.edit == row.edit), row)
+             for row in picks.head(config.sheet_examples).itertuples()]
     write_outputs(metrics, table, shown, paths, "every edit was followed")
     return metrics["counterfactuals"]
 

@@ -2,7 +2,7 @@
 measured again). What each edit does: docs/architecture.md (counterfactuals); one that cannot apply returns None."""
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,10 +154,10 @@ EDITS: dict[str, Edit] = {edit.__name__: edit for edit in (remove_category, add_
                                                            move_left_to_right, night_to_day, toggle_fog, mirror)}
 
 
-def make_pairs(image_ids: list[str], scenes_seed: int, labels: dict[str, Scene], config: RenderConfig,
-               edits: list[str], seed: int) -> list[Pair]:
-    """Re-render each scene (checking it is the one labelled in ``labels``) and apply every applicable edit."""
-    pairs = []
+def make_pairs(image_ids: Iterable[str], scenes_seed: int, labels: dict[str, Scene], config: RenderConfig,
+               edits: list[str], seed: int) -> Iterator[Pair]:
+    """Re-render each scene (checking it is the one labelled in ``labels``) and apply every applicable edit: the
+    pairs one scene at a time, so that a caller keeping only what it needs of them holds one scene's images."""
     for image_id in image_ids:
         index = int(image_id)
         original = render(np.random.SeedSequence([scenes_seed, index]), image_name(index), config)
@@ -167,5 +167,4 @@ def make_pairs(image_ids: list[str], scenes_seed: int, labels: dict[str, Scene],
         for k, name in enumerate(edits):
             result = EDITS[name](original, np.random.default_rng([seed, index, k]), config)
             if result is not None:
-                pairs.append(Pair(name, result[3], original, *result[:3]))
-    return pairs
+                yield Pair(name, result[3], original, *result[:3])

@@ -46,15 +46,16 @@ class CounterfactualsConfig:
         check(self.sheet_examples >= 0, f"{prefix}.sheet_examples", "must be >= 0")
         unknown = [e for e in self.edits if e not in EDITS]
         check(not unknown and self.edits, f"{prefix}.edits", f"must name some of {', '.join(EDITS)}, got {self.edits}")
+        check(len(set(self.edits)) == len(self.edits), f"{prefix}.edits", f"names an edit twice: {self.edits}")
 
 
-def pair_questions(pair: Pair, width: float, height: float, options: TemplateOptions, asked: set,
+def pair_questions(pair: Pair, width: float, height: float, options: TemplateOptions, trained: set,
                    answers: set[str], unchanged_per_pair: int, rng: np.random.Generator) -> list[dict]:
     """The questions of one pair asked in training: all that must change, up to ``unchanged_per_pair`` that must not."""
     before = {c.key: c for c in candidates(pair.original.scene, width, height, options)}
     after = {c.key: c for c in candidates(pair.edited_scene, width, height, options)}
     keys = [k for k in sorted(before.keys() & after.keys())
-            if (before[k].template, frozenset(before[k].params)) in asked
+            if (before[k].template, frozenset(before[k].params)) in trained
             and before[k].answer in answers and after[k].answer in answers]
     changed = [k for k in keys if before[k].answer != after[k].answer]
     unchanged = [k for k in keys if before[k].answer == after[k].answer]
@@ -83,7 +84,7 @@ class AskedPair:
 class ModelImages:
     """The pairs' images at the model's pixels (each JPEG-encoded at the scenes' quality first, as the scenes stage
     stores them) and their labels, by key. The full-size renders are not kept: a scene's original and edits
-    at 1280 x 720 take about 24 MB, at the model's 224 x 128 under 1 MB."""
+    at 1280 x 720 take about 24 MiB, at the model's 224 x 128 under 1 MiB."""
 
     processor: Processor
     jpeg_quality: int
@@ -104,13 +105,13 @@ class ModelImages:
 def answer_pairs(loaded: LoadedModel, pairs: list[AskedPair], questions: list[list[dict]], pictures: ModelImages,
                  batch_size: int, device: torch.device) -> list[tuple[list[str], list[str]]]:
     """The model's answers to each pair's questions on its original and its edited image."""
-    asked: dict[tuple[str, str], int] = {}  # (image key, question) -> its row in the answers
-    slots = [tuple([asked.setdefault((key, row["command"]), len(asked)) for row in rows]
+    row_of: dict[tuple[str, str], int] = {}  # (image key, question) -> its row in the answers
+    slots = [tuple([row_of.setdefault((key, row["command"]), len(row_of)) for row in rows]
                    for key in (pair.image_id, pair.edited_key))
              for pair, rows in zip(pairs, questions)]  # per pair: its questions' rows on the original, on the edit
     maps = loaded.label_maps(pictures.scenes.values())  # for an oracle probe
     targets = None if maps is None else dict(zip(pictures.scenes, maps))
-    probs = answer_questions(loaded.model, loaded.processor, pictures.images, list(asked), loaded.candidates(),
+    probs = answer_questions(loaded.model, loaded.processor, pictures.images, list(row_of), loaded.candidates(),
                              batch_size, device, targets,
                              None if maps is None else loaded.label_targets().mirror)  # [Q, C]
     predicted = [loaded.answers[best] for best in probs.argmax(1)]
@@ -178,14 +179,14 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
         image_ids = sorted(np.random.default_rng(config.seed).choice(image_ids, config.samples, replace=False).tolist())
     labels = {scene.image_id: scene for scene in raw.scenes}
     # (template, frozenset of params) of every question asked in training
-    asked = {(r["template"], frozenset(TEMPLATES[r["template"]].parse(r["command"]).items()))
+    trained = {(r["template"], frozenset(TEMPLATES[r["template"]].parse(r["command"]).items()))
              for r in read_commands(paths.data / "commands" / "train.json", FIELDS)}
     rng = np.random.default_rng(config.seed)
     pictures = ModelImages(loaded.processor, scenes.jpeg_quality)
     pairs, questions = [], []
     for p, pair in enumerate(make_pairs(tqdm(image_ids, desc="render", disable=not progress), scenes.seed, labels,
                                         scenes.render_config, config.edits, config.seed)):
-        questions.append(pair_questions(pair, raw.width, raw.height, commands.template_options, asked,
+        questions.append(pair_questions(pair, raw.width, raw.height, commands.template_options, trained,
                                         set(loaded.answers), config.unchanged_per_pair, rng))
         pairs.append(pictures.add(p, pair))
     predictions = answer_pairs(loaded, pairs, questions, pictures, config.batch_size, device)
@@ -195,8 +196,8 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
     # its pair rendered again at full size for the sheet
     failed = table[table["must_change"] & ~table["right_after"]].drop_duplicates("pair")
     picks = failed.groupby("edit", sort=False).head(max(1, config.sheet_examples // len(config.edits)))
-    shown = [(next(pair for pair in make_pairs([row.image_id], scenes.seed, labels, scenes.render_config,
-                                               config.edits, config.seed) if pair.edit == row.edit), row)
+    shown = [(next(again for again in make_pairs([row.image_id], scenes.seed, labels, scenes.render_config,
+                                                 config.edits, config.seed) if again.edit == row.edit), row)
              for row in picks.head(config.sheet_examples).itertuples()]
     write_outputs(metrics, table, shown, paths, "every edit was followed")
     return metrics["counterfactuals"]

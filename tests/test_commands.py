@@ -191,26 +191,6 @@ def test_hard_negatives_change_the_train_split_only(tmp_path, splits):
     assert max(answers.values()) <= 1.1 * min(answers.values()) + 1
 
 
-def _side_twins(records: list[dict]) -> float:
-    """The share of spatial questions whose other side's question, in the same words, is asked of the same image."""
-    asked = {(r["image_id"], r["command"]) for r in records if r["template"] == "spatial/on_side"}
-    other = {"left": "right", "right": "left"}
-    return np.mean([(i, re.sub(r"\b(left|right)\b", lambda m: other[m.group(1)], command)) in asked
-                    for i, command in asked])
-
-
-def test_side_pairs_change_the_train_split_only(tmp_path, splits):
-    """commands.train_side_pairs: most train spatial questions come with their other side's, in the same words, on
-    the same image; the answers stay balanced, the run repeats, and val and test are the same questions."""
-    scenes = random_scenes(600)
-    paired = generate_commands(scenes, CommandsConfig(train_side_pairs=True), tmp_path / "paired")
-    assert paired == generate_commands(scenes, CommandsConfig(train_side_pairs=True), tmp_path / "again")
-    assert paired["val"] == splits["val"] and paired["test"] == splits["test"]
-    assert _side_twins(splits["train"]) < 0.4 < 0.7 < _side_twins(paired["train"])
-    answers = Counter(r["answer"] for r in paired["train"] if r["template"] == "spatial/on_side")
-    assert max(answers.values()) <= 1.1 * min(answers.values()) + 1
-
-
 def test_deterministic(tmp_path):
     scenes = random_scenes(120, seed=4)
     first = generate_commands(scenes, CommandsConfig(), tmp_path / "a")

@@ -29,9 +29,6 @@ class CommandsConfig:
     # the share of train images whose spatial "no" questions are preferably about a category the image has elsewhere
     # (hard negatives: not on the asked side) rather than an absent one; 0 = no preference
     train_hard_negatives: float = 0.5
-    # each train spatial question about a category the image has is asked about the other side too, in the same words
-    # (a minimal pair: only the side word differs); the paired questions take their share of the type's slots
-    train_side_pairs: bool = False
     splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     balance_tolerance: float = 1.1
     command_types: list[str] = field(default_factory=lambda: list(COMMAND_TYPES))
@@ -123,22 +120,6 @@ def hard_negatives(scene: Scene, pool: list[Candidate]) -> set[Candidate]:
     object's side tells them from a "yes", where "no" for an absent category can be told from presence alone."""
     return {c for c in pool if c.template == "spatial/on_side" and c.answer == rules.NO
             and rules.count(scene, dict(c.params)["category"])}
-
-
-def side_pairs(scene: Scene, pool: list[Candidate], chosen: list[Candidate]) -> dict[Candidate, Candidate]:
-    """The other side's question (from ``pool``) of each of ``chosen``'s spatial questions about a category the scene
-    has, when not chosen already, mapped to the question it pairs with. Where the category is on one side only, the
-    two answers differ and only the side tells them apart."""
-    other = {"left": "right", "right": "left"}
-    by_params = {(c.template, c.params): c for c in pool}
-    paired = {}
-    for c in chosen:
-        if c.template != "spatial/on_side" or not rules.count(scene, dict(c.params)["category"]):
-            continue
-        twin = by_params.get((c.template, tuple((k, other[v] if k == "side" else v) for k, v in c.params)))
-        if twin is not None and twin not in chosen and twin not in paired:
-            paired[twin] = c
-    return paired
 
 
 def _pick(scene_candidates: list[Candidate], n: int, key_counts, type_counts, types: tuple[str, ...],
@@ -243,16 +224,8 @@ class BalancedCommands:
             preferred = hard_negatives(scene, pool) if hard else set()
             chosen = _pick(pool, per_image or config.questions_per_image, picker.key_counts, picker.type_counts,
                            self._types, picker.rng, weights, preferred)
-            twins = side_pairs(scene, pool, chosen) if split == "train" and config.train_side_pairs else {}
-            for c in twins:
-                chosen.append(c)
-                picker.key_counts[c.key][c.answer] += 1
-                picker.type_counts[c.command_type][c.answer] += 1
-            phrasings: dict[Candidate, int] = {}  # a twin is asked in its pair's words
             for slot, c in enumerate(chosen):
-                phrasings[c] = (phrasings[twins[c]] if c in twins
-                                else int(picker.rng.integers(len(TEMPLATES[c.template].phrasings))))
-                yield split, position, scene, slot, c, phrasings[c]
+                yield split, position, scene, slot, c, int(picker.rng.integers(len(TEMPLATES[c.template].phrasings)))
 
     def _pickers(self) -> dict[str, _Picker]:
         return {split: _Picker(np.random.default_rng([self._config.seed, SPLITS.index(split), 2])) for split in SPLITS}

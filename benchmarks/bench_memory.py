@@ -13,8 +13,9 @@ too: they are this machine's, and only comparable between runs on an otherwise i
 
 ``--extrapolate N`` adds what the largest size's run implies for N images (real BDD100K has 100,000),
 linearly: every stage's seconds, the packed and raw bytes, and the training questions per epoch times
-N / size. Linear holds where a stage's work is per image (rendering or reading, packing, one epoch's
-steps); a stage's fixed start-up (imports, a model build) makes it an overestimate.
+N / size, but ``counterfactuals``, whose work is the test scenes it edits, ``counterfactuals.samples`` at most.
+Linear holds where a stage's work is per image (rendering or reading, packing, one epoch's steps); a stage's fixed
+start-up (imports, a model build) makes it an overestimate.
 
 It also bounds one training epoch on one GPU from below, on paper, with two figures measured at the
 largest size: the train stage's input pipeline alone (its loader as ``vlm/train.py`` builds it, reading
@@ -161,14 +162,18 @@ def measure_training_input(folder: Path) -> dict:
             "operators_per_step": operators["total"]}
 
 
-def extrapolate(run: dict, images: int, gpu_peak_tflops: float) -> dict:
-    """``run``'s figures times ``images / run["images"]`` (see the module docstring for when that holds), and
-    the two lower bounds of one GPU epoch's seconds."""
+def extrapolate(run: dict, images: int, gpu_peak_tflops: float, params: dict) -> dict:
+    """``run``'s figures times ``images / run["images"]`` (see the module docstring for when that holds), the
+    counterfactuals' seconds times the ratio of the test scenes they edit (``params``: the run's), and the two lower
+    bounds of one GPU epoch's seconds."""
     scale = images / run["images"]
+    samples, test = params["counterfactuals"]["samples"], params["commands"]["splits"]["test"]
+    edited = min(samples, images * test) / min(samples, run["images"] * test)
     questions = round(run["train_questions_per_epoch"] * scale)
     arithmetic = questions * run["training_input"]["train_gflops_per_question"] * 1e9 / (gpu_peak_tflops * 1e12)
     return {"images": images, "from_images": run["images"],
-            "stage_seconds": {name: round(r["seconds"] * scale) for name, r in run["stages"].items()},
+            "stage_seconds": {name: round(r["seconds"] * (edited if name == "counterfactuals" else scale))
+                              for name, r in run["stages"].items()},
             "packed_bytes": round(sum(run["packed_bytes"].values()) * scale),
             "raw_bytes": round(run["raw_bytes"] * scale),
             "train_questions_per_epoch": questions,
@@ -203,7 +208,8 @@ def main(argv: list[str] | None = None) -> dict:
         small, large = runs[0]["stages"], runs[-1]["stages"]  # peak at the largest size / at the smallest
         report["growth"] = {name: round(large[name]["peak_rss_mib"] / small[name]["peak_rss_mib"], 2) for name in small}
     if args.extrapolate:
-        report["extrapolated"] = extrapolate(runs[-1], args.extrapolate, args.gpu_peak_tflops)
+        params = yaml.safe_load((ROOT / "params.yaml").read_text())  # what write_params gave every run
+        report["extrapolated"] = extrapolate(runs[-1], args.extrapolate, args.gpu_peak_tflops, params)
     if args.out:
         write_json(args.out, report)
     return report

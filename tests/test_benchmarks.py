@@ -197,6 +197,21 @@ def test_bench_memory(tmp_path):
     assert run["stages"]["generate_commands"]["peak_rss_mib"] < 300
 
 
+def test_extrapolation_scales_the_counterfactuals_by_the_scenes_they_edit():
+    """Every stage's seconds scale with the images but the counterfactuals', whose test scenes stop at
+    counterfactuals.samples: 200 of 1,000 test scenes at 10,000 images are 200 at 100,000 too."""
+    from benchmarks.bench_memory import extrapolate
+
+    stages = {name: {"seconds": 100.0} for name in ("pack_hdf5", "counterfactuals")}
+    run = {"images": 10000, "stages": stages, "packed_bytes": {"train": 1}, "raw_bytes": 1,
+           "train_questions_per_epoch": 1, "training_input": {"train_gflops_per_question": 1.0,
+                                                               "loader_questions_per_s": 1.0}}
+    params = {"counterfactuals": {"samples": 200}, "commands": {"splits": {"test": 0.1}}}
+    assert extrapolate(run, 100000, 989.0, params)["stage_seconds"] == {"pack_hdf5": 1000, "counterfactuals": 100}
+    small = {**run, "images": 1000}  # 100 test scenes, all edited: 200 at 100,000 images
+    assert extrapolate(small, 100000, 989.0, params)["stage_seconds"] == {"pack_hdf5": 10000, "counterfactuals": 200}
+
+
 def test_recipe_compute(tmp_path, tiny_params):
     """The recipe's planned training against the default's, on tiny params and a recipe of tiny sizes."""
     params, recipe = tmp_path / "params.yaml", tmp_path / "recipe.yaml"

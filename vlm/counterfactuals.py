@@ -180,14 +180,14 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
     labels = {scene.image_id: scene for scene in raw.scenes}
     # (template, frozenset of params) of every question asked in training
     trained = {(r["template"], frozenset(TEMPLATES[r["template"]].parse(r["command"]).items()))
-             for r in read_commands(paths.data / "commands" / "train.json", FIELDS)}
-    rng = np.random.default_rng(config.seed)
+               for r in read_commands(paths.data / "commands" / "train.json", FIELDS)}
+    answers, rng = set(loaded.answers), np.random.default_rng(config.seed)
     pictures = ModelImages(loaded.processor, scenes.jpeg_quality)
     pairs, questions = [], []
     for p, pair in enumerate(make_pairs(tqdm(image_ids, desc="render", disable=not progress), scenes.seed, labels,
                                         scenes.render_config, config.edits, config.seed)):
-        questions.append(pair_questions(pair, raw.width, raw.height, commands.template_options, trained,
-                                        set(loaded.answers), config.unchanged_per_pair, rng))
+        questions.append(pair_questions(pair, raw.width, raw.height, commands.template_options, trained, answers,
+                                        config.unchanged_per_pair, rng))
         pairs.append(pictures.add(p, pair))
     predictions = answer_pairs(loaded, pairs, questions, pictures, config.batch_size, device)
     table = consistency_table(pairs, questions, predictions)

@@ -13,14 +13,16 @@ import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 
 from vlm.data.commands import check_commands
 from vlm.io import read_json, write_json
 from vlm.params import check
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +188,8 @@ class TrafficCommandTokenizer:
             input_ids[np.arange(len(bodies)), lengths - 1] = EOS
         else:
             input_ids[attention_mask.astype(bool)] = flat_ids
+        import torch  # noqa: PLC0415 (build_vocab, which builds the vocabulary, runs without torch)
+
         return {name: torch.from_numpy(array) for name, array in
                 (("input_ids", input_ids), ("attention_mask", attention_mask), ("length", lengths))}
 
@@ -214,7 +218,7 @@ class TrafficCommandTokenizer:
 
     def decode_answer(self, ids: Iterable[int] | torch.Tensor | np.ndarray) -> str:
         """Inverse of :meth:`encode_answer` ([YES] -> "yes"; stops at [EOS]), punctuation joined to the word before."""
-        if isinstance(ids, (torch.Tensor, np.ndarray)):
+        if hasattr(ids, "ndim"):  # a tensor or an array
             if ids.ndim != 1:
                 raise ValueError(f"expected a 1-D sequence of ids, got shape {tuple(ids.shape)}")
             ids = ids.tolist()

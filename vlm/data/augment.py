@@ -51,6 +51,11 @@ class AugmentParams:
     hue: float
     angle: float
 
+    @property
+    def jitters(self) -> bool:
+        """Whether the draw changes the pixels beyond a flip (as :attr:`AugmentConfig.jitters` for the config)."""
+        return (self.brightness, self.contrast, self.saturation, self.hue, self.angle) != (1.0, 1.0, 1.0, 0.0, 0.0)
+
 
 def sample_augment_params(config: AugmentConfig, seed: int, epoch: int, image_row: int) -> AugmentParams:
     rng = np.random.default_rng((seed, epoch, image_row))
@@ -86,7 +91,7 @@ def augment_image(image: torch.Tensor, params: AugmentParams) -> torch.Tensor:
     """uint8 ``[3, H, W]`` -> augmented uint8 ``[3, H, W]``; call it inside ``single_threaded_torch()``."""
     if params.hflip:
         image = image.flip(-1)  # what torchvision's horizontal_flip does to an image tensor
-    if (params.brightness, params.contrast, params.saturation, params.hue, params.angle) == (1.0, 1.0, 1.0, 0.0, 0.0):
+    if not params.jitters:
         return image.contiguous()
     F = transforms()  # pylint: disable=invalid-name
     if params.brightness != 1.0:

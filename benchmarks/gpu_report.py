@@ -9,7 +9,7 @@ Run in the project after ``dvc repro evaluate`` (the stages whose files it reads
 ``--pipeline-wall-s`` once the whole ``dvc repro`` has run: that adds the pipeline's wall time and its stages'
 times to the report without measuring anything again (``benchmarks/gpu_session.sh`` does all of it on a GPU
 machine). ``--log`` is the run's ``dvc repro`` output, each line stamped ``[HH:MM:SS]``; a stage's seconds are
-from its "Running stage" line to its last line. The MFU is
+from its "Running stage" line to DVC's lock-file line after it (:func:`stage_seconds`). The MFU is
 the training's whole-run rate (``metrics/train_timing.json``: every step, the data, the per-epoch validation
 and the checkpoints) times the FLOPs of one forward and backward pass per question (counted on a batch of the
 run's own data, as ``bench_train_step.py`` counts them), over the peak of one large square matmul.
@@ -48,9 +48,10 @@ def peak(device: torch.device) -> dict[str, float]:
 
 
 def stage_seconds(log: str) -> dict[str, float]:
-    """Each stage's seconds in a stamped ``dvc repro`` log: from its "Running stage" line to its own last line, so
-    that what runs between two ``dvc repro`` calls counts for no stage (a stamp earlier than the one before it is a
-    day later)."""
+    """Each stage's seconds in a stamped ``dvc repro`` log: from its "Running stage" line to DVC's lock-file line
+    after it (the stage done, its outputs hashed), or to its own last line where it has none (a stage cut off). What
+    runs between two ``dvc repro`` calls, and the "didn't change, skipping" lines of the second, count for no stage
+    (a stamp earlier than the one before it is a day later)."""
     stage, start, seconds, day, now = None, 0, {}, 0, None
     for line in log.splitlines():
         match = re.match(r"\[(\d\d):(\d\d):(\d\d)\] ?(.*)", line)
@@ -64,6 +65,8 @@ def stage_seconds(log: str) -> dict[str, float]:
             if stage:
                 seconds[stage] = previous - start
             stage, start = running[1], now
+        elif stage and re.match(r"(Generating|Updating) lock file", match[4]):
+            seconds[stage], stage = now - start, None
     if stage:
         seconds[stage] = now - start
     return {name: float(value) for name, value in seconds.items()}

@@ -57,6 +57,8 @@ def test_dvc_exp_show_has_a_few_dozen_metric_columns_the_test_accuracies_first()
             "gain_from_vision.accuracy"]
     assert sorted(columns[:len(lead)]) == sorted(lead) and columns[0] == "vlm.accuracy"
     assert columns[-len(EDITS):] == [f"consistency.{edit}" for edit in EDITS]
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"`dvc exp show` has {len(columns)} metric columns" in readme
 
 
 def test_the_details_are_outputs_beside_the_declared_metrics():

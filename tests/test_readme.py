@@ -77,6 +77,9 @@ def test_recipe_expectation_is_the_committed_count():
     assert f"about {round(compute['recipe']['steps'], -1):,} steps" in recipe
     operators = compute["recipe"]["operators_per_step"], compute["default"]["operators_per_step"]
     assert "Its step dispatches {:,.0f} operators (the default's {:,.0f})".format(*operators) in text
+    trend = _json("metrics/scaling.json")["targets"]["0.97"]["128px"]["multiple_needed_by_trend"]
+    assert f"on the default shape the curve's trend reaches 0.97 at {trend:.1f}x" in text
+    assert f"rather than the {compute['gpu_step_rate']['steps_per_s']} it was sized for" in text
 
 
 def test_launch_estimate_numbers_are_the_committed_report():
@@ -165,6 +168,8 @@ def test_evaluation_paragraph_is_the_committed_evaluation():
     for number in (f"ECE {headline['vlm']['ece']:.3f}", f"{headline['blind']['ece']:.3f} for the blind baseline",
                    f"`{dimension}` = `{value}`, {acc:.3f}"):
         assert number in text, number
+    flat = " ".join(text.split())  # the prose wraps anywhere
+    assert f"({counterfactuals['mirror']['changed_when_it_must']:.2f} here)" in flat  # beside the other seeds'
     for edit, rates in counterfactuals.items():
         assert f"| {edit} | {rates['pairs']} | {rates['consistency']:.3f} | {rates['changed_when_it_must']:.3f} | " \
                f"{rates['stayed_when_it_must']:.3f} |" in experiments, edit
@@ -192,6 +197,28 @@ def test_scaling_table_is_the_committed_curve():
                     assert number in flat, (level, size, number)
     missing = ", ".join(f"`{name}`" for name in curve["missing"])
     assert (f"Not yet run: {missing}." in flat) if missing else "Not yet run" not in flat
+
+
+def test_scaling_paragraph_is_the_committed_curve():
+    """The README's "Accuracy vs training compute": each 128 px point's accuracy, counting and geometric
+    counterfactuals, and where the trend puts 0.97, from metrics/scaling.json."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8").split("## Accuracy vs training compute", 1)[1]
+    flat = " ".join(text.split("\n## ", 1)[0].split())
+    curve = _json("metrics/scaling.json")
+    points = {p["multiple"]: p for p in curve["points"] if p["image_size"] == 128}
+    accuracies = [f"{points[1]['accuracy']:.3f} at 1x"] + [
+        f"{points[m]['accuracy']:.3f} at {m}x ({points[m]['epochs']} epochs)" for m in (2, 4)]
+    counting = [f"({points[1]['per_type']['counting']:.3f})", f"{points[2]['per_type']['counting']:.3f} at 2x",
+                f"{points[4]['per_type']['counting']:.3f} at 4x"]
+
+    def changed(multiple: int) -> str:  # mirror, move left to right, add a pedestrian
+        rates = points[multiple]["counterfactuals_changed_when_they_must"]
+        return f"{rates['mirror']:.2f}, {rates['move_left_to_right']:.2f} and {rates['add_pedestrian']:.2f}"
+
+    rates = [f"{changed(1)} of the time at 1x", f"{changed(4)} at 4x"]
+    trend = f"the trend puts 0.97 at {curve['targets']['0.97']['128px']['multiple_needed_by_trend']:.1f}x"
+    for number in (*accuracies, *counting, *rates, trend):
+        assert number in flat, number
 
 
 def test_holdout_paragraph_is_the_committed_gap():

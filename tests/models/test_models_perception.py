@@ -60,8 +60,6 @@ def test_perception_off_is_the_plain_core(config, make_batch):
     ({"heads": {"grounding": 1.0, "centres": 1.0}}, "model.perception.heads.centres: needs a conv stem of at least 3"),
     ({"stem_channels": [4, 8]}, r"model.perception.stem_channels: 2 stride-2 stages reduce by 4, not by the patch "
                                 r"size \(16\)"),
-    ({"heads": {"grounding": 1.0}, "patch_coordinates": True},
-     "model.perception.patch_coordinates: places the heads' maps for the decoder: needs model.perception.to_decoder"),
 ])
 def test_options_are_checked_in_one_place(perception, message):
     with pytest.raises(ParamError, match=message):
@@ -197,27 +195,6 @@ def test_to_decoder_gives_the_connector_the_maps_and_one_token_their_totals(conf
     assert (codes[:, :2] > 0.8).all() and (codes[:, 2:] < 0.2).all()
     model.train()(batch).losses["answer"].backward()  # the answers reach the grounding head through the maps
     assert head.linear.weight.grad.abs().sum() > 0
-
-
-def test_patch_coordinates_place_each_patch_beside_the_maps(config, make_batch):
-    """Each patch's centre (x, y in 0..1), row-major, after the heads' maps: the same for an image and its mirror image,
-    so a category's map on the left sits beside small x in either."""
-    model = build(config, heads={"grounding": 1.0}, to_decoder=True, patch_coordinates=True).eval()
-    extension, head = model.extension, model.extension.heads["grounding"]
-    assert extension.patch_width == head.patch_width + 2
-    assert model.multi_modal_projector.linear.in_features == model.config.siglip.hidden_size + head.patch_width + 2
-    rows, columns = model.config.siglip.grid
-    batch = make_batch(model.config)
-    features, _ = vision(model, batch.images)
-    placed = extension(features, None, None).patch_features[..., -2:]  # [N, P, 2]
-    assert placed.shape == (batch.images.shape[0], rows * columns, 2)
-    torch.testing.assert_close(placed[0, 0], torch.tensor([0.5 / columns, 0.5 / rows]))
-    torch.testing.assert_close(placed[0, columns - 1], torch.tensor([1 - 0.5 / columns, 0.5 / rows]))
-    torch.testing.assert_close(placed[0, -1], torch.tensor([1 - 0.5 / columns, 1 - 0.5 / rows]))
-    mirrored, _ = vision(model, batch.images.flip(-1))
-    torch.testing.assert_close(extension(mirrored, None, None).patch_features[..., -2:], placed)
-    model.train()(batch).losses["answer"].backward()  # the projector reads them
-    assert model.multi_modal_projector.linear.weight.grad[:, -2:].abs().sum() > 0
 
 
 def test_centres_add_heatmaps_their_focal_loss_and_peak_counts(config, make_batch):

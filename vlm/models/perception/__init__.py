@@ -28,9 +28,6 @@ class PerceptionConfig:
     # in evaluation, the heads that allow it (the counts head) predict the mean of the image's maps and its mirror
     # image's, mirrored back: one more pass of the stem and the stride-4 map per image, none in training
     mirror_average: bool = False
-    # with to_decoder: each patch's centre (x, y in 0..1 of the image) beside the heads' maps, so that the decoder can
-    # read where a map's category is the same way for every category
-    patch_coordinates: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -55,8 +52,6 @@ class PerceptionConfig:
                   f"{prefix}.heads.{name}", f"must be a loss weight >= 0 (0 = off), got {weight!r}")
         check(not self.to_decoder or self.active_heads, f"{prefix}.to_decoder",
               f"needs a head ({prefix}.heads: {', '.join(HEADS)})")
-        check(not self.patch_coordinates or self.to_decoder, f"{prefix}.patch_coordinates",
-              f"places the heads' maps for the decoder: needs {prefix}.to_decoder: true")
         check(not self.oracle or self.to_decoder, f"{prefix}.oracle",
               f"replaces what the decoder reads of the heads: needs {prefix}.to_decoder: true")
         check(not self.mirror_average or any(HEADS[name].mirror_averaged for name in self.active_heads),
@@ -79,13 +74,7 @@ class TrafficPerception(VisionExtension):
         self.loss_weights = {name: float(config.heads[name]) for name in config.active_heads}
         self.reads_targets = config.oracle
         heads = list(self.heads.values()) if config.to_decoder else []
-        self.patch_width = sum(head.patch_width for head in heads) + 2 * config.patch_coordinates
-        if config.patch_coordinates:
-            rows, columns = vision.grid
-            ys, xs = torch.meshgrid((torch.arange(rows) + 0.5) / rows, (torch.arange(columns) + 0.5) / columns,
-                                    indexing="ij")
-            coordinates = torch.stack([xs, ys], dim=-1).reshape(-1, 2)  # [P, 2] row-major, as the patches
-            self.register_buffer("coordinates", coordinates, persistent=False)
+        self.patch_width = sum(head.patch_width for head in heads)
         num_token_features = sum(head.num_token_features for head in heads)
         self.token_projector = nn.Linear(num_token_features, text_hidden_size) if num_token_features else None
         self.head_tokens = nn.ModuleDict({head.name: HeadTokens(*head.token_shape, text_hidden_size)
@@ -145,8 +134,6 @@ class TrafficPerception(VisionExtension):
                 patch_maps, summary = head.decoder_features(read[name])
                 maps += [] if patch_maps is None else [patch_maps.to(patch_features.dtype)]
                 summaries += [] if summary is None else [summary]
-            if self.config.patch_coordinates:
-                maps.append(self.coordinates.to(patch_features.dtype).expand(num, -1, -1))
         extra_patch_features = torch.cat(maps, dim=-1) if maps else patch_features.new_zeros(num, patches, 0)
         tokens = [patch_features.new_zeros(num, 0, self.text_hidden_size)]
         if self.token_projector is not None:

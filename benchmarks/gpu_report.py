@@ -9,7 +9,7 @@ Run in the project after ``dvc repro evaluate`` (the stages whose files it reads
 ``--pipeline-wall-s`` once the whole ``dvc repro`` has run: that adds the pipeline's wall time and its stages'
 times to the report without measuring anything again (``benchmarks/gpu_session.sh`` does all of it on a GPU
 machine). ``--log`` is the run's ``dvc repro`` output, each line stamped ``[HH:MM:SS]``; a stage's seconds are
-from its "Running stage" line to DVC's lock-file line after it (:func:`stage_seconds`). The MFU is
+from its "Running stage" line to DVC's lock-file line after it, or its own last line (:func:`stage_seconds`). The MFU is
 the training's whole-run rate (``metrics/train_timing.json``: every step, the data, the per-epoch validation
 and the checkpoints) times the FLOPs of one forward and backward pass per question (counted on a batch of the
 run's own data, as ``bench_train_step.py`` counts them), over the peak of one large square matmul.
@@ -47,11 +47,18 @@ def peak(device: torch.device) -> dict[str, float]:
     return {**matmul_peak(device), "dtype": "float32"}
 
 
+# DVC's own lines between stages: a stage ends at its lock-file line (printed only when its dvc.lock entry changed), or
+# else before DVC's next line of its own (a stage skipped, a run-cache restore, the end of the call)
+LOCK_LINE = re.compile(r"(Generating|Updating) lock file")
+DVC_LINE = re.compile(r"Stage '[^']+' (didn't change, skipping|is cached)|To track the changes with git|"
+                      r"To enable auto staging|Use `dvc push`")
+
+
 def stage_seconds(log: str) -> dict[str, float]:
-    """Each stage's seconds in a stamped ``dvc repro`` log: from its "Running stage" line to DVC's lock-file line
-    after it (the stage done, its outputs hashed), or to its own last line where it has none (a stage cut off). What
-    runs between two ``dvc repro`` calls, and the "didn't change, skipping" lines of the second, count for no stage
-    (a stamp earlier than the one before it is a day later)."""
+    """Each stage's seconds in a stamped ``dvc repro`` log: from its "Running stage" line to DVC's lock-file line after
+    it (its outputs hashed), else to its own last line: what runs between two ``dvc repro`` calls, and the second
+    call's "didn't change, skipping" lines stamped after it, count for no stage (a stamp earlier than the one before it
+    is a day later)."""
     stage, start, seconds, day, now = None, 0, {}, 0, None
     for line in log.splitlines():
         match = re.match(r"\[(\d\d):(\d\d):(\d\d)\] ?(.*)", line)
@@ -61,12 +68,12 @@ def stage_seconds(log: str) -> dict[str, float]:
         if previous is not None and now < previous:
             day, now = day + 86400, now + 86400
         running = re.match(r"Running stage '([\w@.-]+)'", match[4])
-        if running:
-            if stage:
-                seconds[stage] = previous - start
-            stage, start = running[1], now
-        elif stage and re.match(r"(Generating|Updating) lock file", match[4]):
+        if stage and (running or DVC_LINE.match(match[4])):
+            seconds[stage], stage = previous - start, None
+        elif stage and LOCK_LINE.match(match[4]):
             seconds[stage], stage = now - start, None
+        if running:
+            stage, start = running[1], now
     if stage:
         seconds[stage] = now - start
     return {name: float(value) for name, value in seconds.items()}

@@ -317,14 +317,20 @@ def test_gpu_report_times_each_stage_from_the_stamped_log():
     log = ("[23:59:50] Running stage 'train':\n[23:59:58] vlm epoch 1/6:  50%|#####\n"
            "[00:00:05] Running stage 'evaluate':\nno stamp: ignored\n[00:00:09] test: VLM 90.6%\n")
     assert stage_seconds(log) == {"train": 8.0, "evaluate": 4.0}  # train's last line at 23:59:58
-    # two dvc repro calls with a report between them (benchmarks/gpu_session.sh): a stage ends at its lock-file line,
-    # and the second call's "skipping" lines, stamped after the report, belong to no stage
+    # two dvc repro calls with a report between them (benchmarks/gpu_session.sh): a stage ends at its lock-file line, or
+    # without one (its dvc.lock entry unchanged) at its last line; DVC's closing lines and the second call's "skipping"
+    # lines, stamped after the report, belong to no stage
     log = ("[10:00:00] Running stage 'evaluate':\n[10:00:04] test: VLM 39.1%\n"
            "[10:00:06] Updating lock file 'dvc.lock'\n"
            "[10:00:06] Use `dvc push` to send your updates to remote storage.\n"
            "[10:00:15] Stage 'evaluate' didn't change, skipping\n[10:00:15] Running stage 'counterfactuals':\n"
            "[10:00:20] Generating lock file 'dvc.lock'\n[10:00:20] Updating lock file 'dvc.lock'\n")
     assert stage_seconds(log) == {"evaluate": 6.0, "counterfactuals": 5.0}
+    unchanged = ("[10:00:00] Running stage 'evaluate':\n[10:00:04] test: VLM 39.1%\n"
+                 "[10:00:05] To track the changes with git, run:\n[10:00:15] Stage 'evaluate' didn't change, skipping\n"
+                 "[10:00:15] Running stage 'counterfactuals':\n[10:00:18] mirror: 200 pairs\n"
+                 "[10:00:25] Stage 'profile_dataloader' is cached - skipping run, checking out outputs\n")
+    assert stage_seconds(unchanged) == {"evaluate": 4.0, "counterfactuals": 3.0}
     assert stage_seconds("[10:00:00] Stage 'train' didn't change, skipping\n") == {}
 
 

@@ -28,7 +28,9 @@ import torch
 
 from vlm.batch import IGNORE_INDEX, Batch
 from vlm.io import write_json
-from vlm.models import GemmaConfig, PaliGemma, PaliGemmaConfig, SiglipVisionConfig
+from vlm.models.gemma import GemmaConfig
+from vlm.models.paligemma import PaliGemma, PaliGemmaConfig
+from vlm.models.siglip import SiglipVisionConfig
 
 SOS, EOS, SEP, YES, NO, MAYBE = 2, 3, 7, 4, 5, 6
 

@@ -11,7 +11,7 @@ import argparse
 from vlm.cli import run
 from vlm.data.pack import PackConfig, PackRuntime, pack_dataset
 from vlm.io import check_writable, write_json
-from vlm.models.paligemma import check_image_size, image_side_multiple
+from vlm.models.image_size import check_image_size, image_side_multiple
 from vlm.params import build_config, load_params, runtime_section, section
 
 

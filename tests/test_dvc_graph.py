@@ -29,6 +29,15 @@ def test_every_imported_project_file_is_a_declared_dependency(name):
     assert not stale, f"{name} lists {stale} as deps but never imports them"
 
 
+def test_the_pack_stage_imports_the_image_size_rules_not_the_model():
+    """A change to the decoder, the connector or the perception must not re-pack the images: of the model code the
+    pack stage imports the image size rules and what they read a checkpoint's patch size with."""
+    imported = {str(path.relative_to(ROOT)) for path in import_closure(stage_module(STAGES["pack_hdf5"]["cmd"]))}
+    models = sorted(f for f in imported if f.startswith("vlm/models/"))
+    assert models == ["vlm/models/__init__.py", "vlm/models/attention.py", "vlm/models/image_size.py",
+                      "vlm/models/pretrained.py", "vlm/models/siglip.py"]
+
+
 def test_stages_run_as_modules_with_their_paths_in_the_command():
     for name, stage in STAGES.items():
         assert stage["cmd"].startswith("python -m stages."), name  # the checkout's code, not an installed one

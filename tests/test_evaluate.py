@@ -20,7 +20,7 @@ from vlm.data.augment import swap_left_right
 from vlm.data.dataset import TrafficVQADataset
 from vlm.evaluate import EvaluateConfig, EvaluatePaths, calibration, evaluate, summarize, yes_no_maybe_pairs
 from vlm.inference import answer_questions, predict_dataset
-from vlm.models import PaliGemma
+from vlm.models.paligemma import PaliGemma
 from vlm.params import ParamError, build_config
 from vlm.scenes.generate import ScenesConfig
 from vlm.traffic_vlm import VLMConfig

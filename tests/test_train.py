@@ -14,7 +14,7 @@ import vlm.train
 from tiny_project import FRAME_SIZE, TINY_MODEL, TINY_RUNTIME, paths_for, tiny_train_config
 from vlm import checkpoint
 from vlm.checkpoint import load_model
-from vlm.models import PaliGemma
+from vlm.models.paligemma import PaliGemma
 from vlm.params import ParamError, build_config
 from vlm.train import NonFiniteLossError, TrainConfig, TrainRuntime, lr_factor, train
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from vlm.io import atomic_path, existing_file
-from vlm.models import PaliGemma
+from vlm.models.paligemma import PaliGemma
 from vlm.models.perception.targets import TargetTransform
 from vlm.processor import Processor
 from vlm.scenes.schema import Scene

@@ -32,8 +32,8 @@ from vlm.data.loader import build_loader, set_epoch
 from vlm.device import autocast, pick_device
 from vlm.inference import perception_metrics, predict_dataset
 from vlm.io import check_writable, write_json
-from vlm.models import PaliGemma, VLMOutput
 from vlm.models.gemma import GemmaDecoderLayer
+from vlm.models.paligemma import PaliGemma, VLMOutput
 from vlm.models.siglip import SiglipEncoderLayer
 from vlm.params import check
 from vlm.tokenizer import TrafficCommandTokenizer

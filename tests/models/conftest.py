@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from vlm.batch import Batch
-from vlm.models import GemmaConfig, PaliGemmaConfig, QFormerConfig, SiglipVisionConfig
+from vlm.models.gemma import GemmaConfig
+from vlm.models.paligemma import PaliGemmaConfig
+from vlm.models.qformer import QFormerConfig
+from vlm.models.siglip import SiglipVisionConfig
 
 VOCAB_SIZE = 40
 SOS, EOS, YES, NO, SEP = 2, 3, 4, 5, 7

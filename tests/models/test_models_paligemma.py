@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from vlm.batch import Batch
-from vlm.models import PaliGemma, PaliGemmaConfig, SiglipVisionConfig, SiglipVisionModel, load_pretrained
+from vlm.models.paligemma import PaliGemma, PaliGemmaConfig, load_pretrained
+from vlm.models.siglip import SiglipVisionConfig, SiglipVisionModel
 from vlm.params import ParamError
 from vlm.train import compile_layers
 

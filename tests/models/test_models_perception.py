@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vlm.models import PaliGemma, SiglipVisionConfig
+from vlm.models.paligemma import PaliGemma
 from vlm.models.perception import PerceptionConfig, TrafficPerception, head_metrics
 from vlm.models.perception.heads import HEADS, AuxiliaryHead
 from vlm.models.perception.heads.centres import NUM_COUNT_THRESHOLDS
@@ -19,6 +19,7 @@ from vlm.models.perception.heads.grounding import FRAME_LOSS_WEIGHT, NUM_THRESHO
 from vlm.models.perception.stem import FINE_STRIDE as STRIDE
 from vlm.models.perception.stem import PYRAMID_WIDTH, StemPyramid
 from vlm.models.perception.targets import CHANNELS, GROUPS, channels
+from vlm.models.siglip import SiglipVisionConfig
 from vlm.params import ParamError
 from vlm.traffic_vlm import VLMConfig, build_vlm
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,8 +26,9 @@ from vlm.models.gemma import (
     load_pretrained_gemma,
     prefix_lm_mask,
 )
+from vlm.models.image_size import PIXEL_SHUFFLE, check_image_size
 from vlm.models.packing import PackedRows
-from vlm.models.pretrained import read_config
+from vlm.models.pretrained import pretrained_config, read_config
 from vlm.models.qformer import QFormerConfig, QFormerConnector
 from vlm.models.siglip import (
     SiglipVisionConfig,
@@ -35,7 +36,7 @@ from vlm.models.siglip import (
     load_pretrained_siglip,
     siglip_config_from_pretrained,
 )
-from vlm.params import ParamError, build_config, check
+from vlm.params import build_config, check
 
 _FROM_DATA = {  # fields of the model config that come from the data, never from params.yaml
     ("gemma", "vocab_size"): "the vocabulary size (data/processed/vocab.json)",
@@ -50,7 +51,7 @@ _FROM_DATA = {  # fields of the model config that come from the data, never from
 class PaliGemmaConfig:
     vision: Literal["siglip", "none"] = "siglip"
     connector: Literal["linear", "qformer"] = "linear"
-    pixel_shuffle: int = 1  # linear connector: r x r neighbouring patches -> one image token (1 = PaliGemma)
+    pixel_shuffle: int = PIXEL_SHUFFLE  # linear connector: r x r neighbouring patches -> one image token (1: PaliGemma)
     pack_questions: bool = False  # one decoder row per image (vlm.models.packing; departure 8). False = PaliGemma
     vision_checkpoint: str | None = None  # a saved HF SigLIP (or PaliGemma) folder: the encoder starts from it
     decoder_checkpoint: str | None = None  # a saved HF GemmaForCausalLM (or PaliGemma) folder: the decoder too
@@ -113,7 +114,7 @@ class PaliGemmaConfig:
         checkpoint = values.get("vision_checkpoint")
         if checkpoint is not None and values.get("vision", "siglip") == "siglip":
             # the encoder's sizes and pixel normalisation are the checkpoint's: model.siglip is not used
-            pretrained_siglip = _pretrained_config("vision_checkpoint", checkpoint, siglip_config_from_pretrained)
+            pretrained_siglip = pretrained_config("vision_checkpoint", checkpoint, siglip_config_from_pretrained)
             values["siglip"] = {k: v for k, v in dataclasses.asdict(pretrained_siglip).items()
                                  if k not in ("image_size", "image_width")}
             # its preprocessor_config.json's pixel mean/std (without one SigLIP's 0.5, below)
@@ -121,7 +122,7 @@ class PaliGemmaConfig:
             image_mean, image_std = preprocessor.get("image_mean"), preprocessor.get("image_std")
         decoder = values.get("decoder_checkpoint")
         if decoder is not None:  # the decoder's sizes are the checkpoint's: model.gemma is not used
-            pretrained_gemma = _pretrained_config("decoder_checkpoint", decoder, gemma_config_from_pretrained)
+            pretrained_gemma = pretrained_config("decoder_checkpoint", decoder, gemma_config_from_pretrained)
             values["gemma"] = {k: v for k, v in dataclasses.asdict(pretrained_gemma).items() if k != "vocab_size"}
         check_image_size(values, (image_size, image_width), "the image size of the data")
         values["siglip"]["image_size"] = image_size
@@ -131,49 +132,6 @@ class PaliGemmaConfig:
         values["image_mean"] = [float(v) for v in (image_mean if image_mean is not None else (0.5, 0.5, 0.5))]
         values["image_std"] = [float(v) for v in (image_std if image_std is not None else (0.5, 0.5, 0.5))]
         return build_config(cls, values, "model")
-
-
-def encoder_patch_size(model_section: Mapping[str, Any]) -> tuple[Any, str] | None:
-    """The encoder's patch size (``model.siglip``'s or ``model.vision_checkpoint``'s) and its key; None: blind."""
-    if model_section.get("vision", "siglip") != "siglip":
-        return None
-    checkpoint = model_section.get("vision_checkpoint")
-    if checkpoint is not None:
-        patch_size = _pretrained_config("vision_checkpoint", checkpoint, siglip_config_from_pretrained).patch_size
-        return patch_size, "model.vision_checkpoint: its patch size"
-    siglip = model_section.get("siglip") or {}
-    return siglip.get("patch_size", SiglipVisionConfig.patch_size), "model.siglip.patch_size"
-
-
-def check_image_size(model_section: Mapping[str, Any], image_size: int | tuple[int, int], source: str) -> None:
-    """Raise a ``ParamError`` unless the encoder's patch size divides ``image_size`` (a side or ``(H, W)``, set where
-    ``source`` says): the pack stage calls it, so an impossible ``pack.image_size`` fails before packing."""
-    found = encoder_patch_size(model_section)
-    if found is None:
-        return
-    patch_size, key = found
-    for side in (image_size,) if isinstance(image_size, int) else image_size:
-        if isinstance(patch_size, int) and patch_size > 0 and side % patch_size:
-            raise ParamError(f"{key}: must divide {source} ({side} % {patch_size} = {side % patch_size})")
-
-
-def image_side_multiple(model_section: Mapping[str, Any]) -> int:
-    """What each side of the images must be a multiple of for the encoder and the connector: the patch size times
-    ``model.pixel_shuffle`` (1 for the blind baseline). The pack stage rounds ``pack.aspect: native``'s width to it."""
-    found = encoder_patch_size(model_section)
-    shuffle = model_section.get("pixel_shuffle", PaliGemmaConfig.pixel_shuffle)
-    if found is None or not isinstance(found[0], int) or not isinstance(shuffle, int):
-        return 1
-    return max(1, found[0] * shuffle)
-
-
-def _pretrained_config(key: str, checkpoint: Any, read: Callable[[str], Any]) -> Any:
-    """``read(checkpoint)``: the config of the checkpoint that ``model.{key}`` names, or a ``ParamError``."""
-    check(isinstance(checkpoint, str), f"model.{key}", f"must be a path or null, got {checkpoint!r}")
-    try:
-        return read(checkpoint)
-    except (OSError, ValueError) as e:
-        raise ParamError(f"model.{key}: {e}") from e
 
 
 @dataclass

@@ -2,10 +2,13 @@
 ``model.safetensors`` or ``pytorch_model.bin``, or one such weights file."""
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from vlm.params import ParamError, check
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
@@ -51,3 +54,12 @@ def read_config(path: Path, name: str = "config.json") -> tuple[Path, dict[str, 
         return None
     with open(config_file, encoding="utf-8") as f:
         return config_file, json.load(f)
+
+
+def pretrained_config(key: str, checkpoint: Any, read: Callable[[str], Any]) -> Any:
+    """``read(checkpoint)``: the config of the checkpoint that ``model.{key}`` names, or a ``ParamError``."""
+    check(isinstance(checkpoint, str), f"model.{key}", f"must be a path or null, got {checkpoint!r}")
+    try:
+        return read(checkpoint)
+    except (OSError, ValueError) as e:
+        raise ParamError(f"model.{key}: {e}") from e

@@ -1,0 +1,49 @@
+"""The core's two rules on image sizes, read from params.yaml's ``model:`` before any weight: the encoder's patch size
+divides each side, and each side is a multiple of the patch size times ``model.pixel_shuffle``. The pack stage imports
+this module and what it needs (SigLIP's config, the checkpoint reader), not the rest of the model code, so changing
+the decoder, the connector or the perception does not re-pack the images."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from vlm.models.pretrained import pretrained_config
+from vlm.models.siglip import SiglipVisionConfig, siglip_config_from_pretrained
+from vlm.params import ParamError
+
+PIXEL_SHUFFLE = 1  # PaliGemma's: one image token per patch (PaliGemmaConfig.pixel_shuffle's default)
+
+
+def encoder_patch_size(model_section: Mapping[str, Any]) -> tuple[Any, str] | None:
+    """The encoder's patch size (``model.siglip``'s or ``model.vision_checkpoint``'s) and its key; None: blind."""
+    if model_section.get("vision", "siglip") != "siglip":
+        return None
+    checkpoint = model_section.get("vision_checkpoint")
+    if checkpoint is not None:
+        patch_size = pretrained_config("vision_checkpoint", checkpoint, siglip_config_from_pretrained).patch_size
+        return patch_size, "model.vision_checkpoint: its patch size"
+    siglip = model_section.get("siglip") or {}
+    return siglip.get("patch_size", SiglipVisionConfig.patch_size), "model.siglip.patch_size"
+
+
+def check_image_size(model_section: Mapping[str, Any], image_size: int | tuple[int, int], source: str) -> None:
+    """Raise a ``ParamError`` unless the encoder's patch size divides ``image_size`` (a side or ``(H, W)``, set where
+    ``source`` says): the pack stage calls it, so an impossible ``pack.image_size`` fails before packing."""
+    found = encoder_patch_size(model_section)
+    if found is None:
+        return
+    patch_size, key = found
+    for side in (image_size,) if isinstance(image_size, int) else image_size:
+        if isinstance(patch_size, int) and patch_size > 0 and side % patch_size:
+            raise ParamError(f"{key}: must divide {source} ({side} % {patch_size} = {side % patch_size})")
+
+
+def image_side_multiple(model_section: Mapping[str, Any]) -> int:
+    """What each side of the images must be a multiple of for the encoder and the connector: the patch size times
+    ``model.pixel_shuffle`` (1 for the blind baseline). The pack stage rounds ``pack.aspect: native``'s width to it."""
+    found = encoder_patch_size(model_section)
+    shuffle = model_section.get("pixel_shuffle", PIXEL_SHUFFLE)
+    if found is None or not isinstance(found[0], int) or not isinstance(shuffle, int):
+        return 1
+    return max(1, found[0] * shuffle)

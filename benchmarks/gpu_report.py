@@ -24,12 +24,13 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from benchmarks.bench_train_step import batches, build_run, count_flops, machine, matmul_peak
 from vlm.io import write_json
 from vlm.params import load_params
+
+if TYPE_CHECKING:
+    import torch
 
 
 def driver() -> str:
@@ -42,6 +43,10 @@ def driver() -> str:
 
 def peak(device: torch.device) -> dict[str, float]:
     """bf16 (CUDA, what training's autocast runs in) or fp32 (CPU) matmul FLOP/s, the best of several sizes."""
+    import torch
+
+    from benchmarks.bench_train_step import matmul_peak
+
     if device.type == "cuda":
         return {**matmul_peak(device, sizes=(4096, 8192), repeats=10, dtype=torch.bfloat16), "dtype": "bfloat16"}
     return {**matmul_peak(device), "dtype": "float32"}
@@ -80,6 +85,12 @@ def stage_seconds(log: str) -> dict[str, float]:
 
 
 def report(name: str, wall_s: float, params_path: str, data: Path, metrics: Path) -> dict[str, object]:
+    # torch here, not at the top: the --pipeline-wall-s call after the whole pipeline measures nothing, and starts
+    # in a tenth of a second instead of about three (on a GPU lease, its time)
+    import torch
+
+    from benchmarks.bench_train_step import batches, build_run, count_flops, machine
+
     timing = json.loads((metrics / "train_timing.json").read_text())
     evaluation = json.loads((metrics / "eval.json").read_text())
     with tempfile.TemporaryDirectory() as workdir:  # FLOPs are counted eagerly: compiling changes no FLOP

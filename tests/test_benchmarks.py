@@ -311,6 +311,17 @@ def test_gpu_session_keeps_to_its_deadline(tmp_path):
     assert result.returncode == 1 and "DEFAULT_S=7m: not a whole number of seconds" in result.stderr
 
 
+def test_gpu_report_adds_the_pipeline_wall_time_without_torch(tmp_path):
+    """The report's second call, after the whole pipeline, measures nothing: it starts without importing torch."""
+    report = tmp_path / "default.json"
+    report.write_text(json.dumps({"name": "default", "pipeline_wall_s": None}))
+    code = ("import sys; from benchmarks.gpu_report import main; "
+            f"main(['--name', 'default', '--pipeline-wall-s', '12.34', '--out', {str(report)!r}]); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+    assert json.loads(report.read_text()) == {"name": "default", "pipeline_wall_s": 12.3}
+
+
 def test_gpu_report_times_each_stage_from_the_stamped_log():
     from benchmarks.gpu_report import stage_seconds
 

@@ -55,9 +55,14 @@ def test_training_time_row_is_the_committed_benchmark():
             f"against {old['training_steps']:,} of {old['ms_per_step']:.0f} ms") in row
 
 
-def test_gpu_bullet_is_the_committed_gpu_run():
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    text = " ".join(text.split())
+def _gpu_path() -> str:
+    """docs/experiments.md's "The GPU path: where it stands" (the README's GPU bullet links to it), on one line."""
+    text = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
+    return " ".join(text.split("## The GPU path: where it stands", 1)[1].split("\n## ", 1)[0].split())
+
+
+def test_gpu_path_is_the_committed_gpu_run():
+    text = _gpu_path()
     folder = "metrics/gpu/h200-2026-11-26b"
     run = f"{folder}/default"
     # beside the GPU's files: git show f908e5c:metrics/train_timing.json, this CPU's committed run of the same code
@@ -69,7 +74,7 @@ def test_gpu_bullet_is_the_committed_gpu_run():
 
 
 def test_recipe_expectation_is_the_committed_count():
-    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    text = _gpu_path()
     compute = _json("metrics/recipe_compute.json")
     assert f"It is {compute['compute_multiple']:.0f} times the default run's training FLOPs" in text
     recipe = (ROOT / "recipes" / "gpu.yaml").read_text(encoding="utf-8")
@@ -83,9 +88,9 @@ def test_recipe_expectation_is_the_committed_count():
 
 
 def test_launch_estimate_numbers_are_the_committed_report():
-    """The GPU step predicted from its operators: docs, README and the recipe's comment from recipe_compute.json."""
+    """The GPU step predicted from its operators: docs (the GPU path's summary too) and the recipe's comment from
+    recipe_compute.json."""
     docs = " ".join((ROOT / "docs" / "experiments.md").read_text(encoding="utf-8").split())
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     recipe_text = " ".join((ROOT / "recipes" / "gpu.yaml").read_text(encoding="utf-8").replace("#", "").split())
     compute = _json("metrics/recipe_compute.json")
     estimate = compute["gpu_launch_estimate"]
@@ -107,7 +112,7 @@ def test_launch_estimate_numbers_are_the_committed_report():
     loader = compute["recipe"]["loader_questions_per_s_one_process"]
     assert (f"{loader:,.0f} questions/s from HDF5 at 448 x 256" in docs
             and f"up to about {round(loader * compute['recipe']['num_workers'], -2):,.0f}" in docs)
-    assert f"{low:.1f}-{high:.1f} µs per operator, so it may run {rates}" in readme
+    assert f"{low:.1f}-{high:.1f} µs per operator, so it may run {rates}" in _gpu_path()
     assert f"{low:.1f}-{high:.1f} us per operator" in recipe_text and rates in recipe_text
     assert "its training {:.0f}-{:.0f} s".format(*recipe["training_seconds"]) in recipe_text
 

@@ -26,7 +26,7 @@ from vlm.scenes.generate import ScenesConfig
 from vlm.tokenizer import SEP
 
 FRAME = (ScenesConfig().width, ScenesConfig().height)  # the frame the head targets are laid out on
-MIRROR_ONLY = AugmentConfig(hflip_prob=1.0, brightness=0.0, contrast=0.0, saturation=0.0, rotation_degrees=0.0)
+MIRROR_ONLY = AugmentConfig(hflip_prob=1.0, brightness=0.0, contrast=0.0, saturation=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -243,8 +243,11 @@ def test_augmentation_is_per_image_and_epoch_and_shared_by_its_questions(project
 def test_augment_config_rejects_colour_changing_jitter():
     with pytest.raises(ParamError, match="train.augment.hue"):
         build_config(AugmentConfig, {"hue": 0.2}, "train.augment")
-    with pytest.raises(ParamError, match="train.augment.rotation_degrees"):
-        build_config(AugmentConfig, {"rotation_degrees": 45}, "train.augment")
+    with pytest.raises(ParamError, match=r"train.augment.brightness: must be in \[0, 0.5\]"):
+        build_config(AugmentConfig, {"brightness": 0.8}, "train.augment")
+    # no geometric jitter but the mirror: a rotation would move the label boxes the answers come from
+    with pytest.raises(ParamError, match="train.augment.rotation_degrees: unknown key"):
+        build_config(AugmentConfig, {"rotation_degrees": 3}, "train.augment")
 
 
 def test_a_file_that_is_not_a_packed_split_is_rejected_naming_it(project, tokenizer, tmp_path):

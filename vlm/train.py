@@ -354,7 +354,7 @@ def blind_baseline(model_params: Mapping[str, Any], config: TrainConfig) -> tupl
     params = {"vision": "none", "gemma": model_params.get("gemma", {}),
               "decoder_checkpoint": model_params.get("decoder_checkpoint")}
     augment = AugmentConfig(hflip_prob=config.augment.hflip_prob, brightness=0.0, contrast=0.0, saturation=0.0,
-                            hue=0.0, rotation_degrees=0.0)
+                            hue=0.0)
     epochs = config.epochs if config.blind_epochs is None else config.blind_epochs
     return params, replace(config, epochs=epochs, augment=augment)
 

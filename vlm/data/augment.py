@@ -16,17 +16,19 @@ MAX_HUE = 0.02  # fraction of the hue circle (±7 degrees): red/yellow/green sta
 
 @dataclass
 class AugmentConfig:
+    """Colour jitter and the mirror only: the answers (the thirds, the path bands) and the heads' target maps come from
+    the label boxes, which a rotation, crop or scale would move against the pixels; a mirror moves both exactly."""
+
     hflip_prob: float = 0.5  # probability of a mirrored image (with left/right swapped in the text)
     brightness: float = 0.2  # factor drawn from [1 - brightness, 1 + brightness]
     contrast: float = 0.2
     saturation: float = 0.2
     hue: float = 0.0  # shift drawn from [-hue, hue]; keep 0 or tiny, see MAX_HUE
-    rotation_degrees: float = 3.0  # angle drawn from [-rotation_degrees, rotation_degrees]
 
     @property
     def jitters(self) -> bool:
         """Whether it changes the pixels beyond a flip (torchvision's transforms)."""
-        return any((self.brightness, self.contrast, self.saturation, self.hue, self.rotation_degrees))
+        return any((self.brightness, self.contrast, self.saturation, self.hue))
 
     def validate(self, prefix: str = "augment") -> None:
         check(0.0 <= self.hflip_prob <= 1.0, f"{prefix}.hflip_prob", f"must be in [0, 1], got {self.hflip_prob}")
@@ -36,8 +38,6 @@ class AugmentConfig:
                   f"must be in [0, 0.5] (stronger jitter can change a traffic light's colour), got {value}")
         check(0.0 <= self.hue <= MAX_HUE, f"{prefix}.hue",
               f"must be in [0, {MAX_HUE}] (hue jitter changes traffic light colours), got {self.hue}")
-        check(0.0 <= self.rotation_degrees <= 10.0, f"{prefix}.rotation_degrees",
-              f"must be in [0, 10], got {self.rotation_degrees}")
 
 
 @dataclass(frozen=True)
@@ -49,22 +49,21 @@ class AugmentParams:
     contrast: float
     saturation: float
     hue: float
-    angle: float
 
     @property
     def jitters(self) -> bool:
         """Whether the draw changes the pixels beyond a flip (as :attr:`AugmentConfig.jitters` for the config)."""
-        return (self.brightness, self.contrast, self.saturation, self.hue, self.angle) != (1.0, 1.0, 1.0, 0.0, 0.0)
+        return (self.brightness, self.contrast, self.saturation, self.hue) != (1.0, 1.0, 1.0, 0.0)
 
 
 def sample_augment_params(config: AugmentConfig, seed: int, epoch: int, image_row: int) -> AugmentParams:
     rng = np.random.default_rng((seed, epoch, image_row))
-    draws = rng.uniform(-1.0, 1.0, size=5)
+    draws = rng.uniform(-1.0, 1.0, size=4)
     return AugmentParams(hflip=bool(rng.random() < config.hflip_prob),
                          brightness=1.0 + config.brightness * float(draws[0]),
                          contrast=1.0 + config.contrast * float(draws[1]),
                          saturation=1.0 + config.saturation * float(draws[2]),
-                         hue=config.hue * float(draws[3]), angle=config.rotation_degrees * float(draws[4]))
+                         hue=config.hue * float(draws[3]))
 
 
 @contextlib.contextmanager
@@ -80,7 +79,7 @@ def single_threaded_torch() -> Iterator[None]:
 
 def transforms():
     """torchvision's functional transforms, imported on first use: its package loads its models and ops (about 2 s on
-    the reference CPU), which answering (a flip at most) never needs. A dataset that jitters or rotates imports them
+    the reference CPU), which answering (a flip at most) never needs. A dataset that jitters imports them
     when built, so the DataLoader workers forked from its process find them imported."""
     from torchvision.transforms.v2 import functional
 
@@ -102,8 +101,6 @@ def augment_image(image: torch.Tensor, params: AugmentParams) -> torch.Tensor:
         image = F.adjust_saturation(image, params.saturation)
     if params.hue != 0.0:
         image = F.adjust_hue(image, params.hue)
-    if params.angle != 0.0:
-        image = F.rotate(image, params.angle, interpolation=F.InterpolationMode.BILINEAR)
     return image.contiguous()
 
 

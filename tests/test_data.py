@@ -15,7 +15,7 @@ import torch
 
 from tiny_project import PACK_SIZE, SPLIT_SIZES, image_colours
 from vlm.batch import IGNORE_INDEX
-from vlm.data.augment import AugmentConfig, sample_augment_params, swap_left_right
+from vlm.data.augment import MAX_HUE, AugmentConfig, augment_image, sample_augment_params, swap_left_right
 from vlm.data.collate import collate_questions
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.loader import build_loader, set_epoch
@@ -238,6 +238,23 @@ def test_augmentation_is_per_image_and_epoch_and_shared_by_its_questions(project
     assert sample_augment_params(config, 2, 0, 5) == sample_augment_params(config, 2, 0, 5)
     assert sample_augment_params(config, 2, 0, 5) != sample_augment_params(config, 2, 1, 5)
     assert sample_augment_params(config, 2, 0, 5) != sample_augment_params(config, 2, 0, 6)
+
+
+def test_the_augmentation_moves_no_pixel_but_by_the_mirror():
+    """The answers and the heads' targets come from the label boxes: the strongest jitter allowed leaves every object
+    where it was, and a flip moves it to its mirror place (whose targets and text the dataset mirrors too)."""
+    strongest = AugmentConfig(hflip_prob=0.5, brightness=0.5, contrast=0.5, saturation=0.5, hue=MAX_HUE)
+    height, width = 16, 28
+    flips = set()
+    for row in range(40):
+        y, x = row % height, (7 * row) % width
+        image = torch.full((3, height, width), 40, dtype=torch.uint8)
+        image[:, y, x] = torch.tensor([250, 240, 230], dtype=torch.uint8)  # one bright object
+        params = sample_augment_params(strongest, seed=0, epoch=1, image_row=row)
+        augmented = augment_image(image, params).int().sum(0)  # [H, W]
+        flips.add(params.hflip)
+        assert divmod(int(augmented.argmax()), width) == (y, width - 1 - x if params.hflip else x), params
+    assert flips == {False, True}
 
 
 def test_augment_config_rejects_colour_changing_jitter():

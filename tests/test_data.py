@@ -26,7 +26,7 @@ from vlm.scenes.generate import ScenesConfig
 from vlm.tokenizer import SEP
 
 FRAME = (ScenesConfig().width, ScenesConfig().height)  # the frame the head targets are laid out on
-MIRROR_ONLY = AugmentConfig(hflip_prob=1.0, brightness=0.0, contrast=0.0, saturation=0.0)
+MIRROR_ONLY = AugmentConfig.mirror_only()
 
 
 @pytest.fixture(scope="module")

@@ -353,8 +353,7 @@ def blind_baseline(model_params: Mapping[str, Any], config: TrainConfig) -> tupl
     only the mirror, ``train.blind_epochs`` epochs."""
     params = {"vision": "none", "gemma": model_params.get("gemma", {}),
               "decoder_checkpoint": model_params.get("decoder_checkpoint")}
-    augment = AugmentConfig(hflip_prob=config.augment.hflip_prob, brightness=0.0, contrast=0.0, saturation=0.0,
-                            hue=0.0)
+    augment = AugmentConfig.mirror_only(config.augment.hflip_prob)
     epochs = config.epochs if config.blind_epochs is None else config.blind_epochs
     return params, replace(config, epochs=epochs, augment=augment)
 

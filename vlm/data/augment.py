@@ -30,6 +30,11 @@ class AugmentConfig:
         """Whether it changes the pixels beyond a flip (torchvision's transforms)."""
         return any((self.brightness, self.contrast, self.saturation, self.hue))
 
+    @classmethod
+    def mirror_only(cls, hflip_prob: float = 1.0) -> "AugmentConfig":
+        """The mirror with probability ``hflip_prob``, no jitter."""
+        return cls(hflip_prob=hflip_prob, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0)
+
     def validate(self, prefix: str = "augment") -> None:
         check(0.0 <= self.hflip_prob <= 1.0, f"{prefix}.hflip_prob", f"must be in [0, 1], got {self.hflip_prob}")
         for name in ("brightness", "contrast", "saturation"):

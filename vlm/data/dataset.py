@@ -26,7 +26,7 @@ from vlm.processor import QATokenizer
 
 _RECORD_FIELDS = ("question_id", "image_id", "command", "answer", "command_type", "metadata")
 # the "augmentation" of TrafficVQADataset.mirrored: every image flipped, nothing else
-MIRROR = AugmentConfig(hflip_prob=1.0, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0)
+MIRROR = AugmentConfig.mirror_only()
 
 
 class Targets(Protocol):

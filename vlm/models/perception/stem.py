@@ -7,20 +7,6 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class Blur(nn.Module):
-    """A binomial low-pass per channel before a stride-2 convolution (Zhang 2019, "Making Convolutional Networks
-    Shift-Invariant Again"): ``[N, C, H, W]`` -> the same shape."""
-
-    def __init__(self, channels: int):
-        super().__init__()
-        taps = torch.tensor([1.0, 2.0, 1.0])
-        kernel = (taps[:, None] * taps[None, :]) / 16  # [3, 3]
-        self.register_buffer("kernel", kernel.expand(channels, 1, 3, 3).contiguous(), persistent=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), self.kernel.to(x.dtype), groups=x.shape[1])
-
-
 class ConvStem(nn.Module):
     """Early convolutions (Xiao et al. 2021; docs/architecture.md, departure 1), then a 1x1 projection to the encoder
     width: ``[N, C, S, S]`` -> ``[N, D, S/2**stages, S/2**stages]`` and each stage's ``[N, channels[i], ...]``."""
@@ -31,7 +17,6 @@ class ConvStem(nn.Module):
         self.stage_ends: list[int] = []  # index in self.layers after which each stage's output is ready
         for c in channels:
             for stride in (2, 1):
-                layers += [Blur(in_channels)] if stride == 2 else []
                 layers += [nn.Conv2d(in_channels, c, 3, stride=stride, padding=1, bias=False),
                            nn.GroupNorm(math.gcd(groups, c), c), nn.ReLU()]
                 in_channels = c

@@ -115,7 +115,7 @@ def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[i
         r0, r1 = cell(y1, height, rows), cell(y2, height, rows)
         k = CATEGORIES.index(obj.category)
         targets[r0:r1 + 1, c0:c1 + 1, START["box"] + k] = 1
-        _spread(targets[:, :, START["centre"] + k], (x1 + x2) / 2 / width * columns, (y1 + y2) / 2 / height * rows)
+        targets[cell((y1 + y2) / 2, height, rows), cell((x1 + x2) / 2, width, columns), START["centre"] + k] += 1
         if obj.light_color and not obj.occluded:  # the lights the answer rules can read
             targets[r0:r1 + 1, c0:c1 + 1, START["light"] + LIGHT_COLORS.index(obj.light_color)] = 1
         if obj.occluded:
@@ -129,7 +129,7 @@ def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[i
         for index, group in enumerate(FOOT_GROUPS):
             if in_group[group]:
                 _splat(targets[:, :, START["foot"] + index], centre_x, y2 / height * rows, sigma)
-                _spread(targets[:, :, START["feet"] + index], centre_x, y2 / height * rows)
+                targets[cell(y2, height, rows), cell((x1 + x2) / 2, width, columns), START["feet"] + index] += 1
     for k, attribute in enumerate(rules.FRAME_ATTRIBUTES, start=START["frame"]):
         answer = rules.scene_attribute(scene, attribute)
         targets[:, :, k] = -1 if answer is None else float(answer == rules.YES)
@@ -142,17 +142,3 @@ def _splat(heat: np.ndarray, x: float, y: float, sigma: float) -> None:
     xs, ys = np.arange(columns) + 0.5, np.arange(rows) + 0.5  # cell centres
     np.maximum(heat, np.exp(-((xs[None, :] - x) ** 2 + (ys[:, None] - y) ** 2) / (2 * sigma ** 2)), out=heat)
     heat[min(rows - 1, max(0, int(y))), min(columns - 1, max(0, int(x)))] = 1
-
-
-def _spread(counts: np.ndarray, x: float, y: float) -> None:
-    """Add one object to ``counts`` ``[Gh, Gw]`` (in place) at ``(x, y)`` in cells, split bilinearly among the four
-    cells whose centres surround it (the share beyond the map's edge kept in its edge cells): its unit mass moves
-    smoothly with the object, not in steps of a cell."""
-    rows, columns = counts.shape
-    left, top = np.floor(x - 0.5), np.floor(y - 0.5)
-    fx, fy = x - 0.5 - left, y - 0.5 - top
-    for dy, wy in ((0, 1 - fy), (1, fy)):
-        for dx, wx in ((0, 1 - fx), (1, fx)):
-            r = min(rows - 1, max(0, int(top) + dy))
-            c = min(columns - 1, max(0, int(left) + dx))
-            counts[r, c] += wy * wx

@@ -4,11 +4,20 @@ readable light colours, occlusion, and the frame attributes once per image."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from vlm.models.perception import PerceptionConfig
 from vlm.models.perception.heads.grounding import GroundingHead
-from vlm.models.perception.targets import CHANNELS, GROUPS, TargetTransform, channels
+from vlm.models.perception.targets import (
+    CENTRE_REGIONS,
+    CHANNELS,
+    FOOT_REGIONS,
+    GROUPS,
+    TargetTransform,
+    channels,
+    region_masks,
+)
 from vlm.models.perception.targets import scene_targets as grounding_targets
 from vlm.models.siglip import SiglipVisionConfig
 from vlm.scenes.schema import Scene, SceneObject
@@ -31,8 +40,9 @@ def test_boxes_centres_and_readable_lights_land_in_their_patches():
     assert t.shape[-1] == len(CHANNELS) == 44
     box = t[..., channel("box/car")]
     np.testing.assert_array_equal(box, [[0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]])
-    centre = t[..., channel("centre/car")]
-    assert centre.sum() == 1 and centre[2, 0] == 1  # centre (165, 539.5): row 2.997 -> 2, column 0.52 -> 0
+    centre = t[..., channel("centre/car")]  # centre (165, 539.5): row 2.997, column 0.52 (cells)
+    assert centre.sum() == pytest.approx(1) and centre[2, 0] == pytest.approx(0.503, abs=1e-3)  # row 2's edge:
+    assert centre[3, 0] == pytest.approx(0.497, abs=1e-3)  # shared with row 3; column 1 lies in other regions
     assert t[0, 3, channel("light/red")] == 1 and t[..., channel("light/red")].sum() == 1
     assert t[..., channel("light/green")].sum() == 0  # occluded: the answer rules cannot read it
     assert t[..., channel("box/traffic light")].sum() == 2  # but it is still a traffic light
@@ -80,8 +90,49 @@ def test_heatmaps_peak_at_each_centre_and_pool_back_to_the_patch_grid():
     coarse = grounding_targets(scene(near, far), 1280, 720, grid=4)
     head = GroundingHead(PerceptionConfig(), SiglipVisionConfig(hidden_size=8, num_attention_heads=2))
     pooled = head.patch_targets(torch.from_numpy(t.reshape(1, 256, -1)), grid=4)[0].numpy()
-    # boxes by max, centre counts by sum
-    np.testing.assert_array_equal(pooled, coarse[:, channels("box", "centre", "light", "occluded")])
+    # boxes by max, centre counts by sum (the cells' shares, not the coarse grid's)
+    np.testing.assert_array_equal(pooled[:, :len(GROUPS["box"])], coarse[:, channels("box")])
+    centres = t[..., channels("centre")].reshape(4, 4, 4, 4, -1).sum(axis=(1, 3)).reshape(16, -1)
+    np.testing.assert_allclose(pooled[:, channels("centre")], centres, atol=1e-6)
+
+
+def test_a_centre_is_shared_with_the_neighbour_it_lies_towards_within_its_regions():
+    """The centre counts move with an object smoothly, split bilinearly between its cell and the neighbour it lies
+    towards, but never across the edge of a region objects are counted in (a third of the image)."""
+    grid = (4, 12)  # cells of 106.7 x 180 frame px; each third of the image 4 columns
+
+    def centre(x: float, y: float) -> np.ndarray:  # the car centred at (x, y) frame px
+        car = SceneObject(id="1", category="car", box=(x - 20, y - 20, x + 20, y + 20))
+        return grounding_targets(scene(car), 1280, 720, grid=grid).reshape(*grid, -1)[..., channel("centre/car")]
+
+    at_centre = centre(160, 270)  # the centre of cell (1, 1)
+    assert at_centre[1, 1] == 1 and at_centre.sum() == 1
+    moved = centre(160 + 0.25 * 1280 / 12, 270 + 0.125 * 720 / 4)  # a quarter cell right, an eighth down
+    expected = np.zeros(grid)
+    expected[1:3, 1:3] = np.outer([0.875, 0.125], [0.75, 0.25])
+    np.testing.assert_allclose(moved, expected, atol=1e-6)
+    at_edge = centre(3.8 * 1280 / 12, 270)  # towards column 4, the middle third: the left third keeps it
+    assert at_edge[1, 3] == 1 and at_edge.sum() == 1
+
+
+def test_every_region_sum_of_the_centre_counts_is_the_labels_count():
+    """However the centres are shared among cells, each region's sum (the image, its thirds; the paths' near parts
+    for the footpoints) is the number of centres in its cells, as the answers' rules count them."""
+    rng = np.random.default_rng(0)
+    grid = (32, 56)
+    corners = rng.uniform([0, 0], [1240, 680], size=(60, 2))
+    cars = [SceneObject(id=str(i), category="car", box=(x, y, x + 40, y + 40)) for i, (x, y) in enumerate(corners)]
+    t = torch.from_numpy(grounding_targets(scene(*cars), 1280, 720, grid=grid))  # [cells, C]
+    for group, regions in (("centre", CENTRE_REGIONS), ("feet", FOOT_REGIONS)):
+        x, y = corners[:, 0] + 20, corners[:, 1] + (20 if group == "centre" else 40)  # centres or footpoints
+        cells = (np.minimum(y / 720 * grid[0], grid[0] - 1).astype(int) * grid[1]
+                 + np.minimum(x / 1280 * grid[1], grid[1] - 1).astype(int))
+        masks = region_masks([regions], grid).flatten(2)[0]  # [R, cells]
+        name = "centre/car" if group == "centre" else "feet/road_user"
+        sums = masks.float() @ t[:, channel(name)]  # [R]
+        labels = masks[:, cells].sum(dim=1).float()  # [R]: the centres whose own cell lies in the region
+        assert sums.sum() > 0
+        torch.testing.assert_close(sums, labels, atol=1e-4, rtol=0)
 
 
 def test_footpoints_of_pedestrians_and_occluded_road_users():

@@ -6,6 +6,7 @@ enabled heads declare from the label frame stored beside each packed image: ``Ba
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from itertools import accumulate, chain
 
 import numpy as np
@@ -17,12 +18,12 @@ from vlm.scenes.schema import CATEGORIES, LIGHT_COLORS, Scene, scene_from_frame
 FOOT_GROUPS = ("road_user", "vulnerable", "occluded")
 GROUPS: dict[str, tuple[str, ...]] = {
     "box": tuple(f"box/{c}" for c in CATEGORIES),  # 1 where the cell overlaps a box of that category
-    "centre": tuple(f"centre/{c}" for c in CATEGORIES),  # how many box centres fall in the cell (neighbours share)
+    "centre": tuple(f"centre/{c}" for c in CATEGORIES),  # box centres per cell, each shared with a neighbour (_spread)
     "light": tuple(f"light/{c}" for c in LIGHT_COLORS),  # 1 where the cell overlaps a readable light of that colour
     "occluded": ("occluded",),  # 1 where the cell overlaps an object labelled occluded (the safety rule's "maybe")
     "heat": tuple(f"heat/{c}" for c in CATEGORIES),  # CenterNet's centre heatmap (_splat), the maximum where they meet
     "foot": tuple(f"foot/{g}" for g in FOOT_GROUPS),  # the same around bottom-centres, where the safety rule looks
-    "feet": tuple(f"feet/{g}" for g in FOOT_GROUPS),  # how many of those bottom-centres fall in the cell
+    "feet": tuple(f"feet/{g}" for g in FOOT_GROUPS),  # those bottom-centres per cell, shared as the centres are
     "frame": tuple(f"frame/{a}" for a in rules.FRAME_ATTRIBUTES),  # the scene answer 1 / 0 (-1: undefined), every cell
 }
 CHANNELS = tuple(chain.from_iterable(GROUPS.values()))
@@ -115,13 +116,13 @@ def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[i
         r0, r1 = cell(y1, height, rows), cell(y2, height, rows)
         k = CATEGORIES.index(obj.category)
         targets[r0:r1 + 1, c0:c1 + 1, START["box"] + k] = 1
-        targets[cell((y1 + y2) / 2, height, rows), cell((x1 + x2) / 2, width, columns), START["centre"] + k] += 1
+        centre_x, centre_y = (x1 + x2) / 2 / width * columns, (y1 + y2) / 2 / height * rows  # in cells
+        _spread(targets[:, :, START["centre"] + k], centre_x, centre_y, CENTRE_REGIONS)
         if obj.light_color and not obj.occluded:  # the lights the answer rules can read
             targets[r0:r1 + 1, c0:c1 + 1, START["light"] + LIGHT_COLORS.index(obj.light_color)] = 1
         if obj.occluded:
             targets[r0:r1 + 1, c0:c1 + 1, START["occluded"]] = 1
         sigma = max(0.5, min((x2 - x1) / width * columns, (y2 - y1) / height * rows) / 6)  # in cells
-        centre_x, centre_y = (x1 + x2) / 2 / width * columns, (y1 + y2) / 2 / height * rows  # in cells
         _splat(targets[:, :, START["heat"] + k], centre_x, centre_y, sigma)
         road_user = obj.category in rules.ROAD_USERS
         in_group = {"road_user": road_user, "vulnerable": obj.category in rules.VULNERABLE,
@@ -129,7 +130,7 @@ def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[i
         for index, group in enumerate(FOOT_GROUPS):
             if in_group[group]:
                 _splat(targets[:, :, START["foot"] + index], centre_x, y2 / height * rows, sigma)
-                targets[cell(y2, height, rows), cell((x1 + x2) / 2, width, columns), START["feet"] + index] += 1
+                _spread(targets[:, :, START["feet"] + index], centre_x, y2 / height * rows, FOOT_REGIONS)
     for k, attribute in enumerate(rules.FRAME_ATTRIBUTES, start=START["frame"]):
         answer = rules.scene_attribute(scene, attribute)
         targets[:, :, k] = -1 if answer is None else float(answer == rules.YES)
@@ -142,3 +143,37 @@ def _splat(heat: np.ndarray, x: float, y: float, sigma: float) -> None:
     xs, ys = np.arange(columns) + 0.5, np.arange(rows) + 0.5  # cell centres
     np.maximum(heat, np.exp(-((xs[None, :] - x) ** 2 + (ys[:, None] - y) ** 2) / (2 * sigma ** 2)), out=heat)
     heat[min(rows - 1, max(0, int(y))), min(columns - 1, max(0, int(x)))] = 1
+
+
+def _spread(counts: np.ndarray, x: float, y: float, regions: tuple[tuple[float, float, float], ...]) -> None:
+    """Add one object at ``(x, y)`` (in cells) to ``counts`` ``[Gh, Gw]`` (in place), split bilinearly between its cell
+    and, along each axis, the neighbour it lies towards: its mass moves with it smoothly, not a whole count at a cell's
+    edge. Along an axis whose neighbour is off the map or in other ``regions`` than its cell (the regions objects are
+    counted in, :data:`CENTRE_REGIONS` or :data:`FOOT_REGIONS`), its mass stays in its cell: every region's sum
+    stays the labels' count."""
+    rows, columns = counts.shape
+    row_regions, column_regions = _cell_regions(regions, rows, columns)
+    for r, row_share in _split(y, row_regions):
+        for c, column_share in _split(x, column_regions):
+            counts[r, c] += row_share * column_share
+
+
+def _split(position: float, cell_regions: tuple[tuple[bool, ...], ...]) -> list[tuple[int, float]]:
+    """A position along one axis, in cells -> (cell, share) pairs: its cell, and the neighbour it lies towards by how
+    far it is from its cell's centre (up to 1/2 at the edge) where that neighbour is in the same regions."""
+    own = min(len(cell_regions) - 1, max(0, int(position)))
+    offset = position - (own + 0.5)
+    other = own + (1 if offset > 0 else -1)
+    if offset == 0 or not 0 <= other < len(cell_regions) or cell_regions[other] != cell_regions[own]:
+        return [(own, 1.0)]
+    return [(own, 1.0 - abs(offset)), (other, abs(offset))]
+
+
+@cache
+def _cell_regions(regions: tuple[tuple[float, float, float], ...], rows: int,
+                  columns: int) -> tuple[tuple[tuple[bool, ...], ...], tuple[tuple[bool, ...], ...]]:
+    """Which of ``regions`` each row and each column of cells lies in, by the cells' centres (as
+    :func:`region_masks`): ``([rows][R], [columns][R])``."""
+    row_regions = tuple(tuple((r + 0.5) / rows >= y0 for _, _, y0 in regions) for r in range(rows))
+    column_regions = tuple(tuple(x0 <= (c + 0.5) / columns <= x1 for x0, x1, _ in regions) for c in range(columns))
+    return row_regions, column_regions

@@ -86,8 +86,8 @@ class CountHead(AuxiliaryHead):
 
     def metrics(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per image: the share of its region counts whose rounded sum is exact, and whether all of them are."""
-        counts = self.counts(targets)
-        exact = self.region_sums(self.density(logits)).round() == self.region_sums(counts)  # [N, C, R]
+        counts = self.counts(targets)  # each region's sum a whole count, in float sums of shares (targets._spread)
+        exact = self.region_sums(self.density(logits)).round() == self.region_sums(counts).round()  # [N, C, R]
         return {"counts/exact": exact.float().mean(dim=(1, 2)), "counts/all_exact": exact.flatten(1).all(1).float()}
 
     def decoder_features(self, logits: torch.Tensor) -> tuple[None, None]:

@@ -32,7 +32,6 @@ START = dict(zip(GROUPS, accumulate((len(g) for g in GROUPS.values()), initial=0
 # ("on the left side"), footpoints in the near part of each manoeuvre's path (the safety rule's bands).
 CENTRE_REGIONS = ((0.0, 1.0, 0.0), *((lo, hi, 0.0) for lo, hi in rules.SIDES.values()))
 FOOT_REGIONS = tuple((lo, hi, rules.PATH_MIN_Y) for lo, hi in rules.PATHS.values())
-SPREAD = 0.5  # of the bilinear share an object's count gives the neighbouring cell it lies towards (_split)
 
 
 def channels(*groups: str) -> slice:
@@ -167,8 +166,7 @@ def _split(position: float, cell_regions: tuple[tuple[bool, ...], ...]) -> list[
     other = own + (1 if offset > 0 else -1)
     if offset == 0 or not 0 <= other < len(cell_regions) or cell_regions[other] != cell_regions[own]:
         return [(own, 1.0)]
-    share = SPREAD * abs(offset)
-    return [(own, 1.0 - share), (other, share)]
+    return [(own, 1.0 - abs(offset)), (other, abs(offset))]
 
 
 @cache

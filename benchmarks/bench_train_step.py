@@ -139,6 +139,19 @@ class AllTextPositions(torch.nn.Module):
         return output
 
 
+class CpuBf16(torch.nn.Module):
+    """The model's forward under bf16 autocast on the CPU (``vlm.device.autocast`` keeps the CPU in float32: slower in
+    bf16 on a CPU without AMX, no faster on one with it; docs/experiments.md, "Lessons from probes")."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch, answer_only: bool = False):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.model(batch, answer_only=answer_only)
+
+
 def per_matrix_muon(muon: torch.optim.Optimizer) -> None:
     """``muon`` (a FlatMuon) stepping through ``torch.optim.Muon.step``: the same bits, a loop over the matrices."""
     def step(closure=None):  # pylint: disable=unused-argument
@@ -167,6 +180,8 @@ TWEAKS = {
     "adamw": lambda run: rebuild_optimizer(run, "adamw"),
     # Muon's step as torch.optim.Muon takes it, a Newton-Schulz iteration per matrix (FlatMuon stacks each shape's)
     "per_matrix_muon": lambda run: per_matrix_muon(run.optimizer.optimizers[0]),
+    # bf16 autocast on the CPU too (the CPU's matmuls in bf16: AMX where the CPU has it)
+    "cpu_bf16": lambda run: setattr(run, "ddp_model", CpuBf16(run.model)),
     # both adopted changes undone: the training step as it was before them
     "before_answer_only_and_fused": lambda run: (TWEAKS["all_text_positions"](run), TWEAKS["default_adamw"](run)),
 }

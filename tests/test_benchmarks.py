@@ -132,8 +132,8 @@ def test_operator_count_counts_what_a_gpu_would_read_back():
 
 @pytest.mark.xdist_group("tiny_project")
 def test_bench_train_step_compare(tmp_path, tiny_run):
-    # the first undoes two changes, through all of them; the last two change the optimizer
-    tweaks = ("before_answer_only_and_fused", "channels_last", "per_matrix_muon", "adamw")
+    # the first undoes two changes, through all of them; the next two change the optimizer; the last the arithmetic
+    tweaks = ("before_answer_only_and_fused", "channels_last", "per_matrix_muon", "adamw", "cpu_bf16")
     report = run_benchmark("bench_train_step.py", tmp_path / "tweaks.json", *tiny_run, "--compare", *tweaks,
                            "--rounds", "2", "--round-steps", "1", "--check-steps", "3", "--profile-steps", "1")
     results = report["results"]
@@ -142,7 +142,7 @@ def test_bench_train_step_compare(tmp_path, tiny_run):
     assert results["baseline"]["decoder_speedup"] == 1
     for name in tweaks:
         assert results[name]["speedup"] > 0 and results[name]["decoder_ms_per_question"] > 0
-        if name != "adamw":  # another optimizer: other losses
+        if name not in ("adamw", "cpu_bf16"):  # another optimizer, or bf16: other losses
             assert results[name]["loss_max_abs_diff"] < 1e-2
     # the optimizers' operators: torch.optim.Muon's loop over the matrices, FlatMuon's stacks, fused AdamW alone
     operators = {name: results[name]["operators_per_step"] for name in ("baseline", "per_matrix_muon", "adamw")}

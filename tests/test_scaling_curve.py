@@ -24,20 +24,34 @@ def test_plan_runs_the_cheapest_points_first():
     assert [p.name for p in anchored] == ["scale-128px-7ep", "scale-128px-14ep"]
 
 
-def row(size: int, multiple: int, accuracy: float) -> dict:
-    return {"image_size": size, "multiple": multiple, "accuracy": accuracy, "seconds": 100.0 * multiple}
+def test_the_images_series_multiplies_the_scenes_at_the_1x_epochs():
+    params = {"train": {"epochs": 6}, "pack": {"image_size": 128}, "scenes": {"num_images": 4000}}
+    points = scaling_curve.plan(params, [1, 2], 0, [], image_multiples=[1, 2, 4])
+    assert [p.name for p in points] == ["scale-128px-6ep", "scale-128px-12ep", "scale-128px-6ep-8000img",
+                                        "scale-128px-6ep-16000img"]  # its 1x is the epochs series' run
+    assert points[2].set_params(128) == ["train.epochs=6", "scenes.num_images=8000"]
+    assert [p.series for p in points] == ["128px", "128px", "128px, images", "128px, images"]
+    assert [p.multiple for p in points] == [1, 2, 2, 4]
+
+
+def row(size: int, multiple: int, accuracy: float, series: str | None = None) -> dict:
+    return {"image_size": size, "multiple": multiple, "accuracy": accuracy, "seconds": 100.0 * multiple,
+            "series": series or f"{size}px"}
 
 
 def test_points_are_placed_at_their_series_1x_rate():
-    rows = [{"image_size": 128, "multiple": m, "steps": 100 * m, "train_seconds": t}
+    rows = [{"image_size": 128, "series": "128px", "multiple": m, "steps": 100 * m, "train_seconds": t}
             for m, t in ((1, 50.0), (2, 160.0))]
-    rows.append({"image_size": 224, "multiple": 2, "steps": 200, "train_seconds": 300.0})
+    rows.append({"image_size": 224, "series": "224px", "multiple": 2, "steps": 200, "train_seconds": 300.0})
+    rows.append({"image_size": 128, "series": "128px, images", "multiple": 4, "steps": 400, "train_seconds": 900.0})
     scaling_curve.at_reference_rate(rows)
-    assert [r["seconds"] for r in rows] == [50.0, 100.0, 300.0]  # the 224 px series has no 1x point: as measured
+    # the 224 px series has no 1x point: as measured; the images series' 1x is the 128 px run
+    assert [r["seconds"] for r in rows] == [50.0, 100.0, 300.0, 200.0]
 
 
 def test_targets_reached_or_extrapolated_from_the_trend():
-    rows = [row(128, 1, 0.80), row(128, 2, 0.85), row(128, 4, 0.90), row(224, 1, 0.7), row(224, 2, 0.7)]
+    rows = [row(128, 1, 0.80), row(128, 2, 0.85), row(128, 4, 0.90), row(224, 1, 0.7), row(224, 2, 0.7),
+            row(128, 2, 0.86, "128px, images"), row(128, 4, 0.93, "128px, images")]
     at_90 = scaling_curve.target_summary(rows, 0.90)
     assert at_90["128px"] == {"reached_at_multiple": 4, "seconds": 400.0}
     assert at_90["224px"]["multiple_needed_by_trend"] is None  # flat: never
@@ -45,6 +59,23 @@ def test_targets_reached_or_extrapolated_from_the_trend():
     assert at_95["reached_at_multiple"] is None
     assert at_95["gain_per_doubling"] == pytest.approx(0.05)
     assert at_95["multiple_needed_by_trend"] == pytest.approx(8.0)  # 0.80 + 0.05 per doubling: 3 doublings
+    images = scaling_curve.target_summary(rows, 0.95)["128px, images"]  # from the shared 1x: 0.80, 0.86, 0.93
+    assert images["gain_per_doubling"] == pytest.approx(0.065)
+
+
+def test_points_of_the_earlier_file_are_kept_where_their_experiments_are_elsewhere(tmp_path):
+    params = {"train": {"epochs": 6}, "pack": {"image_size": 128}, "scenes": {"num_images": 4000}}
+    points = scaling_curve.plan(params, [1, 2], 0, [], image_multiples=[2])
+    earlier = tmp_path / "scaling.json"
+    old = [{"name": "scale-128px-6ep", "image_size": 128, "accuracy": 0.9},
+           {"name": "scale-64px-6ep", "image_size": 64}]
+    earlier.write_text(json.dumps({"points": old}))
+    found = {"scale-128px-6ep-8000img": {"name": "scale-128px-6ep-8000img", "accuracy": 0.95}}
+    rows = scaling_curve.recorded(points, found, earlier)
+    # the plan's order; the earlier file's point of another plan is left out, one from before the series named one
+    assert [(r["name"], r["accuracy"]) for r in rows] == [("scale-128px-6ep", 0.9), ("scale-128px-6ep-8000img", 0.95)]
+    assert rows[0]["series"] == "128px"
+    assert scaling_curve.recorded(points, found, tmp_path / "none.json") == list(found.values())
 
 
 @pytest.mark.pipeline

@@ -187,7 +187,9 @@ def test_scaling_table_is_the_committed_curve():
     curve = _json("metrics/scaling.json")
     for point in curve["points"]:
         per_type = " | ".join(f"{point['per_type'][t]:.3f}" for t in sorted(point["per_type"]))
-        row = (f"| {point['image_size']} px | {point['multiple']}x ({point['epochs']} epochs) | "
+        compute = f"{point['epochs']} epochs" + (f" of {point['num_images']:,} scenes"
+                                                 if point["series"].endswith(", images") else "")
+        row = (f"| {point['image_size']} px | {point['multiple']}x ({compute}) | "
                f"{point['seconds']:.0f} | {point['accuracy']:.3f} | {per_type} |")
         assert row in text, row
     section = text.split("## Accuracy vs training compute", 1)[1].split("\n## ", 1)[0]
@@ -210,7 +212,7 @@ def test_scaling_paragraph_is_the_committed_curve():
     text = (ROOT / "README.md").read_text(encoding="utf-8").split("## Accuracy vs training compute", 1)[1]
     flat = " ".join(text.split("\n## ", 1)[0].split())
     curve = _json("metrics/scaling.json")
-    points = {p["multiple"]: p for p in curve["points"] if p["image_size"] == 128}
+    points = {p["multiple"]: p for p in curve["points"] if p["series"] == "128px"}
     accuracies = [f"{points[1]['accuracy']:.3f} at 1x"] + [
         f"{points[m]['accuracy']:.3f} at {m}x ({points[m]['epochs']} epochs)" for m in (2, 4)]
     counting = [f"({points[1]['per_type']['counting']:.3f})", f"{points[2]['per_type']['counting']:.3f} at 2x",
@@ -222,7 +224,11 @@ def test_scaling_paragraph_is_the_committed_curve():
 
     rates = [f"{changed(1)} of the time at 1x", f"{changed(4)} at 4x"]
     trend = f"the trend puts 0.97 at {curve['targets']['0.97']['128px']['multiple_needed_by_trend']:.1f}x"
-    for number in (*accuracies, *counting, *rates, trend):
+    images = [p for p in curve["points"] if p["series"] == "128px, images"]
+    more_images = [f"{p['accuracy']:.3f} at {p['multiple']}x" for p in images] + [
+        f"{p['per_type']['counting']:.3f}" for p in images]
+    assert images and min(min(p["per_type"].values()) for p in images) > 0.85  # "every type above 0.85 from 2x on"
+    for number in (*accuracies, *counting, *rates, trend, *more_images):
         assert number in flat, number
 
 

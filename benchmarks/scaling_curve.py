@@ -194,13 +194,14 @@ def collect_point(point: Point, commit: str) -> dict:
 
 
 def series_rows(rows: list[dict]) -> dict[str, list[dict]]:
-    """Each series' rows by multiple; an images series starts at its image size's 1x point (the same run)."""
+    """Each series' rows by multiple; a series without a 1x run of its own (the images series) starts at its image
+    size's 1x run, which is the same run."""
     series: dict[str, list[dict]] = {}
     for row in rows:
         series.setdefault(row["series"], []).append(row)
-    for name, members in series.items():
-        if name.endswith(", images"):
-            members += [r for r in series.get(name.removesuffix(", images"), []) if r["multiple"] == 1]
+    for members in series.values():
+        if all(r["multiple"] != 1 for r in members):
+            members += [r for r in rows if r["image_size"] == members[0]["image_size"] and r["multiple"] == 1]
     return {name: sorted(members, key=lambda r: r["multiple"]) for name, members in sorted(series.items())}
 
 

@@ -236,8 +236,10 @@ def test_recipe_compute(tmp_path, tiny_params):
     assert gpu["train_gflops_per_question"] > default["train_gflops_per_question"] > 0  # more pixels, wider layers
     assert gpu["operators_per_step"] >= default["operators_per_step"] > 0  # the same layers, not fewer
     assert report["compute_multiple"] == pytest.approx(gpu["train_pflops"] / default["train_pflops"], abs=0.06)
-    assert report["curve"] == [{"multiple": p["multiple"], "accuracy": p["accuracy"]}
-                               for p in json.loads((ROOT / "metrics" / "scaling.json").read_text())["points"]]
+    points = json.loads((ROOT / "metrics" / "scaling.json").read_text())["points"]
+    assert [(p["series"], p["multiple"], p["accuracy"]) for p in report["curve"]] == [
+        (p["series"], p["multiple"], p["accuracy"]) for p in points]
+    assert {p["series"] for p in report["curve"]} == {"128px", "128px, images"}  # both series, told apart
     rate = report["gpu_step_rate"]
     assert rate["questions_per_s"] == 64 and rate["training_minutes"] == pytest.approx(gpu["steps"] / 120, abs=0.06)
     assert rate["loader_questions_per_s_all_workers"] == pytest.approx(4 * gpu["loader_questions_per_s_one_process"],

@@ -476,11 +476,12 @@ def count_flops(run: Run, source) -> dict[str, float]:
         with counter, autocast(run.device):
             output = run.model(batch, answer_only=True)
         forward = counter.get_total_flops()
-        with counter:  # counts on: the totals now include the backward pass
+        with counter:  # entering clears the counts: this counts the backward pass alone
             weighted_loss(output.losses, run.model.loss_weights).backward()
+        backward = counter.get_total_flops()
     run.optimizer.zero_grad(set_to_none=True)
-    total = counter.get_total_flops()
-    return {"forward_flops_per_question": forward / len(batch), "train_flops_per_question": total / len(batch)}
+    return {"forward_flops_per_question": forward / len(batch),
+            "train_flops_per_question": (forward + backward) / len(batch)}
 
 
 def matmul_peak(device: torch.device, sizes=(256, 512, 1024, 2048), repeats: int = 5,

@@ -375,7 +375,7 @@ def test_bf16_autocast_on_cuda(config, make_batch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_packed_training_pass_waits_for_the_gpu_before_the_image_tokens_only(config, make_batch):
+def test_a_packed_training_pass_on_cuda_waits_for_the_gpu_before_the_image_tokens_only(config, make_batch):
     """CUDA's own check of the reads counted above: from the image tokens on, the bf16 forward and the backward pass
     never wait for the GPU (a synchronising call raises)."""
     model = build(config, pack_questions=True).cuda().train()

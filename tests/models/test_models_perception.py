@@ -295,6 +295,10 @@ def test_counts_are_region_sums_of_a_density_the_losses_and_the_answer_reach(con
     car_index, vulnerable_index = GROUPS["centre"].index("centre/car"), num_channels - 2
     assert sums[0, car_index].tolist() == [3, 2, 1] and sums[1, vulnerable_index].tolist() == [1, 1, 0]
     assert sums.sum() == 3 + 2 + 1 + 1 + 1  # nothing counted outside the regions
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as on CUDA: bf16 would round 6.51 to 6.5
+        fine = head.region_sums(counts + 0.0013)  # 0.0013 x each region's cells added
+    assert fine.dtype == torch.float32
+    torch.testing.assert_close(fine, sums + 0.0013 * head.masks.flatten(2).sum(-1))
     windows = head.window_sums(counts)[0, car_index]  # [rows, columns]: the cars within WINDOW // 2 cells
     assert windows[1, 0] == 2 and windows[1, WINDOW // 2] == 2 and windows[1, WINDOW // 2 + 1] == 0
     assert windows[3, 7] == 1 and windows[3, 7 - WINDOW // 2] == 1 and windows[3 + WINDOW // 2 + 1, 7] == 0

@@ -52,8 +52,10 @@ class CountHead(AuxiliaryHead):
         return torch.cat([targets[..., self.centres], targets[..., self.feet]], dim=-1).float()
 
     def region_sums(self, counts: torch.Tensor) -> torch.Tensor:
-        """Counts per cell ``[N, h*w, C]`` -> their sums over each channel's regions ``[N, C, R]``."""
-        return torch.einsum("npc,crp->ncr", counts, self.masks.flatten(2))
+        """Counts per cell ``[N, h*w, C]`` -> their sums over each channel's regions ``[N, C, R]``, in float32 also
+        under autocast (whose bf16 matmul would round a sum of 6.51 to 6.5)."""
+        with torch.autocast(counts.device.type, enabled=False):
+            return torch.einsum("npc,crp->ncr", counts.float(), self.masks.flatten(2))
 
     def density(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.float().clamp(max=MAX_LOG_COUNT).exp()  # [N, h*w, C]

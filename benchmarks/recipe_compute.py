@@ -106,15 +106,6 @@ def launch_estimate(gpu_runs: list[str], operators: Path, default: dict, recipe:
             "recipe": predict(recipe["operators_per_step"], recipe["batch_size"], recipe["steps"])}
 
 
-def curve_point(point: dict) -> dict:
-    """A point of the accuracy-vs-compute curve as the report gives it: its series (``128px``: more epochs, ``128px,
-    images``: more scenes; files from before the images series have only the epochs series), its multiple of the
-    default's training compute, its scenes and its test accuracy."""
-    series = point.get("series", f"{point['image_size']}px")
-    return {"series": series, "multiple": point["multiple"], "num_images": point.get("num_images"),
-            "accuracy": point["accuracy"]}
-
-
 def report(params_path: Path, recipe_path: Path, images: int, count_batch: int, gpu_steps_per_s: float,
            scaling: Path, gpu_runs: list[str], operators: Path, commands: Path) -> dict:
     params = yaml.safe_load(params_path.read_text())
@@ -130,7 +121,9 @@ def report(params_path: Path, recipe_path: Path, images: int, count_batch: int, 
     return {
         "images_measured": images, "default": default, "recipe": gpu,
         "compute_multiple": round(gpu["train_pflops"] / default["train_pflops"], 1),
-        "curve": [curve_point(p) for p in curve],
+        # each point's series as scaling_curve.py writes it (128px: more epochs; "128px, images": more scenes)
+        "curve": [{"series": p["series"], "multiple": p["multiple"], "num_images": p.get("num_images"),
+                   "accuracy": p["accuracy"]} for p in curve],
         "gpu_step_rate": {"steps_per_s": gpu_steps_per_s,
                           "questions_per_s": round(gpu_steps_per_s * gpu["batch_size"], 1),
                           "loader_questions_per_s_all_workers": round(loader_bound, 1),

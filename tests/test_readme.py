@@ -228,7 +228,11 @@ def test_scaling_paragraph_is_the_committed_curve():
     more_images = [f"{p['accuracy']:.3f} at {p['multiple']}x" for p in images] + [
         f"{p['per_type']['counting']:.3f}" for p in images]
     assert images and min(min(p["per_type"].values()) for p in images) > 0.85  # "every type above 0.85 from 2x on"
-    for number in (*accuracies, *counting, *rates, trend, *more_images):
+    pixels = [p for p in curve["points"] if p["series"] == "224px"]
+    more_pixels = [f"{p['accuracy']:.3f} at {p['multiple']}x" for p in pixels] + [
+        f"counting {p['per_type']['counting']:.3f}" for p in pixels]
+    assert pixels, "the 224 px series (make scaling)"
+    for number in (*accuracies, *counting, *rates, trend, *more_images, *more_pixels):
         assert number in flat, number
 
 

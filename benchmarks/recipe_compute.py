@@ -16,8 +16,9 @@ train stage builds its run:
 
 The planned training is then the train questions at the params' ``scenes.num_images`` (at ``--commands``' questions
 per train image, a full run's) times ``train.epochs``, and its FLOPs those questions times the FLOPs per question.
-The report gives the recipe's as a multiple of the default's, beside what multiples of the default's training gave on
-the default shape (``metrics/scaling.json``, the accuracy-vs-compute curve). The loader's rate is per process: the
+The report gives the recipe's as a multiple of the default's, beside the accuracy-vs-compute curve's points
+(``metrics/scaling.json``), each with its series: the default shape's multiples of its training, and the 224 px
+series' multiples of its own 1x run. The loader's rate is per process: the
 recipe's ``runtime.train.num_workers`` processes deliver up to that many times it, against the questions/s of
 ``--gpu-steps-per-s`` steps (the rate measured on an H200 at the recipe's shape, docs/experiments.md).
 
@@ -121,9 +122,10 @@ def report(params_path: Path, recipe_path: Path, images: int, count_batch: int, 
     return {
         "images_measured": images, "default": default, "recipe": gpu,
         "compute_multiple": round(gpu["train_pflops"] / default["train_pflops"], 1),
-        # each point's series as scaling_curve.py writes it (128px: more epochs; "128px, images": more scenes)
-        "curve": [{"series": p["series"], "multiple": p["multiple"], "num_images": p.get("num_images"),
-                   "accuracy": p["accuracy"]} for p in curve],
+        # each point's series as scaling_curve.py writes it (128px: more epochs; "128px, images": more scenes;
+        # 224px: more epochs at 224 px, its multiples of its own 1x run)
+        "curve": [{"series": p["series"], "image_size": p["image_size"], "multiple": p["multiple"],
+                   "num_images": p.get("num_images"), "accuracy": p["accuracy"]} for p in curve],
         "gpu_step_rate": {"steps_per_s": gpu_steps_per_s,
                           "questions_per_s": round(gpu_steps_per_s * gpu["batch_size"], 1),
                           "loader_questions_per_s_all_workers": round(loader_bound, 1),

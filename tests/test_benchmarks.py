@@ -242,7 +242,8 @@ def test_recipe_compute(tmp_path, tiny_params):
     points = json.loads((ROOT / "metrics" / "scaling.json").read_text())["points"]
     assert [(p["series"], p["multiple"], p["accuracy"]) for p in report["curve"]] == [
         (p["series"], p["multiple"], p["accuracy"]) for p in points]
-    assert {p["series"] for p in report["curve"]} == {"128px", "128px, images"}  # both series, told apart
+    series = {p["series"]: p["image_size"] for p in report["curve"]}  # each series told apart, with its image size
+    assert {"128px", "128px, images"} <= series.keys() and series["128px"] == series["128px, images"] == 128
     rate = report["gpu_step_rate"]
     assert rate["questions_per_s"] == 64 and rate["training_minutes"] == pytest.approx(gpu["steps"] / 120, abs=0.06)
     assert rate["loader_questions_per_s_all_workers"] == pytest.approx(4 * gpu["loader_questions_per_s_one_process"],

@@ -224,15 +224,19 @@ def test_scaling_paragraph_is_the_committed_curve():
 
     rates = [f"{changed(1)} of the time at 1x", f"{changed(4)} at 4x"]
     trend = f"the trend puts 0.97 at {curve['targets']['0.97']['128px']['multiple_needed_by_trend']:.1f}x"
+
+    def accuracy_and_counting(series: str, counting_prefix: str = "") -> list[str]:
+        points = [p for p in curve["points"] if p["series"] == series]
+        assert points, series
+        return [f"{p['accuracy']:.3f} at {p['multiple']}x" for p in points] + [
+            f"{counting_prefix}{p['per_type']['counting']:.3f}" for p in points]
+
     images = [p for p in curve["points"] if p["series"] == "128px, images"]
-    more_images = [f"{p['accuracy']:.3f} at {p['multiple']}x" for p in images] + [
-        f"{p['per_type']['counting']:.3f}" for p in images]
-    assert images and min(min(p["per_type"].values()) for p in images) > 0.85  # "every type above 0.85 from 2x on"
-    pixels = [p for p in curve["points"] if p["series"] == "224px"]
-    more_pixels = [f"{p['accuracy']:.3f} at {p['multiple']}x" for p in pixels] + [
-        f"counting {p['per_type']['counting']:.3f}" for p in pixels]
-    assert pixels, "the 224 px series (make scaling)"
-    for number in (*accuracies, *counting, *rates, trend, *more_images, *more_pixels):
+    assert min(min(p["per_type"].values()) for p in images) > 0.85  # "every type above 0.85 from 2x on"
+    pixels_1x = next(p for p in curve["points"] if p["series"] == "224px" and p["multiple"] == 1)
+    step_cost = f"each step {pixels_1x['train_seconds'] / points[1]['train_seconds']:.1f} times as long"
+    for number in (*accuracies, *counting, *rates, trend, *accuracy_and_counting("128px, images"),
+                   *accuracy_and_counting("224px", "counting "), step_cost):
         assert number in flat, number
 
 

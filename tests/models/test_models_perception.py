@@ -16,7 +16,7 @@ from vlm.models.perception.heads import HEADS, AuxiliaryHead
 from vlm.models.perception.heads.centres import NUM_COUNT_THRESHOLDS
 from vlm.models.perception.heads.counts import MAX_LOG_COUNT, WINDOW
 from vlm.models.perception.heads.grounding import FRAME_LOSS_WEIGHT, NUM_THRESHOLDS
-from vlm.models.perception.stem import FINE_STRIDE as STRIDE
+STRIDE = 4  # model.perception.fine_stride's default
 from vlm.models.perception.stem import PYRAMID_WIDTH, StemPyramid
 from vlm.models.perception.targets import CHANNELS, GROUPS, channels
 from vlm.models.siglip import SiglipVisionConfig

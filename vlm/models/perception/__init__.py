@@ -22,6 +22,7 @@ from vlm.params import check
 class PerceptionConfig:
     stem_channels: list[int] = field(default_factory=list)  # a stride-2 stage each (2**len = patch size); [] = none
     heads: dict[str, float] = field(default_factory=dict)  # head name -> weight of its loss in training; 0 = off
+    fine_stride: int = 4  # image pixels per cell of the stem's fine map that the centres and counts heads read
     to_decoder: bool = False  # the decoder reads the heads' maps per patch and their summaries as one more token
     # probe: the decoder reads the label maps, not the heads' predictions (which still learn): perfect perception
     oracle: bool = False
@@ -46,6 +47,9 @@ class PerceptionConfig:
             check(2 ** len(self.stem_channels) == patch_size, f"{prefix}.stem_channels",
                   f"{len(self.stem_channels)} stride-2 stages reduce by {2 ** len(self.stem_channels)}, not by the "
                   f"patch size ({patch_size}); give log2(patch_size) channel counts or none")
+        check(isinstance(self.fine_stride, int) and self.fine_stride >= 2
+              and self.fine_stride & (self.fine_stride - 1) == 0, f"{prefix}.fine_stride",
+              f"must be a power of two >= 2 (a stem stage's stride), got {self.fine_stride!r}")
         for name, weight in self.heads.items():
             check(name in HEADS, f"{prefix}.heads.{name}", f"unknown head (known: {', '.join(HEADS)})")
             check(isinstance(weight, Real) and not isinstance(weight, bool) and weight >= 0,
@@ -68,7 +72,7 @@ class TrafficPerception(VisionExtension):
         self.stem = ConvStem(vision.num_channels, config.stem_channels, vision.hidden_size) \
             if config.stem_channels else None
         # the stride-4 map of the stem's stages, computed once for every head that reads it
-        self.pyramid = StemPyramid(config.stem_channels, PYRAMID_WIDTH) \
+        self.pyramid = StemPyramid(config.stem_channels, PYRAMID_WIDTH, config.fine_stride) \
             if any(HEADS[name].reads_fine for name in config.active_heads) else None
         self.heads = nn.ModuleDict({name: HEADS[name](config, vision) for name in config.active_heads})
         self.loss_weights = {name: float(config.heads[name]) for name in config.active_heads}

@@ -33,24 +33,25 @@ class ConvStem(nn.Module):
         return self.proj(hidden), stages
 
 
-PYRAMID_WIDTH = 32  # channels of the stride-4 map the fine heads read
-FINE_STRIDE = 4  # image pixels per cell of that map: the stem's second stage
+PYRAMID_WIDTH = 32  # channels of the fine map the fine heads read
 
 
 class StemPyramid(nn.Module):
     """A small feature pyramid over the stem's stages (Lin et al. 2017, "Feature Pyramid Networks"): the last to stride
-    8 plus the stride-8 stage, then to stride 4 beside that stage: ``[N, width, H/4, W/4]``, what fine heads read."""
+    2f plus the stride-2f stage, then to stride f beside that stage: ``[N, width, H/f, W/f]``, what fine heads read
+    (f = ``stride``, a power of two; 4 by default: ``model.perception.fine_stride``)."""
 
-    def __init__(self, channels: list[int], width: int):
+    def __init__(self, channels: list[int], width: int, stride: int = 4):
         super().__init__()
-        c4, c8, top = channels[1], channels[2], channels[-1]  # strides 4, 8 and the stem's last
+        self.index = stride.bit_length() - 2  # the stride-f stage's (stage i has stride 2**(i+1))
+        c4, c8, top = channels[self.index], channels[self.index + 1], channels[-1]  # strides f, 2f and the stem's last
         self.lateral = nn.Conv2d(top, c8, kernel_size=1)
         self.smooth8 = nn.Sequential(nn.Conv2d(c8, width, 3, padding=1), nn.ReLU())
         self.smooth4 = nn.Sequential(nn.Conv2d(width + c4, width, 3, padding=1), nn.ReLU(),
                                      nn.Conv2d(width, width, 3, padding=1), nn.ReLU())
 
     def forward(self, stem_features: list[torch.Tensor]) -> torch.Tensor:
-        f4, f8, top = stem_features[1], stem_features[2], stem_features[-1]
+        f4, f8, top = stem_features[self.index], stem_features[self.index + 1], stem_features[-1]
         hidden = f8 + F.interpolate(self.lateral(top), size=f8.shape[-2:], mode="nearest")  # [N, c8, H/8, W/8]
         hidden = self.smooth8(hidden)  # [N, width, H/8, W/8]
         hidden = F.interpolate(hidden, size=f4.shape[-2:], mode="nearest")  # [N, width, H/4, W/4]

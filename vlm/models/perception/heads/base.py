@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
-from vlm.models.perception.stem import FINE_STRIDE
 from vlm.models.siglip import SiglipVisionConfig
 from vlm.params import check
 
@@ -47,15 +46,17 @@ class AuxiliaryHead(nn.Module):
         super().__init__()
         if self.reads_fine:
             rows, columns = vision.height_width
-            self.target_stride = FINE_STRIDE
-            self.grid = (rows // FINE_STRIDE, columns // FINE_STRIDE)  # the stride-4 map's cells (rows, columns)
+            self.target_stride = config.fine_stride
+            self.grid = (rows // self.target_stride, columns // self.target_stride)  # the fine map's cells
 
     @classmethod
     def validate(cls, config: PerceptionConfig, prefix: str) -> None:
         """Raise a ``ParamError`` naming the key when ``config`` cannot give this head what it reads."""
         if cls.reads_fine:
-            check(len(config.stem_channels) >= 3, f"{prefix}.heads.{cls.name}",
-                  f"needs a conv stem of at least 3 stages ({prefix}.stem_channels), got {config.stem_channels}")
+            stages = config.fine_stride.bit_length()  # up to the stride-2f stage (stage i has stride 2**(i+1))
+            check(len(config.stem_channels) >= stages, f"{prefix}.heads.{cls.name}",
+                  f"needs a conv stem of at least {stages} stages at {prefix}.fine_stride "
+                  f"{config.fine_stride} ({prefix}.stem_channels), got {config.stem_channels}")
 
     def forward(self, patch_features: torch.Tensor, fine_features: torch.Tensor | None) -> torch.Tensor:
         """Patch features ``[N, P, Dv]`` and, with ``reads_fine``, the stride-4 map (else None) -> the head's logits."""

@@ -16,7 +16,6 @@ from vlm.models.perception.heads import HEADS, AuxiliaryHead
 from vlm.models.perception.heads.centres import NUM_COUNT_THRESHOLDS
 from vlm.models.perception.heads.counts import MAX_LOG_COUNT, WINDOW
 from vlm.models.perception.heads.grounding import FRAME_LOSS_WEIGHT, NUM_THRESHOLDS
-STRIDE = 4  # model.perception.fine_stride's default
 from vlm.models.perception.stem import PYRAMID_WIDTH, StemPyramid
 from vlm.models.perception.targets import CHANNELS, GROUPS, channels
 from vlm.models.siglip import SiglipVisionConfig
@@ -25,6 +24,7 @@ from vlm.traffic_vlm import VLMConfig, build_vlm
 
 NUM_PATCH = len(GROUPS["box"] + GROUPS["centre"] + GROUPS["light"] + GROUPS["occluded"])
 HEAT_CHANNELS = GROUPS["heat"] + GROUPS["foot"]
+STRIDE = 4  # model.perception.fine_stride's default
 STEM = [8, 8, 16]  # 3 stride-2 stages = the tiny encoder's patch size 8
 
 
@@ -61,6 +61,9 @@ def test_perception_off_is_the_plain_core(config, make_batch):
     ({"heads": {"grounding": 1.0, "centres": 1.0}}, "model.perception.heads.centres: needs a conv stem of at least 3"),
     ({"stem_channels": [4, 8]}, r"model.perception.stem_channels: 2 stride-2 stages reduce by 4, not by the patch "
                                 r"size \(16\)"),
+    ({"fine_stride": 6}, r"model.perception.fine_stride: must be a power of two >= 2 \(a stem stage's stride\), got 6"),
+    ({"stem_channels": [4, 8, 8, 8], "heads": {"counts": 1.0}, "fine_stride": 16},
+     r"model.perception.heads.counts: needs a conv stem of at least 5 stages at model.perception.fine_stride 16"),
 ])
 def test_options_are_checked_in_one_place(perception, message):
     with pytest.raises(ParamError, match=message):
@@ -273,6 +276,22 @@ def test_the_fine_map_is_32_wide_whatever_the_image_and_computed_once(config, im
     assert not [m for m in perception.heads.modules() if isinstance(m, StemPyramid)]
     rows, columns = vision_config.height_width
     assert perception.heads["centres"].grid == perception.heads["counts"].grid == (rows // STRIDE, columns // STRIDE)
+
+
+@pytest.mark.parametrize("fine_stride", [2, 4, 8])
+def test_the_fine_map_has_the_cells_of_its_stride(config, fine_stride):
+    """``model.perception.fine_stride``: the pyramid reads the stem's stages of that stride and twice it, and the fine
+    heads and their targets share its grid; at 4 with the default 4-stage stem, the second and third stages."""
+    stem = [4, 8, 8, 8, 8]  # 32 px patches: stages of stride 2 to 32
+    vision_config = replace(config().siglip, image_size=64, image_width=128, patch_size=32)
+    perception = TrafficPerception(PerceptionConfig(stem_channels=stem, heads={"centres": 1.0, "counts": 1.0},
+                                                    fine_stride=fine_stride), vision_config, text_hidden_size=16)
+    grid = (64 // fine_stride, 128 // fine_stride)
+    assert perception.heads["centres"].grid == perception.heads["counts"].grid == grid
+    assert perception.targets((64, 128), (1280, 720)).grid == grid
+    _, stages = perception.stem(torch.zeros(1, 3, 64, 128))
+    assert perception.pyramid(stages).shape == (1, PYRAMID_WIDTH, *grid)
+    assert StemPyramid(STEM, PYRAMID_WIDTH).index == 1  # the default, stride 4: the second stage
 
 
 def test_counts_are_region_sums_of_a_density_the_losses_and_the_answer_reach(config, make_batch):

@@ -71,7 +71,7 @@ class TrafficPerception(VisionExtension):
         self.config = config
         self.stem = ConvStem(vision.num_channels, config.stem_channels, vision.hidden_size) \
             if config.stem_channels else None
-        # the stride-4 map of the stem's stages, computed once for every head that reads it
+        # the fine map of the stem's stages (stride fine_stride), computed once for every head that reads it
         self.pyramid = StemPyramid(config.stem_channels, PYRAMID_WIDTH, config.fine_stride) \
             if any(HEADS[name].reads_fine for name in config.active_heads) else None
         self.heads = nn.ModuleDict({name: HEADS[name](config, vision) for name in config.active_heads})
@@ -112,7 +112,7 @@ class TrafficPerception(VisionExtension):
     def head_logits(self, patch_features: torch.Tensor, state: tuple | None) -> dict[str, torch.Tensor]:
         """Each head's logits from the patch features ``[N, P, Dv]`` and :meth:`adapt`'s state."""
         stages, mirrored = (None, None) if state is None else state
-        fine = None if self.pyramid is None else self.pyramid(stages)  # [N, PYRAMID_WIDTH, H/4, W/4]
+        fine = None if self.pyramid is None else self.pyramid(stages)  # [N, PYRAMID_WIDTH, H/f, W/f]
         logits = {name: head(patch_features, fine) for name, head in self.heads.items()}
         if mirrored is not None:
             fine = self.pyramid(mirrored)  # of the mirror image

@@ -52,7 +52,7 @@ class StemPyramid(nn.Module):
 
     def forward(self, stem_features: list[torch.Tensor]) -> torch.Tensor:
         f4, f8, top = stem_features[self.index], stem_features[self.index + 1], stem_features[-1]
-        hidden = f8 + F.interpolate(self.lateral(top), size=f8.shape[-2:], mode="nearest")  # [N, c8, H/8, W/8]
-        hidden = self.smooth8(hidden)  # [N, width, H/8, W/8]
-        hidden = F.interpolate(hidden, size=f4.shape[-2:], mode="nearest")  # [N, width, H/4, W/4]
-        return self.smooth4(torch.cat([hidden, f4], dim=1))  # [N, width, H/4, W/4]
+        hidden = f8 + F.interpolate(self.lateral(top), size=f8.shape[-2:], mode="nearest")  # [N, c8, H/2f, W/2f]
+        hidden = self.smooth8(hidden)  # [N, width, H/2f, W/2f]
+        hidden = F.interpolate(hidden, size=f4.shape[-2:], mode="nearest")  # [N, width, H/f, W/f]
+        return self.smooth4(torch.cat([hidden, f4], dim=1))  # [N, width, H/f, W/f]

@@ -22,7 +22,8 @@ NONE = 1e-6
 
 class AuxiliaryHead(nn.Module):
     """One head (the contract: docs/architecture.md, departure 2): it reads the patch features, or with ``reads_fine``
-    the stem's stride-4 map (:class:`~vlm.models.perception.stem.StemPyramid`), and learns target maps. A subclass names
+    the stem's stride-4 map (:class:`~vlm.models.perception.stem.StemPyramid`; its stride is
+    ``model.perception.fine_stride``, 4 by default, the name used here), and learns target maps. A subclass names
     itself, joining :data:`HEADS`, and sets the fields below (``reads_fine``: ``target_stride``, ``grid`` set here)."""
 
     name: ClassVar[str]  # its key under model.perception.heads

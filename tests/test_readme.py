@@ -173,8 +173,6 @@ def test_evaluation_paragraph_is_the_committed_evaluation():
     for number in (f"ECE {headline['vlm']['ece']:.3f}", f"{headline['blind']['ece']:.3f} for the blind baseline",
                    f"`{dimension}` = `{value}`, {acc:.3f}"):
         assert number in text, number
-    flat = " ".join(text.split())  # the prose wraps anywhere
-    assert f"({counterfactuals['mirror']['changed_when_it_must']:.2f} here)" in flat  # beside the other seeds'
     for edit, rates in counterfactuals.items():
         assert f"| {edit} | {rates['pairs']} | {rates['consistency']:.3f} | {rates['changed_when_it_must']:.3f} | " \
                f"{rates['stayed_when_it_must']:.3f} |" in experiments, edit

@@ -43,6 +43,12 @@ def test_stages_run_as_modules_with_their_paths_in_the_command():
         assert stage["cmd"].startswith("python -m stages."), name  # the checkout's code, not an installed one
 
 
+@pytest.mark.parametrize(("name", "section"), [("evaluate", "evaluate"), ("profile_dataloader", "profile")])
+def test_a_stage_that_reads_a_chosen_split_depends_on_that_splits_images(name, section):
+    """`evaluate.split` and `profile.split` pick the HDF5 file the stage reads: its dep is that file, templated from
+    the param, so another split is tracked (and the default's path, and so the lock, is the same)."""
+    assert f"data/processed/${{{section}.split}}_images.h5" in _paths(STAGES[name]["deps"])
+
 
 def _paths(entries) -> list[str]:
     """The paths of a `deps`/`outs`/`metrics`/`plots` list (an entry is a path or `{path: options}`)."""

@@ -142,7 +142,10 @@ def load_model(path: str | os.PathLike, vocab_path: str | os.PathLike | None = N
         raise ValueError(f"{path}: model vocabulary size {config.gemma.vocab_size} does not match its "
                          f"tokenizer's {tokenizer.vocab_size}")
     model = build_vlm(config, pretrained=False)
-    model.load_state_dict(payload["state_dict"], strict=True)
+    try:
+        model.load_state_dict(payload["state_dict"], strict=True)
+    except RuntimeError as error:  # missing, unexpected or mis-shaped weights: name the file, not only the keys
+        raise ValueError(f"{path}: its weights do not fit the model its config describes: {error}") from error
     model.to(device).eval()
     return LoadedModel(model, tokenizer, list(payload["answers"]), int(payload["image_size"]), payload["resample"],
                        payload)

@@ -502,7 +502,7 @@ def test_pixel_shuffle_merges_neighbouring_patches():
     from vlm.models.connector import pixel_shuffle
 
     grid = torch.arange(16, dtype=torch.float32).view(1, 16, 1)  # patch t has feature t, 4 x 4 grid
-    merged = pixel_shuffle(grid, 2)  # [1, 4, 4]
+    merged = pixel_shuffle(grid, 2, (4, 4))  # [1, 4, 4]
     assert merged.shape == (1, 4, 4)
     assert merged[0, 0].tolist() == [0, 1, 4, 5]  # the top-left 2 x 2 block
     assert merged[0, 3].tolist() == [10, 11, 14, 15]  # the bottom-right block

@@ -7,13 +7,11 @@ from torch import nn
 from vlm.models.attention import init_weights
 
 
-def pixel_shuffle(features: torch.Tensor, factor: int, grid: tuple[int, int] | None = None) -> torch.Tensor:
-    """Patch features ``[N, gh*gw, D]`` (row-major ``grid`` (gh, gw); None: square) -> ``[N, (gh/r)*(gw/r), r*r*D]``."""
+def pixel_shuffle(features: torch.Tensor, factor: int, grid: tuple[int, int]) -> torch.Tensor:
+    """Patch features ``[N, gh*gw, D]`` (row-major ``grid`` (gh, gw)) -> ``[N, (gh/r)*(gw/r), r*r*D]``."""
     if factor == 1:
         return features
-    batch, num_patches, dim = features.shape
-    if grid is None:
-        grid = (round(num_patches ** 0.5),) * 2
+    batch, _, dim = features.shape
     rows, columns = grid[0] // factor, grid[1] // factor
     blocks = features.view(batch, rows, factor, columns, factor, dim)  # [N, gh/r, r, gw/r, r, D]
     blocks = blocks.permute(0, 1, 3, 2, 4, 5)  # [N, gh/r, gw/r, r, r, D]

@@ -236,8 +236,9 @@ def _config_from_json(path: Path) -> SiglipVisionConfig | None:
 def _config_from_shapes(state_dict: dict[str, torch.Tensor], num_attention_heads: int | None,
                         path: str | os.PathLike) -> SiglipVisionConfig:
     if num_attention_heads is None:
-        raise ValueError(f"{path}: no config.json beside the weights; pass num_attention_heads "
-                         f"(the only size that cannot be read from the tensor shapes)")
+        raise ValueError(f"{path}: no config.json beside the weights: put the checkpoint's config.json beside "
+                         f"them (or, from Python, pass num_attention_heads, the one size the tensor shapes do "
+                         f"not give)")
     hidden_size, num_channels, patch_size, _ = state_dict[_PATCH_KEY].shape
     num_positions = state_dict["embeddings.position_embedding.weight"].shape[0]
     layers = {int(m.group(1)) for k in state_dict if (m := re.match(r"encoder\.layers\.(\d+)\.", k))}

@@ -27,7 +27,7 @@ class PerceptionConfig:
     # probe: the decoder reads the label maps, not the heads' predictions (which still learn): perfect perception
     oracle: bool = False
     # in evaluation, the heads that allow it (the counts head) predict the mean of the image's maps and its mirror
-    # image's, mirrored back: one more pass of the stem and the stride-4 map per image, none in training
+    # image's, mirrored back: one more pass of the stem and the fine map per image, none in training
     mirror_average: bool = False
 
     @property

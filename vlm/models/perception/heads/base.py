@@ -22,14 +22,14 @@ NONE = 1e-6
 
 class AuxiliaryHead(nn.Module):
     """One head (the contract: docs/architecture.md, departure 2): it reads the patch features, or with ``reads_fine``
-    the stem's stride-4 map (:class:`~vlm.models.perception.stem.StemPyramid`; its stride is
-    ``model.perception.fine_stride``, 4 by default, the name used here), and learns target maps. A subclass names
+    the stem's fine map (:class:`~vlm.models.perception.stem.StemPyramid`; its stride f is
+    ``model.perception.fine_stride``, 4 by default), and learns target maps. A subclass names
     itself, joining :data:`HEADS`, and sets the fields below (``reads_fine``: ``target_stride``, ``grid`` set here)."""
 
     name: ClassVar[str]  # its key under model.perception.heads
     reads_fine: ClassVar[bool] = False
     # with model.perception.mirror_average, in evaluation: its logits averaged with the mirror image's
-    # (average_mirrored; only for a head that reads the stride-4 map alone)
+    # (average_mirrored; only for a head that reads the fine map alone)
     mirror_averaged: ClassVar[bool] = False
     target_stride: int  # image pixels per cell of the targets it reads
     patch_width: int = 0  # the per-patch maps decoder_features() gives the connector
@@ -60,7 +60,7 @@ class AuxiliaryHead(nn.Module):
                   f"{config.fine_stride} ({prefix}.stem_channels), got {config.stem_channels}")
 
     def forward(self, patch_features: torch.Tensor, fine_features: torch.Tensor | None) -> torch.Tensor:
-        """Patch features ``[N, P, Dv]`` and, with ``reads_fine``, the stride-4 map (else None) -> the head's logits."""
+        """Patch features ``[N, P, Dv]`` and, with ``reads_fine``, the fine map (else None) -> the head's logits."""
         raise NotImplementedError
 
     def average_mirrored(self, logits: torch.Tensor, mirrored: torch.Tensor) -> torch.Tensor:

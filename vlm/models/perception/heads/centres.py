@@ -1,4 +1,4 @@
-"""Object-centre heatmaps for counting (CenterNet: Zhou et al. 2019, "Objects as Points"): from the stem's stride-4 map,
+"""Object-centre heatmaps for counting (CenterNet: Zhou et al. 2019, "Objects as Points"): from the stem's fine map,
 a heatmap per category (``heat``) and footpoint group (``foot``), CenterNet's focal loss; the decoder reads the peaks
 (local maxima above 0.5) per channel and region, thermometer-coded (why: docs/architecture.md, departure 2)."""
 
@@ -20,7 +20,7 @@ NUM_COUNT_THRESHOLDS = 10  # peak counts thermometer-coded: > 0, > 1, ..., > 9
 
 class CentreHead(AuxiliaryHead):
     name = "centres"
-    reads_fine = True  # heatmap cells: the stride-4 map's (self.grid)
+    reads_fine = True  # heatmap cells: the fine map's (self.grid)
 
     def __init__(self, config, vision: SiglipVisionConfig):
         super().__init__(config, vision)
@@ -30,11 +30,11 @@ class CentreHead(AuxiliaryHead):
         nn.init.constant_(self.out.bias, math.log(PRIOR / (1 - PRIOR)))
         self.register_buffer("thresholds", torch.arange(NUM_COUNT_THRESHOLDS) + 0.5, persistent=False)
         regions = [CENTRE_REGIONS if name in GROUPS["heat"] else FOOT_REGIONS for name in heat_channels]
-        self.register_buffer("masks", region_masks(regions, self.grid), persistent=False)  # [C, R, H/4, W/4]
+        self.register_buffer("masks", region_masks(regions, self.grid), persistent=False)  # [C, R, H/f, W/f]
         self.num_token_features = len(heat_channels) * len(CENTRE_REGIONS) * NUM_COUNT_THRESHOLDS
 
     def forward(self, patch_features: torch.Tensor, fine_features: torch.Tensor) -> torch.Tensor:
-        """The stride-4 map -> heatmap logits ``[N, H/4 * W/4, C_heat]`` (row-major cells)."""
+        """The fine map -> heatmap logits ``[N, H/f * W/f, C_heat]`` (row-major cells)."""
         return self.out(fine_features).flatten(2).transpose(1, 2)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -47,14 +47,14 @@ class CentreHead(AuxiliaryHead):
         return (positive.sum() + negative.sum()) / centre.sum().clamp(min=1)
 
     def oracle(self, targets: torch.Tensor) -> torch.Tensor:
-        """The label heatmaps as logits ``[N, H/4 * W/4, C_heat]`` (each object's cell a peak)."""
+        """The label heatmaps as logits ``[N, H/f * W/f, C_heat]`` (each object's cell a peak)."""
         return torch.logit(targets[..., self.channels].float().clamp(1e-4, 1 - 1e-4))
 
     def peak_counts(self, logits: torch.Tensor) -> torch.Tensor:
         """Peaks (3x3 local maxima above 0.5) per channel and region: ``[N, C_heat, R]``."""
         num, _, channels = logits.shape
         prob = logits.detach().float().sigmoid().transpose(1, 2).reshape(num, channels, *self.grid)
-        peaks = (prob > PEAK_THRESHOLD) & (prob == F.max_pool2d(prob, 3, stride=1, padding=1))  # [N, C, H/4, W/4]
+        peaks = (prob > PEAK_THRESHOLD) & (prob == F.max_pool2d(prob, 3, stride=1, padding=1))  # [N, C, H/f, W/f]
         return (peaks[:, :, None] & self.masks).sum(dim=(3, 4)).float()
 
     def decoder_features(self, logits: torch.Tensor) -> tuple[None, torch.Tensor]:

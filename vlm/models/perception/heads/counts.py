@@ -21,7 +21,7 @@ WINDOW = 5  # cells: the density's sums over every WINDOW x WINDOW window are tr
 
 class CountHead(AuxiliaryHead):
     name = "counts"
-    reads_fine = True  # density cells: the stride-4 map's (self.grid)
+    reads_fine = True  # density cells: the fine map's (self.grid)
     mirror_averaged = True
 
     def __init__(self, config, vision: SiglipVisionConfig):
@@ -37,7 +37,7 @@ class CountHead(AuxiliaryHead):
         self.token_shape = (len(names), len(CENTRE_REGIONS) * NUM_THRESHOLDS)  # a token per channel
 
     def forward(self, patch_features: torch.Tensor, fine_features: torch.Tensor) -> torch.Tensor:
-        """The stride-4 map -> log expected counts ``[N, h*w, C]`` (row-major cells, h x w = H/4 x W/4)."""
+        """The fine map -> log expected counts ``[N, h*w, C]`` (row-major cells, h x w = H/f x W/f)."""
         return self.out(fine_features).flatten(2).transpose(1, 2)
 
     def average_mirrored(self, logits: torch.Tensor, mirrored: torch.Tensor) -> torch.Tensor:

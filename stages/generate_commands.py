@@ -3,11 +3,10 @@
 import argparse
 
 from vlm.cli import run
-from vlm.commands.generate import BalancedCommands, CommandsConfig, pick_images
-from vlm.io import atomic_path, check_writable, write_json
+from vlm.commands.generate import CommandsConfig, generate_commands
+from vlm.io import check_writable, write_json
 from vlm.params import build_config, load_params, section
 from vlm.plots import commands_sheet, save_image
-from vlm.scenes.generate import load_raw
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -20,15 +19,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     check_writable(args.out, args.metrics, args.sheet)
     config = build_config(CommandsConfig, section(load_params(args.params), "commands"), "commands")
-    raw = load_raw(args.raw)
-    commands = BalancedCommands(raw.iter_scenes, raw.width, raw.height, config)
-    shown = pick_images(commands.images("test"), seed=config.seed)
-    with atomic_path(args.out) as tmp:
-        tmp.mkdir(parents=True)
-        shown_records = commands.write(tmp, collect=set(shown))
-    stats = commands.stats
+    stats, shown = generate_commands(config, args.raw, args.out)
     write_json(args.metrics, stats)
-    save_image(commands_sheet([(raw.image_dir / name, records) for name, records in shown_records]), args.sheet)
+    save_image(commands_sheet(shown), args.sheet)
     print(", ".join(f"{split}: {s['questions']} questions on {s['images']} images" for split, s in stats.items()))
 
 

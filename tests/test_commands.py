@@ -4,12 +4,13 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
+from vlm.commands import generate
 from vlm.commands.generate import BalancedCommands, CommandsConfig, split_images
 from vlm.commands.templates import ACTIONS, COMMAND_TYPES, PLURALS, TEMPLATES
 from vlm.data.commands import SPLITS
 from vlm.io import read_json
 from vlm.params import ParamError, build_config
-from vlm.scenes.generate import ScenesConfig
+from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_scenes
 from vlm.scenes.schema import CATEGORIES, Scene, SceneObject
 
 W, H = ScenesConfig().width, ScenesConfig().height
@@ -286,3 +287,28 @@ def test_a_held_out_combination_is_the_test_split_and_nowhere_else(tmp_path):
     assert len(images["train"]) > 6 * len(images["val"])  # 0.8 : 0.1 of the other frames
     with pytest.raises(ValueError, match="commands.holdout: no frame has"):
         BalancedCommands(lambda: iter(scenes), W, H, CommandsConfig(holdout={"weather": "snowy"}))
+
+
+def test_the_stage_writes_every_split_at_once_and_shows_test_images(tmp_path, monkeypatch):
+    """``generate_commands`` on rendered scenes: one file per split, the counts it returns are the files', the sheet's
+    images are test images on disk with their questions; a failure while writing leaves no folder behind."""
+    raw = tmp_path / "raw"
+    generate_scenes(ScenesConfig(num_images=30, width=320, height=180), raw, progress=False,
+                    runtime=ScenesRuntime(workers=1))
+    stats, shown = generate.generate_commands(CommandsConfig(), raw, tmp_path / "commands", shown=3)
+    splits = {split: read_json(tmp_path / "commands" / f"{split}.json") for split in SPLITS}
+    assert {split: stats[split]["questions"] for split in SPLITS} == {split: len(r) for split, r in splits.items()}
+    test_ids = {r["image_id"] for r in splits["test"]}
+    assert len(shown) == min(3, len(test_ids))
+    for path, records in shown:
+        assert path.is_file() and path.parent == raw / "images"
+        assert records and {r["image_id"] for r in records} <= test_ids
+        assert records == [r for r in splits["test"] if r["image_id"] == records[0]["image_id"]]
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(BalancedCommands, "write", fail)
+    with pytest.raises(OSError, match="disk full"):
+        generate.generate_commands(CommandsConfig(), raw, tmp_path / "other")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["commands", "raw"]  # nor a temporary one

@@ -4,7 +4,11 @@ declared dependency, and every declared source is imported."""
 from __future__ import annotations
 
 import ast
+import json
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -36,6 +40,27 @@ def test_the_pack_stage_imports_the_image_size_rules_not_the_model():
     models = sorted(f for f in imported if f.startswith("vlm/models/"))
     assert models == ["vlm/models/__init__.py", "vlm/models/attention.py", "vlm/models/image_size.py",
                       "vlm/models/pretrained.py", "vlm/models/siglip.py"]
+
+
+@pytest.mark.xdist_group("repository_dvc")  # one DVC command at a time in the repository (its lock)
+def test_the_committed_lock_is_a_run_of_this_code_and_these_params():
+    """`dvc status` finds no stage whose command, source files or params differ from dvc.lock's: the lock (and the
+    metrics with it) comes from running this code. Data and models are absent in a clone, another run's in a
+    workspace: not checked here."""
+    dvc = Path(sys.executable).parent / "dvc"
+    status = json.loads(subprocess.run([str(dvc), "status", "--json"], cwd=ROOT, check=True, capture_output=True,
+                                       text=True).stdout)
+    stale = {}
+    for name, changes in status.items():
+        for change in changes:
+            if not isinstance(change, dict):  # "changed command"
+                stale.setdefault(name, []).append(change)
+                continue
+            deps = change.get("changed deps", {})
+            stale.setdefault(name, []).extend(f"{path}: {state}" for path, state in deps.items()
+                                              if path.split("/")[0] in ("vlm", "stages") or path == "params.yaml")
+    stale = {name: changes for name, changes in stale.items() if changes}
+    assert not stale, f"dvc.lock was not written by this code and params.yaml (run dvc repro): {stale}"
 
 
 def test_stages_run_as_modules_with_their_paths_in_the_command():

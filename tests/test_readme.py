@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -295,6 +297,7 @@ def test_full_size_paragraph_is_the_committed_extrapolation():
         assert phrase in text, phrase
 
 
+@pytest.mark.xdist_group("repository_dvc")  # one DVC command at a time in the repository (its lock)
 def test_pipeline_diagram_is_dvc_dag():
     """The README's mermaid block has the edges of ``dvc dag --mermaid``, grouped as ``a --> b & c``."""
     dvc = Path(sys.executable).parent / "dvc"

@@ -15,8 +15,9 @@ import numpy as np
 from vlm.commands import rules
 from vlm.commands.templates import COMMAND_TYPES, PLURALS, TEMPLATES, Candidate, TemplateOptions, candidates
 from vlm.data.commands import SPLITS
-from vlm.io import json_list_writer
+from vlm.io import atomic_path, json_list_writer
 from vlm.params import check
+from vlm.scenes.generate import load_raw
 from vlm.scenes.schema import CATEGORIES, Scene
 
 
@@ -298,3 +299,17 @@ class BalancedCommands:
                 if scene.image_id in collect:
                     collected.setdefault(scene.image_id, (scene.name, []))[1].append(record)
         return [collected[image_id] for image_id in sorted(collected)]
+
+
+def generate_commands(config: CommandsConfig, raw_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                      shown: int = 16) -> tuple[dict, list[tuple[Path, list[dict]]]]:
+    """The generate_commands stage: the balanced questions of ``raw_dir``'s scenes written to ``out_dir/{split}.json``
+    (the folder appears whole or not at all). Returns the per-split counts and, for the contact sheet, ``shown`` test
+    images (seeded) as ``(image path, their questions)``."""
+    raw = load_raw(raw_dir)
+    commands = BalancedCommands(raw.iter_scenes, raw.width, raw.height, config)
+    picked = pick_images(commands.images("test"), n=shown, seed=config.seed)
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir(parents=True)
+        sheet = commands.write(tmp, collect=set(picked))
+    return commands.stats, [(raw.image_dir / name, records) for name, records in sheet]

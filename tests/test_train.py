@@ -1,5 +1,7 @@
 import json
 import logging
+import os
+import random
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -522,3 +524,35 @@ def test_native_aspect_trains_evaluates_saves_and_answers_any_photo(tiny_project
     rows = pd.DataFrame({"image_id": ["a"], "command": ["Is there a car?"]})
     heat = attention_grids(loaded, rows, {"a": frame}, {}, torch.device("cpu"))
     assert heat.shape == (1, 2, 4) and np.isfinite(heat).all()  # the token grid: 4 x 8 patches shuffled by 2
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
+def test_one_per_core_counts_the_cores_this_process_may_use(tmp_path, monkeypatch):
+    """A ``runtime`` count of 0 ("one per core") counts the cores the process may run on, which taskset, a
+    container's cpuset or Slurm narrow below the machine's; training's threads share them among this machine's
+    processes of the run (torchrun's LOCAL_WORLD_SIZE), not among all nodes' (WORLD_SIZE)."""
+    from vlm.data.pack import PackRuntime
+    from vlm.scenes.generate import ScenesRuntime
+    from vlm.train import TrainPaths, start_processes
+
+    cpus, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    seeds = random.getstate(), np.random.get_state(), torch.get_rng_state()  # start_processes seeds all three
+    paths = TrainPaths(*(tmp_path / name for name in ("data", "vlm.pt", "checkpoints", "train.json", "timing.json",
+                                                       "live")))
+    try:
+        os.sched_setaffinity(0, {min(cpus)})
+        assert (ScenesRuntime().num_workers, PackRuntime(workers=0).num_workers) == (1, 1)
+        start_processes(TrainConfig(), TrainRuntime(), paths)
+        assert torch.get_num_threads() == 1
+        os.sched_setaffinity(0, cpus)
+        start_processes(TrainConfig(), TrainRuntime(), paths)
+        assert torch.get_num_threads() == len(cpus)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(len(cpus)))  # one process per usable core on this machine
+        start_processes(TrainConfig(), TrainRuntime(), paths)
+        assert torch.get_num_threads() == 1
+    finally:
+        os.sched_setaffinity(0, cpus)
+        torch.set_num_threads(threads)
+        random.setstate(seeds[0])
+        np.random.set_state(seeds[1])
+        torch.set_rng_state(seeds[2])

@@ -88,6 +88,14 @@ def runtime_section(params: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return value
 
 
+def available_cpus() -> int:
+    """What a ``runtime`` count of 0 ("one per core") counts: the CPUs this process may run on (its affinity, which
+    taskset, a container's cpuset or Slurm narrow), not all the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def pick(values: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
     """The entries of ``values`` named by ``keys`` (dotted for a nested one: ``augment.hflip_prob``) that it has,
     nested as in ``values``: what a stage reads of a section it uses part of (only those keys are recorded as read)."""

@@ -35,7 +35,7 @@ from vlm.io import check_writable, write_json
 from vlm.models.gemma import GemmaDecoderLayer
 from vlm.models.paligemma import PaliGemma, VLMOutput
 from vlm.models.siglip import SiglipEncoderLayer
-from vlm.params import check
+from vlm.params import available_cpus, check
 from vlm.tokenizer import TrafficCommandTokenizer
 from vlm.traffic_vlm import VLMConfig, build_vlm
 
@@ -402,7 +402,9 @@ def start_processes(config: TrainConfig, runtime: TrainRuntime, paths: TrainPath
         check_writable(paths.model, paths.checkpoints / "last.pt", paths.metrics, paths.timing, paths.live)
     if dist_info.world_size > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    torch.set_num_threads(runtime.threads or max(1, (os.cpu_count() or 1) // dist_info.world_size))
+    # 0: the usable cores shared among this machine's processes of the run (torchrun sets LOCAL_WORLD_SIZE)
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", dist_info.world_size))
+    torch.set_num_threads(runtime.threads or max(1, available_cpus() // local_processes))
     random.seed(config.seed)
     np.random.seed(config.seed)
     torch.manual_seed(config.seed)

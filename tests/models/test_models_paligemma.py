@@ -513,6 +513,12 @@ def test_pixel_shuffle_merges_neighbouring_patches():
     assert losses == {} and tokens.shape == (3, 16, config.gemma.hidden_size)
     with pytest.raises(ParamError, match="model.pixel_shuffle: must be >= 1 and divide the patch grid"):
         PaliGemmaConfig.from_params({"pixel_shuffle": 3, "siglip": {"patch_size": 16}}, 57, 128)
+    # the Q-Former reads every patch: a shuffle that does not divide the grid is no error there, one below 1 is
+    qformer = PaliGemmaConfig.from_params({"connector": "qformer", "pixel_shuffle": 3, "siglip": {"patch_size": 16},
+                                           "qformer": {"num_query_tokens": 8}}, 57, 128)
+    assert qformer.num_image_tokens == 8
+    with pytest.raises(ParamError, match="model.pixel_shuffle: must be >= 1, got 0"):
+        PaliGemmaConfig.from_params({"connector": "qformer", "pixel_shuffle": 0}, 57, 128)
 
 
 def test_pixel_shuffle_on_a_rectangular_grid_merges_row_major_blocks():

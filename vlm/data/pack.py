@@ -20,7 +20,7 @@ from vlm.data.commands import SPLITS, read_commands
 from vlm.data.h5file import PackedImageReader, PackedImageWriter
 from vlm.data.image import RESAMPLE, CorruptImageError, decode_image, native_width
 from vlm.io import atomic_path, read_json
-from vlm.params import check
+from vlm.params import available_cpus, check
 
 
 @dataclass
@@ -58,7 +58,7 @@ class PackRuntime:
 
     @property
     def num_workers(self) -> int:
-        return self.workers or os.cpu_count() or 1
+        return self.workers or available_cpus()
 
 
 @dataclass

@@ -73,10 +73,12 @@ class PaliGemmaConfig:
         check(self.vision in ("siglip", "none"), f"{prefix}.vision", f"must be 'siglip' or 'none', got {self.vision!r}")
         check(self.connector in ("linear", "qformer"), f"{prefix}.connector",
               f"must be 'linear' or 'qformer', got {self.connector!r}")
+        check(self.pixel_shuffle >= 1, f"{prefix}.pixel_shuffle", f"must be >= 1, got {self.pixel_shuffle}")
         if self.vision == "siglip":
             self.siglip.validate(f"{prefix}.siglip")
             rows, columns = self.siglip.grid
-            check(self.pixel_shuffle >= 1 and rows % self.pixel_shuffle == 0 and columns % self.pixel_shuffle == 0,
+            # only the linear connector shuffles; the Q-Former's queries read every patch
+            check(self.connector != "linear" or (rows % self.pixel_shuffle == 0 and columns % self.pixel_shuffle == 0),
                   f"{prefix}.pixel_shuffle", f"must be >= 1 and divide the patch grid ({rows} x {columns} patches, "
                   f"rows x columns), got {self.pixel_shuffle}")
         self.gemma.validate(f"{prefix}.gemma")

@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from vlm.io import atomic_path, existing_file, iter_json_list, read_json, write_json_list
-from vlm.params import check
+from vlm.params import available_cpus, check
 from vlm.scenes.bdd100k import match_images, read_labels
 from vlm.scenes.render import RenderConfig, render_scene
 from vlm.scenes.schema import Scene, scene_from_frame, scene_to_frame
@@ -73,7 +73,7 @@ class ScenesRuntime:
 
     @property
     def num_workers(self) -> int:
-        return self.workers or os.cpu_count() or 1
+        return self.workers or available_cpus()
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ attention maps, autocast, and parity with HuggingFace PaliGemma."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -396,21 +397,19 @@ def test_a_packed_training_pass_on_cuda_waits_for_the_gpu_before_the_image_token
     assert torch.isfinite(loss)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("pack", [False, True])
-def test_compiled_layers_train_as_eager_on_cuda(config, make_batch, pack):
+def compiled_against_eager(config, make_batch, device: str, pack: bool) -> None:
     """runtime.train.compile: the compiled layers give the eager model's losses and gradients under bf16
-    autocast, for the per-question rows and the packed ones."""
-    eager = build(config, pack_questions=pack).cuda().train()
-    compiled = build(config, pack_questions=pack).cuda().train()
+    autocast on ``device``, for the per-question rows or the packed ones."""
+    eager = build(config, pack_questions=pack).to(device).train()
+    compiled = build(config, pack_questions=pack).to(device).train()
     compiled.load_state_dict(eager.state_dict())
     compile_layers(compiled)
     for seed in range(3):  # other lengths each time: dynamic shapes
-        batch = make_batch(eager.config, batch=5 + seed, seed=seed).to("cuda")
+        batch = make_batch(eager.config, batch=5 + seed, seed=seed).to(device)
         losses = []
         for model in (eager, compiled):
             model.zero_grad()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast(device, dtype=torch.bfloat16):
                 loss = model(batch, answer_only=True).losses["answer"]
             loss.backward()
             losses.append(loss.float())
@@ -418,6 +417,19 @@ def test_compiled_layers_train_as_eager_on_cuda(config, make_batch, pack):
     for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
         if a.grad is not None:
             torch.testing.assert_close(a.grad, b.grad, rtol=5e-2, atol=5e-3, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("pack", [False, True])
+def test_compiled_layers_train_as_eager_on_cuda(config, make_batch, pack):
+    compiled_against_eager(config, make_batch, "cuda", pack)
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="needs a C++ compiler (inductor)")
+def test_compiled_packed_layers_train_as_eager_on_the_cpu(config, make_batch):
+    """The same on the CPU, where the compiled layers are inductor's C++ (the option works without a GPU), for the
+    GPU recipe's packed rows."""
+    compiled_against_eager(config, make_batch, "cpu", pack=True)
 
 
 # ---------------------------------------------------------------- HuggingFace PaliGemma

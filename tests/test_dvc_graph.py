@@ -43,10 +43,17 @@ def test_the_pack_stage_imports_the_image_size_rules_not_the_model():
 
 
 @pytest.mark.xdist_group("repository_dvc")  # one DVC command at a time in the repository (its lock)
+def _committed_outputs(stage: dict) -> set[str]:
+    """A stage's outputs that git holds (``cache: false``: metrics, plots, dvclive's folders), not DVC's cache."""
+    entries = [*(stage.get("outs") or []), *(stage.get("metrics") or []), *(stage.get("plots") or [])]
+    return {next(iter(e)) for e in entries if isinstance(e, dict) and next(iter(e.values())).get("cache") is False}
+
+
 def test_the_committed_lock_is_a_run_of_this_code_and_these_params():
-    """`dvc status` finds no stage whose command, source files or params differ from dvc.lock's: the lock (and the
-    metrics with it) comes from running this code. Data and models are absent in a clone, another run's in a
-    workspace: not checked here."""
+    """`dvc status` finds no stage whose command, source files or params differ from dvc.lock's, nor a committed
+    output (a metric, a plot) that differs from the file the run wrote: the lock and the metrics beside it come from
+    running this code, none edited by hand. Data and models are absent in a clone, another run's in a workspace:
+    not checked here."""
     dvc = Path(sys.executable).parent / "dvc"
     status = json.loads(subprocess.run([str(dvc), "status", "--json"], cwd=ROOT, check=True, capture_output=True,
                                        text=True).stdout)
@@ -56,11 +63,13 @@ def test_the_committed_lock_is_a_run_of_this_code_and_these_params():
             if not isinstance(change, dict):  # "changed command"
                 stale.setdefault(name, []).append(change)
                 continue
-            deps = change.get("changed deps", {})
+            deps, outs = change.get("changed deps", {}), change.get("changed outs", {})
             stale.setdefault(name, []).extend(f"{path}: {state}" for path, state in deps.items()
                                               if path.split("/")[0] in ("vlm", "stages") or path == "params.yaml")
+            stale[name].extend(f"{path}: {state}" for path, state in outs.items()
+                               if path in _committed_outputs(STAGES[name]))
     stale = {name: changes for name, changes in stale.items() if changes}
-    assert not stale, f"dvc.lock was not written by this code and params.yaml (run dvc repro): {stale}"
+    assert not stale, f"dvc.lock and the committed outputs are not a run of this code and params.yaml: {stale}"
 
 
 def test_stages_run_as_modules_with_their_paths_in_the_command():

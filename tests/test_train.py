@@ -1,5 +1,6 @@
 import json
 import logging
+import multiprocessing
 import os
 import random
 import sys
@@ -426,7 +427,7 @@ def test_bad_model_params_fail_before_training(processed, tmp_path):
     assert not paths.model.exists() and not paths.checkpoints.exists()
 
 
-def test_in_memory_auto_holds_the_images_when_they_fit_once_per_process(processed, caplog):
+def test_in_memory_auto_holds_the_images_when_they_fit_once_per_copy(processed, caplog, monkeypatch):
     from vlm.data.h5file import PackedImageReader
     from vlm.train import hold_in_memory
 
@@ -443,6 +444,11 @@ def test_in_memory_auto_holds_the_images_when_they_fit_once_per_process(processe
     assert hold_in_memory(just_fits, files, 1) and not hold_in_memory(just_fits, files, 1, targets_bytes=targets)
     assert hold_in_memory(TrainRuntime(in_memory=False), files, 1) is False
     assert hold_in_memory(TrainRuntime(in_memory=True, in_memory_budget_mb=0), files, 8) is True
+    # two DataLoader workers: forked, they share the process's copy; spawned (macOS), each holds its own
+    workers = TrainRuntime(in_memory="auto", in_memory_budget_mb=megabytes * 1.5, num_workers=2)
+    for start_method, fits_once in (("fork", True), ("spawn", False)):
+        monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False, m=start_method: m)
+        assert hold_in_memory(workers, files, 1) is fits_once, start_method
 
 
 def test_checkpoints_of_a_queued_experiment_go_to_its_repository(tmp_path, monkeypatch):

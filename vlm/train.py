@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import math
+import multiprocessing
 import os
 import random
 import time
@@ -633,13 +634,16 @@ def validate(run: Run) -> dict[str, float]:
 
 def hold_in_memory(runtime: TrainRuntime, files: list[Path], processes_here: int, targets_bytes: int = 0) -> bool:
     """``runtime.train.in_memory``, with ``auto`` resolved: the images of ``files`` and the heads' targets
-    (``targets_bytes``) fit the budget once per process on this machine."""
+    (``targets_bytes``) fit the budget once per copy on this machine: one per process, and one per DataLoader worker
+    where the workers are not forked (spawn, macOS's default: each unpickles the dataset it is sent)."""
     if runtime.in_memory != "auto":
         return runtime.in_memory
-    needed_mb = processes_here * (sum(PackedImageReader.image_bytes(f) for f in files) + targets_bytes) / 2**20
+    start_method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    copies = processes_here * (1 if start_method == "fork" else 1 + runtime.num_workers)
+    needed_mb = copies * (sum(PackedImageReader.image_bytes(f) for f in files) + targets_bytes) / 2**20
     fits = needed_mb <= runtime.in_memory_budget_mb
-    log.info("in_memory auto: %d process(es) x the train and val images and the heads' targets = %.0f MB %s "
-             "runtime.train.in_memory_budget_mb (%d): %s", processes_here, needed_mb, "<=" if fits else ">",
+    log.info("in_memory auto: %d cop(ies) x the train and val images and the heads' targets = %.0f MB %s "
+             "runtime.train.in_memory_budget_mb (%d): %s", copies, needed_mb, "<=" if fits else ">",
              runtime.in_memory_budget_mb,
              "held in RAM" if fits else "read from the HDF5 files, targets built per batch")
     return fits

@@ -77,7 +77,7 @@ def bench_pack(paths: list[Path], size: int, workers: int) -> dict:
                 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
             finally:
                 if pool is not None:
-                    pool.terminate()
+                    pool.shutdown(cancel_futures=True)
             results[f"workers{count}"] = {"images_per_s": round(len(paths) / seconds, 1),
                                           "main_process_cpu_ms_per_image": round(cpu / len(paths) * 1000, 3)}
     return results

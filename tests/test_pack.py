@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 import zlib
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import h5py
@@ -192,17 +194,17 @@ def test_decoding_keeps_a_bounded_number_of_chunks_in_flight():
         def __init__(self, value):
             self.value = value
 
-        def get(self):
+        def result(self):
             pool.pending -= 1
             return self.value
 
     class CountingPool:
         pending = most_pending = 0
 
-        def apply_async(self, fn, args):
+        def submit(self, fn, chunk, *args):
             self.pending += 1
             self.most_pending = max(self.most_pending, self.pending)
-            return Result([f"{path}!" for path in args[0]])
+            return Result([f"{path}!" for path in chunk])
 
     pool = CountingPool()
     paths = [f"p{i}" for i in range(100)]
@@ -210,6 +212,21 @@ def test_decoding_keeps_a_bounded_number_of_chunks_in_flight():
     results = list(_decode_in_order(paths, PackConfig(), pool, runtime))
     assert results == [f"{p}!" for p in paths]  # in order
     assert pool.most_pending == 2 * runtime.num_workers
+
+
+def test_a_decoding_process_that_dies_stops_the_pack_with_an_error(tmp_path):
+    """A worker killed (the OOM killer, say) fails the pack with one line, not a wait for its chunk forever."""
+    from vlm.data.pack import start_decode_pool
+
+    pool = start_decode_pool(2)
+    try:
+        with pytest.raises(BrokenProcessPool):
+            pool.submit(os._exit, 1).result()  # a worker dies
+        paths = [str(tmp_path / f"img{i}.jpg") for i in range(8)]
+        with pytest.raises(ChildProcessError, match="a decoding process died .* lower runtime.pack.workers"):
+            list(_decode_in_order(paths, PackConfig(), pool, PackRuntime(workers=2, chunksize=2)))
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def test_pack_config_errors_name_the_key():

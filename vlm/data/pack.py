@@ -7,6 +7,8 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -83,8 +85,8 @@ def _decode_chunk(paths: list[str], image_size: int, resample: str, image_width:
     return decoded
 
 
-def _decode_in_order(paths: list[str], config: PackConfig, pool: Any, runtime: PackRuntime | None = None,
-                     image_width: int | None = None) -> Iterator[DecodedImage]:
+def _decode_in_order(paths: list[str], config: PackConfig, pool: ProcessPoolExecutor | None,
+                     runtime: PackRuntime | None = None, image_width: int | None = None) -> Iterator[DecodedImage]:
     """Decoded images ``image_width`` wide (None: square) in the order of ``paths``, <= 2 chunks a worker in flight."""
     runtime = runtime or PackRuntime()
     chunks = (paths[i:i + runtime.chunksize] for i in range(0, len(paths), runtime.chunksize))
@@ -94,12 +96,16 @@ def _decode_in_order(paths: list[str], config: PackConfig, pool: Any, runtime: P
             yield from _decode_chunk(chunk, *args)
         return
     in_flight = 2 * runtime.num_workers
-    pending = deque(pool.apply_async(_decode_chunk, (chunk, *args)) for chunk in islice(chunks, in_flight))
-    while pending:
-        decoded = pending.popleft().get()
-        for chunk in islice(chunks, 1):
-            pending.append(pool.apply_async(_decode_chunk, (chunk, *args)))
-        yield from decoded
+    try:
+        pending = deque(pool.submit(_decode_chunk, chunk, *args) for chunk in islice(chunks, in_flight))
+        while pending:
+            decoded = pending.popleft().result()
+            for chunk in islice(chunks, 1):
+                pending.append(pool.submit(_decode_chunk, chunk, *args))
+            yield from decoded
+    except BrokenProcessPool as error:  # a worker killed (out of memory?): an error, not a wait for its result
+        raise ChildProcessError("a decoding process died (killed, or out of memory?); lower runtime.pack.workers "
+                                "or free memory, and run the stage again") from error
 
 
 def _mean_std(histogram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -181,8 +187,8 @@ class PackedSplit:
     std: np.ndarray
 
 
-def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackConfig, pool: Any = None,
-               train_stats: tuple[np.ndarray, np.ndarray] | None = None,
+def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackConfig,
+               pool: ProcessPoolExecutor | None = None, train_stats: tuple[np.ndarray, np.ndarray] | None = None,
                runtime: PackRuntime | None = None, image_width: int | None = None) -> PackedSplit:
     """Write ``out_path`` atomically, images ``image_width`` (None: S) wide, mean/std ``train_stats`` or its own."""
     histogram = np.zeros((3, 256), dtype=np.int64)  # [C, value]: the split's pixel counts
@@ -211,15 +217,16 @@ def pack_split(images: SplitImages, out_path: str | os.PathLike, config: PackCon
                        *train_stats)
 
 
-def start_decode_pool(workers: int) -> Any:
+def start_decode_pool(workers: int) -> ProcessPoolExecutor:
     """A process pool whose workers never inherit the parent's threads (tqdm's monitor, pytest-xdist's); with
-    forkserver, each worker forks from a server that imported this module once (no ``__main__`` re-import)."""
+    forkserver, each worker forks from a server that imported this module once (no ``__main__`` re-import). Unlike
+    ``multiprocessing.Pool``, a worker that dies fails the tasks it leaves (``BrokenProcessPool``) instead of a wait."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([__name__])
     else:
         context = multiprocessing.get_context("spawn")
-    return context.Pool(workers)
+    return ProcessPoolExecutor(workers, mp_context=context)
 
 
 def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike, commands_dir: str | os.PathLike,
@@ -245,8 +252,7 @@ def pack_dataset(labels_path: str | os.PathLike, source_path: str | os.PathLike,
             packed.append(result)
     finally:
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            pool.shutdown(cancel_futures=True)
     seconds = time.perf_counter() - start
     num_images = sum(p.images + len(p.skipped_image_ids) for p in packed)
     return {

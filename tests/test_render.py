@@ -1,5 +1,6 @@
 import hashlib
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -47,6 +48,21 @@ def test_stage_output_is_byte_identical_whatever_the_worker_count(tmp_path):
     assert (raw.width, raw.height, raw.source) == (W, H, "synthetic")
     assert raw.image_dir == tmp_path / "one" / "images"
     assert [s.name for s in raw.scenes] == [f"{i:06d}.jpg" for i in range(12)]
+
+
+def _die(job) -> None:
+    os._exit(1)
+
+
+def test_a_render_process_that_dies_fails_the_stage_and_leaves_no_folder(tmp_path, monkeypatch):
+    """A worker killed (the OOM killer, say) stops the stage with one line, not a wait forever for its images."""
+    from vlm.scenes import generate
+
+    monkeypatch.setattr(generate, "_render_one", _die)
+    with pytest.raises(ChildProcessError, match="a render process died .* lower runtime.scenes.workers"):
+        generate_synthetic(ScenesConfig(num_images=12), tmp_path / "raw", progress=False,
+                           runtime=ScenesRuntime(workers=2))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_failed_render_leaves_no_output(tmp_path, monkeypatch):

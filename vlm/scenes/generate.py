@@ -1,7 +1,6 @@
 """The ``generate_scenes`` stage (docs/architecture.md): synthetic scenes rendered in parallel, or a BDD100K folder
 read (its images in place, their content digest in ``source.json``), into one folder replaced atomically."""
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -9,6 +8,8 @@ import multiprocessing
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -120,11 +121,19 @@ def generate_synthetic(config: ScenesConfig, out_dir: str | os.PathLike, progres
                 for i in range(config.num_images)]
         workers = min(runtime.num_workers, config.num_images)
         start = time.perf_counter()
-        # Each label frame is written as its image is done: none is held.
-        with multiprocessing.get_context("fork").Pool(workers) if workers > 1 else contextlib.nullcontext() as pool:
-            frames = pool.imap(_render_one, jobs, chunksize=8) if workers > 1 else map(_render_one, jobs)
+        # Each label frame is written as its image is done: none is held. A worker that dies (the OOM killer) fails
+        # the tasks it leaves (BrokenProcessPool), where multiprocessing.Pool would wait for them forever.
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) if workers > 1 else None
+        try:
+            frames = pool.map(_render_one, jobs, chunksize=8) if pool is not None else map(_render_one, jobs)
             images = write_json_list(tmp / "labels.json", tqdm(frames, total=len(jobs), desc="render scenes",
                                                                 unit="img", disable=not progress))
+        except BrokenProcessPool as error:
+            raise ChildProcessError("a render process died (killed, or out of memory?); lower runtime.scenes.workers "
+                                    "or free memory, and run the stage again") from error
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
         seconds = time.perf_counter() - start
         _write_source(tmp, "synthetic", out_dir / "images", config.width, config.height, images)
     return {"source": "synthetic", "images": images, "workers": workers, "seconds": round(seconds, 3),

@@ -42,13 +42,13 @@ def test_the_pack_stage_imports_the_image_size_rules_not_the_model():
                       "vlm/models/pretrained.py", "vlm/models/siglip.py"]
 
 
-@pytest.mark.xdist_group("repository_dvc")  # one DVC command at a time in the repository (its lock)
 def _committed_outputs(stage: dict) -> set[str]:
     """A stage's outputs that git holds (``cache: false``: metrics, plots, dvclive's folders), not DVC's cache."""
     entries = [*(stage.get("outs") or []), *(stage.get("metrics") or []), *(stage.get("plots") or [])]
     return {next(iter(e)) for e in entries if isinstance(e, dict) and next(iter(e.values())).get("cache") is False}
 
 
+@pytest.mark.xdist_group("repository_dvc")  # one DVC command at a time in the repository (its lock)
 def test_the_committed_lock_is_a_run_of_this_code_and_these_params():
     """`dvc status` finds no stage whose command, source files or params differ from dvc.lock's, nor a committed
     output (a metric, a plot) that differs from the file the run wrote: the lock and the metrics beside it come from

@@ -144,6 +144,7 @@ class Distributed:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1  # the run's processes on this machine (torchrun's LOCAL_WORLD_SIZE)
 
     @property
     def is_main(self) -> bool:
@@ -372,7 +373,7 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
     model = build_vlm(model_config).to(device)
     if runtime.compile:
         compile_layers(model)
-    train_set, val_set = load_splits(model, config, runtime, paths, tokenizer, frame_size)
+    train_set, val_set = load_splits(model, config, runtime, paths, tokenizer, frame_size, dist_info.local_world_size)
     answers = sorted({r["answer"] for r in train_set.records})
     loader = build_loader(train_set, config.batch_size, shuffle=True, num_workers=runtime.num_workers,
                           seed=config.seed, rank=dist_info.rank, world_size=dist_info.world_size)
@@ -397,15 +398,14 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
 def start_processes(config: TrainConfig, runtime: TrainRuntime, paths: TrainPaths) -> Distributed:
     """This process's place in the run (the DDP group joined under torchrun), its CPU threads and seeds; on
     rank 0 an unwritable output folder fails now, not at the first checkpoint."""
-    dist_info = Distributed(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                            int(os.environ.get("LOCAL_RANK", 0)))
+    dist_info = Distributed(*(int(os.environ.get(name, default)) for name, default in
+                              (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0), ("LOCAL_WORLD_SIZE", 1))))
     if dist_info.is_main:
         check_writable(paths.model, paths.checkpoints / "last.pt", paths.metrics, paths.timing, paths.live)
     if dist_info.world_size > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    # 0: the usable cores shared among this machine's processes of the run (torchrun sets LOCAL_WORLD_SIZE)
-    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", dist_info.world_size))
-    torch.set_num_threads(runtime.threads or max(1, available_cpus() // local_processes))
+    # 0: the usable cores shared among this machine's processes of the run
+    torch.set_num_threads(runtime.threads or max(1, available_cpus() // dist_info.local_world_size))
     random.seed(config.seed)
     np.random.seed(config.seed)
     torch.manual_seed(config.seed)
@@ -423,8 +423,10 @@ def model_config_of(model_params: Mapping[str, Any], tokenizer: TrafficCommandTo
 
 def load_splits(model: PaliGemma, config: TrainConfig, runtime: TrainRuntime, paths: TrainPaths,
                 tokenizer: TrafficCommandTokenizer,
-                frame_size: tuple[float, float] | None) -> tuple[TrafficVQADataset, TrafficVQADataset]:
-    """The train split (augmented, with the extension's targets) and val, in RAM per ``runtime.train.in_memory``."""
+                frame_size: tuple[float, float] | None,
+                processes_here: int) -> tuple[TrafficVQADataset, TrafficVQADataset]:
+    """The train split (augmented, with the extension's targets) and val, in RAM per ``runtime.train.in_memory``
+    (``processes_here``: the run's processes on this machine, each holding its copy)."""
     (train_commands, train_h5), (val_commands, val_h5) = paths.split("train"), paths.split("val")
     targets = None
     if model.extension is not None:
@@ -434,7 +436,7 @@ def load_splits(model: PaliGemma, config: TrainConfig, runtime: TrainRuntime, pa
                              "given in")
     # the blind model reads no pixel: its images are never worth RAM
     in_memory = model.config.vision != "none" and hold_in_memory(
-        runtime, [train_h5, val_h5], int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+        runtime, [train_h5, val_h5], processes_here,
         0 if targets is None else targets.bytes_per_image * sum(len(PackedImageReader(f)) for f in (train_h5, val_h5)))
     train_set = TrafficVQADataset(train_commands, train_h5, tokenizer, augment=config.augment,
                                   in_memory=in_memory, seed=config.seed, targets=targets)

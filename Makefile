@@ -36,10 +36,12 @@ compare: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" dvc exp show --only-changed --drop '.*/' --keep '^(vlm|blind|gain_from_vision)\.' \
 		--sort-by vlm.accuracy --sort-order desc
 
-# The GPU recipe: params.yaml's values changed by recipes/gpu.yaml (python -m vlm.recipe turns it into -S flags;
-# add your own after it: make gpu EXTRA="-S train.epochs=16").
+# The GPU recipe: params.yaml's values changed by recipes/gpu.yaml, as a dvc exp run (python -m vlm.recipe checks the
+# keys, then runs it; add your own flags after it: make gpu EXTRA="-S train.epochs=16"). It stops when torch sees no
+# GPU, unless ALLOW_CPU=1.
 gpu: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" dvc exp run $$(PYTHONPATH=. python -m vlm.recipe recipes/gpu.yaml) $(EXTRA)
+	PATH="$(abspath $(BIN)):$$PATH" PYTHONPATH=. python -m vlm.recipe recipes/gpu.yaml --run \
+		$(if $(ALLOW_CPU),,--needs-cuda) -- $(EXTRA)
 
 bench: $(STAMP)
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_tokenizer.py --out metrics/bench_tokenizer.json

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from tiny_project import FRAME_SIZE, TINY_MODEL, paths_for
+from vlm import recipe
 from vlm.data.h5file import PackedImageReader
 from vlm.params import ParamError, build_config
 from vlm.recipe import apply, flags
@@ -42,6 +43,27 @@ def test_flags_are_params_keys_and_a_typo_stops(tmp_path):
     typo.write_text("train:\n  epoch: 3\n")
     with pytest.raises(ParamError, match=r"typo.yaml: train.epoch: not a key of params.yaml"):
         flags(typo, ROOT / "params.yaml")
+
+
+def test_run_starts_dvc_exp_run_only_with_every_key_checked_and_a_gpu_when_asked(tmp_path, monkeypatch):
+    """``--run`` (``make gpu``) replaces itself by ``dvc exp run`` with the recipe's flags and the arguments after
+    ``--``; a typo or, with ``--needs-cuda``, no GPU stops it first (``dvc exp run $(...)`` ran the defaults)."""
+    started = []
+    monkeypatch.setattr(recipe.os, "execvp", lambda file, args: started.append(args))
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    params = str(ROOT / "params.yaml")
+    recipe.main([str(RECIPE), "--params", params, "--run", "--", "-S", "train.epochs=16"])
+    assert started == [["dvc", "exp", "run", *flags(RECIPE, ROOT / "params.yaml"), "-S", "train.epochs=16"]]
+    with pytest.raises(ParamError, match=r"gpu.yaml: sized for a GPU, and torch sees none here"):
+        recipe.main([str(RECIPE), "--params", params, "--run", "--needs-cuda"])
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("train:\n  epoch: 3\n")
+    with pytest.raises(ParamError, match=r"typo.yaml: train.epoch: not a key of params.yaml"):
+        recipe.main([str(typo), "--params", params, "--run"])
+    assert len(started) == 1
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    recipe.main([str(RECIPE), "--params", params, "--run", "--needs-cuda"])
+    assert started[1] == started[0][:-2]
 
 
 def test_apply_sets_dotted_keys_and_a_missing_one_stops():

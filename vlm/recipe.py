@@ -1,18 +1,23 @@
 """A params profile (``recipes/*.yaml``): the params.yaml values an experiment changes, as ``dvc exp run``'s
-``-S key=value`` flags::
+``-S key=value`` flags, or that experiment run::
 
-    dvc exp run $(python -m vlm.recipe recipes/gpu.yaml)     # what `make gpu` runs
+    python -m vlm.recipe recipes/gpu.yaml                          # the flags
+    python -m vlm.recipe recipes/gpu.yaml --run --needs-cuda -- -S train.epochs=16   # what `make gpu` runs
 
-Every key must be one of params.yaml's, so a typo stops here rather than in a stage after hours of work."""
+Every key must be one of params.yaml's, so a typo stops here, before ``dvc exp run`` starts, rather than in a stage
+after hours of work (``dvc exp run $(python -m vlm.recipe ...)`` would run the defaults when it stops)."""
 
 import argparse
 import json
+import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from vlm.cli import run
 from vlm.params import check, load_params
 
 
@@ -55,13 +60,36 @@ def flags(recipe_path: str | Path, params_path: str | Path = "params.yaml") -> l
     return out
 
 
+def check_cuda(recipe_path: str | Path) -> None:
+    """Stop with one line when torch sees no CUDA device: the recipe is sized for one."""
+    import torch  # here, so that printing the flags does not wait for torch
+
+    check(torch.cuda.is_available(), str(recipe_path),
+          "sized for a GPU, and torch sees none here (torch.cuda.is_available() is False); on the CPU it would take "
+          "many times the default run's training (metrics/recipe_compute.json counts it): `make gpu ALLOW_CPU=1` "
+          "runs it anyway")
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []  # passed on to dvc exp run
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", type=Path)
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--run", action="store_true", help="run `dvc exp run` with the flags, then the args after --")
+    parser.add_argument("--needs-cuda", action="store_true", help="with --run: stop unless torch sees a GPU")
     args = parser.parse_args(argv)
-    print(" ".join(flags(args.recipe, args.params)))
+    made = flags(args.recipe, args.params)
+    if not args.run:
+        print(" ".join(made))
+        return
+    if args.needs_cuda:
+        check_cuda(args.recipe)
+    command = ["dvc", "exp", "run", *made, *extra]
+    print(" ".join(command), flush=True)
+    os.execvp(command[0], command)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

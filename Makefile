@@ -41,7 +41,7 @@ compare: $(STAMP)
 # GPU, unless ALLOW_CPU=1.
 gpu: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" PYTHONPATH=. python -m vlm.recipe recipes/gpu.yaml --run \
-		$(if $(ALLOW_CPU),,--needs-cuda) -- $(EXTRA)
+		$(if $(filter 1,$(ALLOW_CPU)),,--needs-cuda) -- $(EXTRA)
 
 bench: $(STAMP)
 	PYTHONPATH=. $(BIN)/python benchmarks/bench_tokenizer.py --out metrics/bench_tokenizer.json

@@ -34,15 +34,35 @@ def _merge(base: dict, changes: dict) -> dict:
 def test_flags_are_params_keys_and_a_typo_stops(tmp_path):
     made = flags(RECIPE, ROOT / "params.yaml")
     assert "--set-param=model.pack_questions=true" in made and "--set-param=train.batch_size=512" in made
-    assert all(" " not in flag for flag in made)
-    value = tmp_path / "value.yaml"  # a mapping that params.yaml holds as one value is one flag
+    assert "--set-param=pack.aspect=native" in made and all(" " not in flag for flag in made)
+    value = tmp_path / "value.yaml"  # a mapping that params.yaml holds as one value is one flag, which replaces it
     value.write_text("commands:\n  train_type_weights: {counting: 2}\n  holdout: {weather: rainy}\n")
-    assert flags(value, ROOT / "params.yaml") == ['--set-param=commands.train_type_weights={"counting":2}',
-                                                  '--set-param=commands.holdout={"weather":"rainy"}']
-    typo = tmp_path / "typo.yaml"
-    typo.write_text("train:\n  epoch: 3\n")
-    with pytest.raises(ParamError, match=r"typo.yaml: train.epoch: not a key of params.yaml"):
-        flags(typo, ROOT / "params.yaml")
+    assert flags(value, ROOT / "params.yaml") == ["--set-param=++commands.train_type_weights={counting:2}",
+                                                  "--set-param=++commands.holdout={weather:rainy}"]
+    strings = tmp_path / "strings.yaml"  # strings that Hydra's grammar would read as others are quoted
+    strings.write_text("pack:\n  aspect: 'null'\n  resample: \"it's 1, 2\"\n")
+    assert flags(strings, ROOT / "params.yaml") == ["--set-param=pack.aspect='null'",
+                                                    "--set-param=pack.resample='it\\'s 1, 2'"]
+    for text, error in [("train:\n  epoch: 3\n", r"train.epoch: not a key of params.yaml"),
+                        ("train: 5\n", r"train: a section of params.yaml: give its keys, not 5"),
+                        ("train: [\n", r"not valid YAML"),
+                        ("- 1\n", r"must be a mapping of params.yaml's sections")]:
+        typo = tmp_path / "typo.yaml"
+        typo.write_text(text)
+        with pytest.raises(ParamError, match=rf"typo.yaml: {error}"):
+            flags(typo, ROOT / "params.yaml")
+
+
+def test_a_flag_dvc_would_read_otherwise_stops(tmp_path, monkeypatch):
+    """Each flag is applied by DVC's own ``-S`` parser to a copy of params.yaml and must give the recipe's value."""
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text("pack:\n  aspect: 'null'\n")
+    monkeypatch.setattr(recipe, "hydra_value", str)  # unquoted, Hydra reads null
+    with pytest.raises(ParamError, match=r"recipe.yaml: pack.aspect: DVC would set None, not the recipe's 'null'"):
+        flags(recipe_file, ROOT / "params.yaml")
+    monkeypatch.setattr(recipe, "hydra_value", lambda value: '{"a":1}')  # JSON: not Hydra's grammar
+    with pytest.raises(ParamError, match=r"recipe.yaml: --set-param=pack.aspect=\{\"a\":1\}: DVC cannot apply it"):
+        flags(recipe_file, ROOT / "params.yaml")
 
 
 def test_run_starts_dvc_exp_run_only_with_every_key_checked_and_a_gpu_when_asked(tmp_path, monkeypatch):

@@ -1,16 +1,21 @@
 """A params profile (``recipes/*.yaml``): the params.yaml values an experiment changes, as ``dvc exp run``'s
 ``-S key=value`` flags, or that experiment run::
 
-    python -m vlm.recipe recipes/gpu.yaml                          # the flags
+    python -m vlm.recipe recipes/gpu.yaml                          # the flags, quoted for a shell
     python -m vlm.recipe recipes/gpu.yaml --run --needs-cuda -- -S train.epochs=16   # what `make gpu` runs
 
-Every key must be one of params.yaml's, so a typo stops here, before ``dvc exp run`` starts, rather than in a stage
-after hours of work (``dvc exp run $(python -m vlm.recipe ...)`` would run the defaults when it stops)."""
+Every key must be one of params.yaml's, a section is given by its keys, and each flag must set exactly the recipe's
+value when DVC applies it (checked with DVC's own parser on a copy of params.yaml), so a mistake stops here, before
+``dvc exp run`` starts, rather than in a stage after hours of work."""
 
 import argparse
+import copy
 import json
 import os
+import re
+import shlex
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +23,9 @@ from typing import Any
 import yaml
 
 from vlm.cli import run
-from vlm.params import check, load_params
+from vlm.params import ParamError, check
+
+HYDRA_WORDS = {"true", "false", "null", "nan", "inf"}  # words Hydra's grammar reads as other than strings
 
 
 def overrides(recipe: Mapping[str, Any], params: Mapping[str, Any], source: str, prefix: str = "") -> dict[str, Any]:
@@ -26,7 +33,10 @@ def overrides(recipe: Mapping[str, Any], params: Mapping[str, Any], source: str,
     values = {}
     for key, value in recipe.items():
         check(key in params, f"{source}: {prefix}{key}", "not a key of params.yaml")
-        if isinstance(value, Mapping) and isinstance(params[key], Mapping) and params[key]:
+        section = isinstance(params[key], Mapping) and bool(params[key])
+        if section:
+            check(isinstance(value, Mapping), f"{source}: {prefix}{key}",
+                  f"a section of params.yaml: give its keys, not {value!r}")
             values |= overrides(value, params[key], source, f"{prefix}{key}.")
         else:
             values[f"{prefix}{key}"] = value
@@ -46,18 +56,59 @@ def apply(params: dict[str, Any], values: Mapping[str, Any], source: str) -> dic
     return params
 
 
+def hydra_value(value: Any) -> str:
+    """``value`` in Hydra's override grammar, which ``-S`` parses: a string quoted unless it is a plain word (so that
+    "1", "null" or "a,b" stay strings), lists and mappings in flow style."""
+    if isinstance(value, str):
+        plain = re.fullmatch(r"[A-Za-z_][\w\-./]*", value) and value.lower() not in HYDRA_WORDS
+        return value if plain else "'" + value.replace("'", "\\'") + "'"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{key}:{hydra_value(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(hydra_value(item) for item in value) + "]"
+    return json.dumps(value)  # numbers, true, false, null
+
+
 def flags(recipe_path: str | Path, params_path: str | Path = "params.yaml") -> list[str]:
-    """``--set-param=key=value`` (``-S``) for each value of the recipe, the value in YAML's flow style (which
-    ``-S`` parses) with no blank, so that the shell's word splitting of ``$(...)`` keeps each flag whole."""
-    recipe = yaml.safe_load(Path(recipe_path).read_text(encoding="utf-8")) or {}
-    values = overrides(recipe, load_params(params_path), str(recipe_path))
-    out = []
-    for key, value in values.items():
-        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-        check(not any(c.isspace() for c in text), f"{recipe_path}: {key}",
-              f"a value with blanks cannot pass through $(...): {text!r}")
-        out.append(f"--set-param={key}={text}")
-    return out
+    """``--set-param=key=value`` (``-S``) for each value of the recipe (``++key``: a mapping replaces the value),
+    each checked to set exactly that value when DVC applies it to params.yaml."""
+    source = str(recipe_path)
+    try:
+        recipe = yaml.safe_load(Path(recipe_path).read_text(encoding="utf-8")) or {}
+        params = yaml.safe_load(Path(params_path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ParamError(f"{source}: not valid YAML ({str(e).splitlines()[0]})") from e
+    check(isinstance(recipe, Mapping), source, f"must be a mapping of params.yaml's sections, got {recipe!r}")
+    values = overrides(recipe, params, source)
+    made = [f"--set-param={'++' if isinstance(value, Mapping) else ''}{key}={hydra_value(value)}"
+            for key, value in values.items()]
+    _check_as_dvc_applies(made, params_path, apply(copy.deepcopy(params), values, source), source)
+    return made
+
+
+def _check_as_dvc_applies(made: list[str], params_path: str | Path, expected: dict, source: str) -> None:
+    """Stop unless DVC's ``-S`` parser turns ``made`` into ``expected`` on a copy of params.yaml."""
+    from dvc.utils.hydra import apply_overrides  # here, so that the key checks above do not wait for DVC
+
+    with tempfile.TemporaryDirectory() as folder:
+        copied = Path(folder) / "params.yaml"
+        copied.write_bytes(Path(params_path).read_bytes())
+        for flag in made:
+            try:
+                apply_overrides(copied, [flag.removeprefix("--set-param=")])
+            except Exception as e:  # DVC's InvalidArgumentError, the Hydra error as its cause
+                raise ParamError(f"{source}: {flag}: DVC cannot apply it ({e.__cause__ or e})".splitlines()[0]) from e
+        got = yaml.safe_load(copied.read_text(encoding="utf-8"))
+    for key in (flag.removeprefix("--set-param=").lstrip("+").split("=", 1)[0] for flag in made):
+        want, have = _get(expected, key), _get(got, key)
+        check(want == have and type(want) is type(have), f"{source}: {key}",
+              f"DVC would set {have!r}, not the recipe's {want!r}")
+
+
+def _get(params: Mapping[str, Any], key: str) -> Any:
+    for name in key.split("."):
+        params = params[name]
+    return params
 
 
 def check_cuda(recipe_path: str | Path) -> None:
@@ -82,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     made = flags(args.recipe, args.params)
     if not args.run:
-        print(" ".join(made))
+        print(shlex.join(made))
         return
     if args.needs_cuda:
         check_cuda(args.recipe)

@@ -201,12 +201,32 @@ def test_predict_on_any_image(trained, tmp_path, capsys):
     assert out.err == ""
 
 
+def test_predict_reads_many_images_a_batch_at_a_time(trained, tmp_path, capsys, monkeypatch):
+    """A long list of images is answered a batch at a time, each as alone; --top counts at least one answer."""
+    _, processed, models = trained
+    images = []
+    for seed in range(3):
+        images.append(tmp_path / f"{seed}.png")
+        Image.fromarray(np.random.default_rng(seed).integers(0, 255, (90, 160, 3), dtype=np.uint8)).save(images[-1])
+    args = ["--checkpoint", str(models / "vlm.pt"), "--question", "Is it night?", "--top", "2"]
+    predict.main([*args, "--image", *map(str, images)])
+    together = capsys.readouterr().out
+    monkeypatch.setattr(predict, "BATCH", 2)
+    predict.main([*args, "--image", *map(str, images)])
+    assert capsys.readouterr().out == together and together.count("\n") == 3
+    with pytest.raises(SystemExit):
+        predict.main([*args[:-1], "0", "--image", str(images[0])])
+    assert "argument --top: must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_predict_warns_about_unknown_words(trained, tmp_path, caplog):
     _, _, models = trained
     image = tmp_path / "x.jpg"
     Image.new("RGB", (64, 48), (10, 20, 30)).save(image)
     predict.main(["--checkpoint", str(models / "vlm.pt"), "--image", str(image), "--question", "Is there a zeppelin?"])
-    assert "unknown word 'zeppelin' encoded as [UNK]" in caplog.text
+    assert "unknown word 'zeppelin' encoded as [UNK]" in caplog.text and "text-only" not in caplog.text
+    predict.main(["--checkpoint", str(models / "blind.pt"), "--image", str(image), "--question", "Is it night?"])
+    assert "blind.pt is the text-only baseline: it answers from the question alone" in caplog.text
 
 
 def test_predict_errors_name_the_file(trained, tmp_path):

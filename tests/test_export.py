@@ -165,8 +165,9 @@ def test_model_card(exported):
     ({**PLAIN_MODEL, "mirror_answers": True}, "model.mirror_answers is on (its answers are the mean over the image "
                                               "and its mirror image; transformers' PaliGemma asks once)",
      "dvc exp run -S model.mirror_answers=false"),
-    ({"vision": "none", "gemma": PLAIN_MODEL["gemma"]}, "it is the text-only baseline (model.vision: none), which "
-                                                        "reads no image; export the VLM (models/vlm.pt) instead", None),
+    ({"vision": "none", "gemma": PLAIN_MODEL["gemma"], "pack_questions": True, "pixel_shuffle": 2},
+     "it is the text-only baseline (model.vision: none), which reads no image; export the VLM (models/vlm.pt) "
+     "instead", None),  # alone: no training makes the baseline exportable
 ], ids=["perception", "pixel_shuffle", "qformer", "pack_questions", "mirror_answers", "blind"])
 def test_refuses_a_model_that_is_not_paligemma(tmp_path, capsys, section, reason, overrides):
     """One line on stderr: why it cannot be exported and how to train one that can; no folder is written."""

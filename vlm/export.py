@@ -59,9 +59,10 @@ def departures(config: VLMConfig) -> list[Departure]:
                       *(["model.perception.to_decoder=false"] if perception.to_decoder else []),
                       *(["model.perception.stem_channels=[]"] if perception.stem_channels else []),
                       *(["model.perception.mirror_average=false"] if perception.mirror_average else []))
+    if config.vision != "siglip":  # no training run makes the baseline one: nothing else to name
+        return [Departure("it is the text-only baseline (model.vision: none), which reads no image; export the VLM "
+                          "(models/vlm.pt) instead", ())]
     found = [
-        (config.vision != "siglip", "it is the text-only baseline (model.vision: none), which reads no image; "
-                                    "export the VLM (models/vlm.pt) instead", ()),
         (perception.enabled, "the traffic perception is on (model.perception: conv stem and heads)", perception_off),
         (config.connector != "linear", f"its connector is {config.connector!r} (PaliGemma's is linear)",
          ("model.connector=linear",)),

@@ -4,6 +4,7 @@ Images of any size and format are preprocessed exactly as in training; the answe
 model's answer set, printed with its probability (usage: README). Unknown words become [UNK], with a warning."""
 
 import argparse
+import logging
 
 import numpy as np
 
@@ -11,6 +12,9 @@ from vlm.checkpoint import LoadedModel, load_model
 from vlm.cli import run
 from vlm.device import pick_device
 from vlm.inference import answer_questions
+
+logger = logging.getLogger(__name__)
+BATCH = 64  # images decoded and answered together: a long list of --image files is read a batch at a time
 
 
 def check_question(loaded: LoadedModel, question: str) -> None:
@@ -35,19 +39,32 @@ def answer_images(loaded: LoadedModel, image_paths: list[str], question: str) ->
     return [[(loaded.answers[i], float(row[i])) for i in np.argsort(-row, kind="stable")] for row in probs]
 
 
+def at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vlm.predict", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default="models/vlm.pt")
     parser.add_argument("--image", nargs="+", required=True, help="image file(s), any size and format")
     parser.add_argument("--question", required=True)
     parser.add_argument("--vocab", default=None, help="check that this vocab.json is the model's")
-    parser.add_argument("--top", type=int, default=1, help="also print the next most probable answers")
+    parser.add_argument("--top", type=at_least_one, default=1,
+                        help="how many of the most probable answers to print (default 1)")
     args = parser.parse_args(argv)
     loaded = load_model(args.checkpoint, args.vocab, pick_device())
-    for path, ranked in zip(args.image, answer_images(loaded, args.image, args.question)):
-        best, p = ranked[0]
-        others = ", ".join(f"{a} {q:.1%}" for a, q in ranked[1:args.top])
-        print(f"{path}: {best} ({p:.1%})" + (f"  [{others}]" if others else ""))
+    if loaded.model.config.vision == "none":
+        logger.warning("%s is the text-only baseline: it answers from the question alone, whatever the image",
+                       args.checkpoint)
+    for start in range(0, len(args.image), BATCH):
+        paths = args.image[start:start + BATCH]
+        for path, ranked in zip(paths, answer_images(loaded, paths, args.question)):
+            best, p = ranked[0]
+            others = ", ".join(f"{a} {q:.1%}" for a, q in ranked[1:args.top])
+            print(f"{path}: {best} ({p:.1%})" + (f"  [{others}]" if others else ""), flush=True)
 
 
 if __name__ == "__main__":

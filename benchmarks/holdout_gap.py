@@ -15,13 +15,14 @@ the workspace's own (random) test split:
 
 Both are also reported per command type, with the held-out model's accuracy on its whole test split. Writes
 ``--out`` (metrics/holdout.json). The workspace's metrics must be those of its committed default run
-(``dvc status`` clean), as after ``make repro``.
+(``dvc status evaluate`` clean, checked first), as after ``make repro``.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -70,6 +71,15 @@ def compare(seen: pd.DataFrame, unseen: pd.DataFrame, combination: dict[str, str
     return result
 
 
+def check_workspace_run() -> None:
+    """Stop unless the workspace's test predictions are its ``dvc.lock``'s run of its code and params."""
+    changed = json.loads(scaling_curve.dvc("status", "--json", "evaluate") or "{}")
+    if changed:
+        raise SystemExit(f"the workspace is not its committed run (dvc status evaluate: {', '.join(changed)} "
+                         "changed), so its metrics/eval/predictions.csv is not the model to compare against: run "
+                         "`make repro` (or `dvc repro evaluate`) first")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--combination", default="timeofday=night,weather=rainy")
@@ -78,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     combination = parse_combination(args.combination)
     name = experiment_name(combination)
+    check_workspace_run()
     if name not in scaling_curve.finished_experiments():
         entries = scaling_curve.queue_entries()
         if entries.get(name) not in ("Queued", "Running"):
@@ -87,7 +98,11 @@ def main(argv: list[str] | None = None) -> None:
                               "++commands.holdout=" + yaml.safe_dump(combination, default_flow_style=True).strip(),
                               "evaluate")
         scaling_curve.run_queue(args.poll)
-    commit = scaling_curve.finished_experiments()[name]
+    commit = scaling_curve.finished_experiments().get(name)
+    if commit is None:
+        state = scaling_curve.queue_entries().get(name, "not in the queue")
+        raise SystemExit(f"the held-out experiment {name} did not finish ({state}): `dvc queue logs {name}` has its "
+                         "output")
     result = compare(pd.read_csv("metrics/eval/predictions.csv", dtype={"image_id": str}), predictions_at(commit),
                      combination)
     result["experiment"] = commit

@@ -341,6 +341,8 @@ def main(argv: list[str] | None = None) -> None:
               f"(blind {row['blind_accuracy']:.3f})")
     if result["missing"]:
         print(f"missing: {', '.join(result['missing'])}", file=sys.stderr)
+        if not args.collect_only:  # they ran and did not finish: `dvc queue logs <name>` says why
+            sys.exit(f"{len(result['missing'])} point(s) did not finish: `dvc queue logs <name>` has their output")
 
 
 if __name__ == "__main__":

@@ -36,9 +36,28 @@ def test_combination_argument():
 
 
 @pytest.mark.pipeline
+def test_a_held_out_experiment_that_fails_stops_with_one_line(monkeypatch):
+    calls = []
+    monkeypatch.setattr(holdout_gap, "check_workspace_run", lambda: None)
+    monkeypatch.setattr(holdout_gap.scaling_curve, "finished_experiments", dict)
+    monkeypatch.setattr(holdout_gap.scaling_curve, "queue_entries", lambda: {"holdout-night": "Failed"})
+    monkeypatch.setattr(holdout_gap.scaling_curve, "dvc", lambda *args: calls.append(args) or "")
+    monkeypatch.setattr(holdout_gap.scaling_curve, "run_queue", lambda poll: calls.append(("run_queue",)))
+    with pytest.raises(SystemExit, match=r"holdout-night did not finish \(Failed\): `dvc queue logs holdout-night`"):
+        holdout_gap.main(["--combination", "timeofday=night"])
+    assert calls[-1] == ("run_queue",) and calls[0][:2] == ("queue", "remove")  # the failed entry queued again
+
+
 def test_held_out_experiment_against_the_workspace_run(reproduced, tmp_path):
     project = reproduced.copy(tmp_path / "project")  # `dvc repro` on the tiny params (tests/conftest.py)
     project.env["PYTHONPATH"] = f"{project.path}:{ROOT}"
+    predictions = project.path / "metrics" / "eval" / "predictions.csv"
+    committed = predictions.read_bytes()
+    predictions.write_bytes(committed.replace(b"yes", b"no"))  # not the run's output: refused, nothing queued
+    refused = project.run(sys.executable, str(ROOT / "benchmarks" / "holdout_gap.py"), "--combination",
+                          "timeofday=night", check=False)
+    assert refused.returncode != 0 and "the workspace is not its committed run" in refused.stderr
+    predictions.write_bytes(committed)
     run = project.run(sys.executable, str(ROOT / "benchmarks" / "holdout_gap.py"), "--combination",
                       "timeofday=night", "--poll", "1")
     assert "seen in training" in run.stdout

@@ -107,3 +107,16 @@ def test_one_point_through_the_queue_then_collect_reports_the_missing(reproduced
     assert Path(project.path / "metrics/plots/scaling.png").stat().st_size > 10_000
     assert subprocess.run(["git", "status", "--porcelain", "dvc.lock"], cwd=project.path, capture_output=True,
                           text=True).stdout == ""  # the workspace was not touched
+
+
+def test_points_that_did_not_finish_fail_the_run(monkeypatch, tmp_path, capsys):
+    """A run whose queued points failed exits non-zero naming them (``--collect-only`` only reports them)."""
+    monkeypatch.setattr(scaling_curve, "queue_missing", lambda points, size: points)
+    monkeypatch.setattr(scaling_curve, "run_queue", lambda poll: None)
+    monkeypatch.setattr(scaling_curve, "collect", lambda *args: {"points": [], "missing": ["scale-128px-1ep"]})
+    argv = ["--params", str(ROOT / "params.yaml"), "--multiples", "1", "--large-size", "0", "--out",
+            str(tmp_path / "s.json"), "--plot", str(tmp_path / "s.png")]
+    with pytest.raises(SystemExit, match=r"1 point\(s\) did not finish"):
+        scaling_curve.main(argv)
+    scaling_curve.main([*argv, "--collect-only"])
+    assert capsys.readouterr().err.count("missing: scale-128px-1ep") == 2

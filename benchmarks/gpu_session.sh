@@ -19,7 +19,9 @@
 # TQDM_MININTERVAL seconds, each update a stamped line of the log. It edits params.yaml and rewrites metrics/ and
 # dvc.lock: run it in a copy of the project.
 # Where the project is no git repository (a copied working tree), DVC runs without one (core.no_scm).
+# Exit status: 1 when the tests or a pipeline part that started failed or ran out of time (each part still runs).
 set -u
+failed=0
 out=${1:?usage: benchmarks/gpu_session.sh OUT [key=value ...]}
 shift
 for name in TESTS_S DEFAULT_S RECIPE_S DEADLINE; do  # each a whole number of seconds where set
@@ -38,7 +40,9 @@ if [ "${TESTS_S:-150}" != 0 ]; then  # TESTS_S=0: no tests
   # TESTS_ARGS unquoted: its words are pytest arguments
   timeout "${TESTS_S:-150}" python -m pytest -v --tb=short -n "${TEST_WORKERS:-12}" --dist loadgroup \
     -p no:cacheprovider ${TESTS_ARGS:-} > "$out/tests.log" 2>&1
-  echo "pytest exit $?"; grep -E "FAILED|ERROR" "$out/tests.log" | head -n 30; tail -n 3 "$out/tests.log"
+  status=$?
+  [ "$status" = 0 ] || failed=1
+  echo "pytest exit $status"; grep -E "FAILED|ERROR" "$out/tests.log" | head -n 30; tail -n 3 "$out/tests.log"
 fi
 
 progress() {  # a progress bar's updates (carriage returns) as lines of their own, each passed on as it comes
@@ -81,6 +85,7 @@ repro() {  # $1: the run's name, $2: its time limit in seconds; the pipeline tim
         | grep -A 20 stage_seconds
     fi
   fi
+  [ "$status" = 0 ] || failed=1
   grep -E "Running stage|ERROR|rror:" "$log" | head -n 40
   cp dvc.lock "$out/$1_dvc.lock"
   tar czf "$out/$1.tgz" metrics dvclive "$log" "$out/$1_dvc.lock" 2>/dev/null
@@ -117,3 +122,4 @@ for part in ${PARTS-recipe default}; do  # PARTS="": the tests alone
   if [ "$part" = recipe ]; then apply_recipe "$@" || exit 1; fi
   repro "$part" "$limit"
 done
+exit "$failed"

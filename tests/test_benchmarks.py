@@ -312,6 +312,9 @@ def test_gpu_session_keeps_to_its_deadline(tmp_path):
     result = subprocess.run(session, cwd=tmp_path, env={**env, "PARTS": ""}, capture_output=True, text=True,
                             check=False)  # no pipeline: what a call for the tests alone gives
     assert result.returncode == 0 and "==" not in result.stdout, result.stdout + result.stderr
+    failing = {**env, "PARTS": "", "TESTS_S": "60", "TEST_WORKERS": "0", "TESTS_ARGS": "no_such_test.py"}
+    result = subprocess.run(session, cwd=tmp_path, env=failing, capture_output=True, text=True, check=False)
+    assert result.returncode == 1 and "pytest exit 4" in result.stdout, result.stdout + result.stderr  # tests failed
     result = subprocess.run(session, cwd=tmp_path, env={**env, "DEFAULT_S": "7m"}, capture_output=True, text=True,
                             check=False)
     assert result.returncode == 1 and "DEFAULT_S=7m: not a whole number of seconds" in result.stderr

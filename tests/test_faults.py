@@ -407,3 +407,17 @@ def test_atomic_path_leaves_the_old_output_when_the_body_fails(tmp_path):
         tmp.write_text("new, half")
         raise RuntimeError("killed")
     assert out.read_text() == "old" and _files(tmp_path) == ["out.txt"]
+
+
+def test_a_file_output_named_after_a_folder_keeps_the_folder(tmp_path):
+    """A mistyped output path (``--out metrics`` for a JSON file) stops with one line; the folder stays whole."""
+    folder = tmp_path / "metrics"
+    (folder / "kept.json").parent.mkdir()
+    (folder / "kept.json").write_text("{}")
+    with pytest.raises(IsADirectoryError, match=r"cannot write .*metrics: it is a folder, and this output is a file"):
+        write_json(folder, {"a": 1})
+    assert (folder / "kept.json").read_text() == "{}" and _files(tmp_path) == ["metrics"]
+    with atomic_path(folder) as tmp:  # a folder output replaces the folder, as before
+        tmp.mkdir()
+        (tmp / "new.json").write_text("[]")
+    assert _files(folder) == ["new.json"]

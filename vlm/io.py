@@ -34,6 +34,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         if path.is_dir() and not path.is_symlink():
+            if not tmp.is_dir():  # a file output named after a folder (a mistyped path): the folder stays
+                raise IsADirectoryError(errno.EISDIR, f"cannot write {path}: it is a folder, and this output is a "
+                                                      "file; give the file's path")
             shutil.rmtree(path)
         os.replace(tmp, path)
     except OSError as e:

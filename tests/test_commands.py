@@ -260,10 +260,23 @@ def test_scenes_that_change_between_reads_are_an_error(tmp_path):
     ({"colour": 1}, "commands.colour: unknown key"),
     ({"holdout": {"season": "winter"}}, "commands.holdout: unknown frame attribute 'season'"),
     ({"holdout": {"weather": 3}}, "commands.holdout.weather: must be a value such as 'rainy', got 3"),
+    ({"holdout": None}, "commands.holdout: must be a mapping, got None"),
+    ({"splits": ["train", "val", "test"]}, "commands.splits: must be a mapping, got ['train', 'val', 'test']"),
+    ({"seed": -1}, "commands.seed: must be from 0 to 2..32 - 1, got -1"),
+    ({"counting_categories": []}, "commands.counting_categories: is empty while commands.command_types asks counting"),
+    ({"command_types": ["scene"], "train_type_weights": {"counting": 2}},
+     "commands.train_type_weights.counting: weights a type commands.command_types does not ask (scene)"),
 ])
 def test_impossible_params_are_named(values, message):
-    with pytest.raises(ParamError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    escaped = message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")
+    with pytest.raises(ParamError, match=escaped):
         build_config(CommandsConfig, values, "commands")
+
+
+def test_a_type_not_asked_may_have_no_categories():
+    config = build_config(CommandsConfig, {"command_types": ["scene", "detection"], "counting_categories": []},
+                          "commands")
+    assert config.counting_categories == [] and isinstance(build_config(CommandsConfig, {}, "commands").holdout, dict)
 
 
 def test_empty_scenes_and_a_single_type(tmp_path):

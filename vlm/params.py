@@ -122,7 +122,8 @@ def check(condition: bool, key: str, rule: str) -> None:
 def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str, keys: Iterable[str] | None = None):
     """Build the dataclass ``cls`` from a params mapping (``prefix``: its dotted path, for errors), rejecting unknown
     keys and wrong types, nested dataclasses from mappings, then ``validate()``; with ``keys`` (dotted:
-    ``augment.hflip_prob``) only those are read, the rest default (every key is still checked)."""
+    ``augment.hflip_prob``) only those are read, the rest default (every key is still checked). A field named
+    ``seed`` must be a seed numpy and torch take (0 to 2**32 - 1)."""
     values = values or {}
     _check_known(cls, values, prefix)
     values = dict(values if keys is None else pick(values, keys))
@@ -132,6 +133,7 @@ def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str, keys:
         key, hint = f"{prefix}.{name}", hints[name]
         if not dataclasses.is_dataclass(hint):
             kwargs[name] = _coerce(value, hint, key)
+            check(name != "seed" or 0 <= kwargs[name] < 2 ** 32, key, f"must be from 0 to 2**32 - 1, got {value!r}")
         elif not isinstance(value, Mapping):
             raise ParamError(f"{key}: must be a mapping")
         else:
@@ -180,7 +182,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         inner = args[0] if args else Any
         items = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
-    if origin is dict:
+    if origin is dict or hint is dict:
         check(isinstance(value, Mapping), key, f"must be a mapping, got {value!r}")
         return dict(value)
     if hint in _SCALARS:

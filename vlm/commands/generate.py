@@ -51,6 +51,8 @@ class CommandsConfig:
         for t, weight in self.train_type_weights.items():
             check(t in COMMAND_TYPES, f"{prefix}.train_type_weights",
                   f"unknown type {t!r} (known: {', '.join(COMMAND_TYPES)})")
+            check(t in self.command_types, f"{prefix}.train_type_weights.{t}",
+                  f"weights a type {prefix}.command_types does not ask ({', '.join(self.command_types)})")
             check(not isinstance(weight, bool) and isinstance(weight, (int, float)) and weight > 0,
                   f"{prefix}.train_type_weights.{t}", f"must be a positive number, got {weight!r}")
         check(set(self.splits) == set(SPLITS), f"{prefix}.splits",
@@ -70,6 +72,9 @@ class CommandsConfig:
         for key in ("detection_categories", "counting_categories", "spatial_categories"):
             for c in getattr(self, key):
                 check(c in PLURALS, f"{prefix}.{key}", f"unknown category {c!r} (known: {', '.join(CATEGORIES)})")
+            asked = key.removesuffix("_categories")
+            check(bool(getattr(self, key)) or asked not in self.command_types, f"{prefix}.{key}",
+                  f"is empty while {prefix}.command_types asks {asked} questions: name categories, or drop {asked}")
         check(0 <= self.max_count <= 9, f"{prefix}.max_count",
               f"must be in 0..9 (answers are single digits), got {self.max_count}")
         for k in self.more_than:

@@ -274,6 +274,12 @@ def test_an_impossible_image_size_fails_before_packing(project, tmp_path, monkey
         "--params", str(tmp_path / "params.yaml"), "--raw", str(root / "data" / "raw"),
         "--commands-dir", str(processed / "commands"), "--out", str(tmp_path), "--metrics", str(tmp_path / "m.json")]))
     assert err == "error: model.siglip.patch_size: must divide pack.image_size (100 % 16 = 4)"
+    (tmp_path / "params.yaml").write_text(params.replace("image_size: 100", "image_size: 144", 1))
+    err = _one_line_error(capsys, lambda: stages.pack_hdf5.main([  # 9 patches high: no whole 2 x 2 groups
+        "--params", str(tmp_path / "params.yaml"), "--raw", str(root / "data" / "raw"),
+        "--commands-dir", str(processed / "commands"), "--out", str(tmp_path), "--metrics", str(tmp_path / "m.json")]))
+    assert err == ("error: pack.image_size: must be a multiple of the patch size x model.pixel_shuffle (16 x 2 = 32), "
+                   "got 144; or set model.pixel_shuffle: 1")
 
 
 # ------------------------------------------------------------------------------------------------ damaged files

@@ -56,6 +56,7 @@ def test_from_params_builds_the_default_model_config():
     ({"siglip": {"patch_size": 24}}, "model.siglip.patch_size: must divide the image size of the data (128 % 24 = 8)"),
     ({"gemma": {"vocab_size": 10}}, "model.gemma.vocab_size: set from the vocabulary size"),
     ({"siglip": {"image_size": 64}}, "model.siglip.image_size: set from the packed image size"),
+    ({"siglip": {"num_channels": 1}}, "model.siglip.num_channels: set from the packed images, which are RGB"),
     ({"gemma": {"layers": 2}}, "model.gemma.layers: unknown key"),
     ({"gemma": {"num_hidden_layers": "4"}}, "model.gemma.num_hidden_layers: must be an integer"),
     ({"connector": "mlp"}, "model.connector: must be one of 'linear', 'qformer'"),

@@ -47,3 +47,14 @@ def image_side_multiple(model_section: Mapping[str, Any]) -> int:
     if found is None or not isinstance(found[0], int) or not isinstance(shuffle, int):
         return 1
     return max(1, found[0] * shuffle)
+
+
+def check_side_multiple(model_section: Mapping[str, Any], side: int, source: str) -> None:
+    """Raise a ``ParamError`` unless ``side`` (set where ``source`` says) is a multiple of
+    :func:`image_side_multiple`: the pack stage checks its height so, as it rounds its width (the linear
+    connector's pixel shuffle needs whole groups of patches)."""
+    multiple = image_side_multiple(model_section)
+    if side % multiple:
+        shuffle = model_section.get("pixel_shuffle", PIXEL_SHUFFLE)
+        raise ParamError(f"{source}: must be a multiple of the patch size x model.pixel_shuffle ({multiple // shuffle} "
+                         f"x {shuffle} = {multiple}), got {side}; or set model.pixel_shuffle: 1")

@@ -42,6 +42,7 @@ _FROM_DATA = {  # fields of the model config that come from the data, never from
     ("gemma", "vocab_size"): "the vocabulary size (data/processed/vocab.json)",
     ("siglip", "image_size"): "the packed image size (data/processed/*_images.h5)",
     ("siglip", "image_width"): "the packed image size (data/processed/*_images.h5)",
+    ("siglip", "num_channels"): "the packed images, which are RGB (3 channels)",
     ("image_mean",): "the train split statistics (data/processed/train_images.h5)",
     ("image_std",): "the train split statistics (data/processed/train_images.h5)",
 }

@@ -182,6 +182,20 @@ def test_evaluate_writes_metrics_tables_and_pictures(trained, tmp_path):
             assert image.width > 400 and image.height > 200
 
 
+def test_evaluate_writes_every_declared_picture_when_it_has_nothing_to_draw(trained, tmp_path):
+    """attention.png and failures.png are outputs of the stage in dvc.yaml: with no examples asked, or a model
+    that reads no image, a note stands in for each (DVC fails a stage whose declared output is missing)."""
+    root, processed, models = trained
+    for model in ("vlm", "blind"):
+        paths = EvaluatePaths(model=models / f"{model}.pt", blind=models / "blind.pt", data=processed,
+                              raw=root / "data" / "raw", metrics=tmp_path / model / "eval.json",
+                              tables=tmp_path / model / "eval", plots=tmp_path / model / "plots")
+        evaluate(EvaluateConfig(attention_examples=0 if model == "vlm" else 4, failure_examples=0), paths)
+        for picture in ("attention.png", "failures.png"):
+            with Image.open(paths.plots / picture) as image:
+                assert image.width > 100, (model, picture)
+
+
 def test_evaluate_params_are_checked():
     with pytest.raises(ParamError, match="evaluate.split: must be train, val or test"):
         build_config(EvaluateConfig, {"split": "holdout"}, "evaluate")

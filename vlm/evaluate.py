@@ -168,7 +168,14 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
     plots.save_figure(plots.summary_figure(metrics), paths.plots / "eval.png")
     plots.save_figure(plots.slices_figure(slices, counts), paths.plots / "slices.png")
     plots.save_figure(plots.reliability_figure(metrics, CALIBRATION_BINS), paths.plots / "calibration.png")
-    if config.attention_examples and vlm.model.config.vision != "none":
+    # both sheets are declared outputs: a note stands in where there is nothing to draw
+    if vlm.model.config.vision == "none":
+        plots.save_figure(plots.note_figure("no attention maps: the model reads no image"),
+                          paths.plots / "attention.png")
+    elif not config.attention_examples:
+        plots.save_figure(plots.note_figure("no attention maps asked (evaluate.attention_examples: 0)"),
+                          paths.plots / "attention.png")
+    else:
         shown = table.loc[_pick(table, config.attention_examples, config.seed)]
         heat = attention_grids(vlm, shown, image_paths, scenes, device)
         plots.save_image(plots.attention_sheet(shown, image_paths, heat), paths.plots / "attention.png")
@@ -176,6 +183,10 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
     if config.failure_examples and len(failures):
         picks = _pick(failures, config.failure_examples, config.seed)
         plots.save_image(plots.failure_sheet(table.loc[picks], image_paths), paths.plots / "failures.png")
+    else:
+        note = "no failure: every answer is right" if config.failure_examples else \
+            "no failures asked (evaluate.failure_examples: 0)"
+        plots.save_figure(plots.note_figure(note), paths.plots / "failures.png")
     return metrics
 
 

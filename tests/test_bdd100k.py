@@ -14,9 +14,10 @@ def write_json(path, obj):
 
 
 def test_det20_fixture_ignored_category_null_labels_capitalised_keys(bdd_fixture_dir):
-    scenes = read_labels(bdd_fixture_dir / "det20_ignored_and_null_labels.json")
-    assert [s.name for s in scenes] == ["00091078-875c1f73-0000166.jpg", "00091078-875c1f73-0000167.jpg"]
-    first, second = scenes
+    path = bdd_fixture_dir / "det20_ignored_and_null_labels.json"
+    # neither frame's labels decide every answer: an "other person" is somewhere, or labels: null (not annotated)
+    assert read_labels(path) == ([], {"unlabelled": 1, "ignored_regions": 1})
+    first, second = (scene_from_frame(frame) for frame in json.loads(path.read_text()))
     # "other person" is ignored; "person" (2018 name) becomes pedestrian; "Occluded" is read.
     assert [o.category for o in first.objects] == ["pedestrian"]
     assert first.objects[0].occluded is True and first.objects[0].truncated is False
@@ -25,7 +26,7 @@ def test_det20_fixture_ignored_category_null_labels_capitalised_keys(bdd_fixture
 
 
 def test_det20_fixture_real_frame(bdd_fixture_dir):
-    (scene,) = read_labels(bdd_fixture_dir / "det20_one_frame_trimmed.json")
+    (scene,), _ = read_labels(bdd_fixture_dir / "det20_one_frame_trimmed.json")
     assert (scene.weather, scene.scene, scene.timeofday) == ("overcast", "city street", "daytime")
     assert [o.category for o in scene.objects] == ["traffic sign"] * 4
     assert all(o.light_color is None for o in scene.objects)
@@ -106,8 +107,8 @@ def test_malformed_files(tmp_path):
 def test_missing_images_error_or_skip(tmp_path):
     (tmp_path / "img").mkdir()
     (tmp_path / "img" / "f0.jpg").write_bytes(b"x")
-    frames = [{"name": f"f{i}.jpg", "labels": None} for i in range(8)]
-    scenes = read_labels(write_json(tmp_path / "labels.json", frames))
+    frames = [{"name": f"f{i}.jpg", "labels": []} for i in range(8)]
+    scenes, _ = read_labels(write_json(tmp_path / "labels.json", frames))
     with pytest.raises(MissingImagesError) as err:
         match_images(scenes, tmp_path / "img")
     assert "7 of 8 labelled images are missing" in str(err.value)
@@ -122,7 +123,7 @@ def test_missing_images_error_or_skip(tmp_path):
 def test_scalabel_wrapper_is_accepted(tmp_path):
     path = tmp_path / "export.json"
     path.write_text(json.dumps({"frames": [{"name": "a.jpg", "labels": []}]}))
-    assert [s.name for s in read_labels(path)] == ["a.jpg"]
+    assert [s.name for s in read_labels(path)[0]] == ["a.jpg"]
 
 
 def test_generate_scenes_from_bdd100k_folder(tmp_path, bdd_fixture_dir):
@@ -134,14 +135,15 @@ def test_generate_scenes_from_bdd100k_folder(tmp_path, bdd_fixture_dir):
     images.mkdir()
     for name in ("00091078-875c1f73-0000166.jpg", "00091078-875c1f73-0000167.jpg"):
         Image.new("RGB", (1280, 720), (90, 90, 90)).save(images / name)
-    shutil.copy(bdd_fixture_dir / "det20_ignored_and_null_labels.json", tmp_path / "labels.json")
+    shutil.copy(bdd_fixture_dir / "det20_answerable.json", tmp_path / "labels.json")
     config = ScenesConfig(source="bdd100k",
                           bdd100k=BDD100KConfig(root=str(tmp_path), images="images", labels="labels.json"))
     stats = generate_scenes(config, tmp_path / "raw")
-    assert stats == {"source": "bdd100k", "images": 2, "frames_in_labels": 2, "missing_images": 0}
+    assert stats == {"source": "bdd100k", "images": 2, "frames_in_labels": 2, "missing_images": 0,
+                     "unlabelled_frames": 0, "frames_with_ignored_regions": 0}
     raw = load_raw(tmp_path / "raw")
     assert raw.source == "bdd100k" and raw.image_dir == images and (raw.width, raw.height) == (1280, 720)
-    assert [o.category for o in raw.scenes[0].objects] == ["pedestrian"]  # normalised, "other person" dropped
+    assert [o.category for o in raw.scenes[0].objects] == ["pedestrian"]  # normalised from the 2018 "person"
     assert not (tmp_path / "raw" / "images").exists()  # BDD100K images are read in place, not copied
 
     (images / "00091078-875c1f73-0000167.jpg").unlink()
@@ -153,6 +155,58 @@ def test_generate_scenes_from_bdd100k_folder(tmp_path, bdd_fixture_dir):
     assert [s.name for s in load_raw(tmp_path / "raw2").scenes] == ["00091078-875c1f73-0000166.jpg"]
 
 
+def test_bdd100k_frames_the_labels_cannot_answer_are_skipped_and_counted(tmp_path, bdd_fixture_dir):
+    """An unlabelled frame (labels: null) or one with an ignored region ("other person") gives no questions."""
+    from PIL import Image
+
+    from vlm.scenes.generate import BDD100KConfig, ScenesConfig, generate_scenes, load_raw
+
+    (tmp_path / "images").mkdir()
+    frames = [*json.loads((bdd_fixture_dir / "det20_ignored_and_null_labels.json").read_text()),
+              *json.loads((bdd_fixture_dir / "det20_one_frame_trimmed.json").read_text())]
+    for frame in frames:
+        Image.new("RGB", (1280, 720)).save(tmp_path / "images" / frame["name"])
+    write_json(tmp_path / "labels.json", frames)
+    config = ScenesConfig(source="bdd100k",
+                          bdd100k=BDD100KConfig(root=str(tmp_path), images="images", labels="labels.json"))
+    stats = generate_scenes(config, tmp_path / "raw")
+    assert (stats["images"], stats["frames_in_labels"]) == (1, 3)
+    assert (stats["unlabelled_frames"], stats["frames_with_ignored_regions"]) == (1, 1)
+    assert [s.name for s in load_raw(tmp_path / "raw").scenes] == [frames[2]["name"]]
+
+
+def test_bdd100k_images_of_another_size_than_the_frame_stop_the_stage(tmp_path, bdd_fixture_dir):
+    """The boxes are read in scenes.width x scenes.height: an image of another size would make every side and
+    path answer wrong, so the stage stops naming it."""
+    from PIL import Image
+
+    from vlm.scenes.generate import BDD100KConfig, ScenesConfig, generate_scenes
+
+    root = _bdd_root(tmp_path, bdd_fixture_dir)
+    small = root / "images" / "100k" / "train" / "00091078-875c1f73-0000167.jpg"
+    Image.new("RGB", (640, 360)).save(small)
+    config = ScenesConfig(source="bdd100k", bdd100k=BDD100KConfig(root=str(root)))
+    with pytest.raises(ValueError, match=r"0000167.jpg: 640x360 pixels, but scenes.width x scenes.height is 1280x720"):
+        generate_scenes(config, tmp_path / "raw")
+    assert not (tmp_path / "raw").exists()
+
+
+def test_bdd100k_subset_follows_the_labels_and_seed_not_the_images_on_disk():
+    """scenes.bdd100k.max_images: an image missing outside the subset leaves the subset as it was."""
+    from vlm.scenes.generate import pick_frames
+    from vlm.scenes.schema import Scene
+
+    scenes = [Scene(f"{i:03d}.jpg") for i in range(40)]
+    present = {s.name for s in scenes}
+    chosen = pick_frames(scenes, present, 8, seed=3)
+    assert len(chosen) == 8 and chosen == sorted(chosen, key=scenes.index) == pick_frames(scenes, present, 8, seed=3)
+    outside = next(s.name for s in scenes if s not in chosen)
+    assert pick_frames(scenes, present - {outside}, 8, seed=3) == chosen
+    inside = chosen[0].name  # a missing chosen image: the next of the shuffle takes its place, the rest stay
+    assert len(set(pick_frames(scenes, present - {inside}, 8, seed=3)) & set(chosen)) == 7
+    assert pick_frames(scenes, present, None, seed=3) == scenes
+
+
 def _bdd_root(tmp_path, bdd_fixture_dir):
     """A BDD100K folder in the official layout with the fixture's two frames."""
     from PIL import Image
@@ -162,7 +216,7 @@ def _bdd_root(tmp_path, bdd_fixture_dir):
     (root / "labels" / "det_20").mkdir(parents=True)
     for name in ("00091078-875c1f73-0000166.jpg", "00091078-875c1f73-0000167.jpg"):
         Image.new("RGB", (1280, 720), (90, 90, 90)).save(root / "images" / "100k" / "train" / name)
-    shutil.copy(bdd_fixture_dir / "det20_ignored_and_null_labels.json", root / "labels" / "det_20" / "det_train.json")
+    shutil.copy(bdd_fixture_dir / "det20_answerable.json", root / "labels" / "det_20" / "det_train.json")
     return root
 
 

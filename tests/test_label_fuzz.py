@@ -64,7 +64,7 @@ def test_fuzzed_labels_are_refused_clearly_or_handled(tmp_path, content):
     path = tmp_path / "labels.json"
     path.write_text(json.dumps(content, ensure_ascii=False), encoding="utf-8")
     try:
-        scenes = read_labels(path)
+        scenes, _ = read_labels(path)
     except LabelError as e:
         message = str(e)
         assert message.startswith(f"{path}: ") and "\n" not in message

@@ -22,7 +22,7 @@ def test_changed_bdd100k_labels_or_image_make_generate_scenes_stale(tmp_path, bd
     for name in FRAMES:
         Image.new("RGB", (1280, 720), (90, 90, 90)).save(root / "images" / "100k" / "train" / name)
     labels = root / "labels" / "det_20" / "det_train.json"
-    shutil.copy(bdd_fixture_dir / "det20_ignored_and_null_labels.json", labels)
+    shutil.copy(bdd_fixture_dir / "det20_answerable.json", labels)
     project.run("dvc", "repro", "generate_scenes")
     assert "generate_scenes" not in project.run("dvc", "status", "generate_scenes").stdout
 

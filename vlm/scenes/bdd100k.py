@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlm.io import read_json
-from vlm.scenes.schema import LabelError, Scene, scene_from_frame
+from vlm.scenes.schema import IGNORED_CATEGORIES, LabelError, Scene, scene_from_frame
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +22,15 @@ class ReadReport:
     missing_examples: tuple[str, ...]
 
 
-def read_labels(path: str | os.PathLike) -> list[Scene]:
-    """A BDD100K labels JSON (2018 or det_20) as scenes; a malformed label raises :class:`LabelError` naming it."""
+def read_labels(path: str | os.PathLike) -> tuple[list[Scene], dict[str, int]]:
+    """A BDD100K labels JSON (2018 or det_20) as scenes, and how many frames were skipped and why; a malformed label
+    raises :class:`LabelError` naming it. Skipped, as frames whose labels cannot decide every answer:
+
+    - ``unlabelled``: ``labels`` null or absent (BDD100K's frames whose labels were missed, not empty streets;
+      ``labels: []`` is an empty frame and kept);
+    - ``ignored_regions``: a box of an ignored category (``other person``, ``other vehicle``, ``trailer``: regions
+      the benchmark leaves out, but a person or vehicle is there, so "is the path clear?" or "how many?" has no
+      answer the other labels give)."""
     path = Path(path)
     frames = read_json(path, what="BDD100K labels file")
     if isinstance(frames, dict) and "frames" in frames:  # scalabel export wrapper
@@ -31,15 +38,23 @@ def read_labels(path: str | os.PathLike) -> list[Scene]:
     if not isinstance(frames, list):
         raise LabelError(f"{path}: expected a JSON list of frames, got {type(frames).__name__}")
     scenes: dict[str, Scene] = {}  # by name, in the file's order
+    names: set[str] = set()
+    skipped = {"unlabelled": 0, "ignored_regions": 0}
     for i, frame in enumerate(frames):
         try:
             scene = scene_from_frame(frame, where=f"frame[{i}]")
         except LabelError as e:
             raise LabelError(f"{path}: {e}") from None
-        if scene.name in scenes:
+        if scene.name in names:
             raise LabelError(f"{path}: frame[{i}].name: duplicate image name {scene.name!r}")
-        scenes[scene.name] = scene
-    return list(scenes.values())
+        names.add(scene.name)
+        if frame.get("labels") is None:
+            skipped["unlabelled"] += 1
+        elif any(str(label.get("category", "")).strip().lower() in IGNORED_CATEGORIES for label in frame["labels"]):
+            skipped["ignored_regions"] += 1
+        else:
+            scenes[scene.name] = scene
+    return list(scenes.values()), skipped
 
 
 def match_images(scenes: list[Scene], image_dir: str | os.PathLike, on_missing: str = "error",

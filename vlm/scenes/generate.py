@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from PIL import Image
 from tqdm import tqdm
 
 from vlm.io import atomic_path, existing_file, iter_json_list, read_json, write_json_list
@@ -173,16 +174,36 @@ def images_digest(image_dir: Path, names: list[str]) -> str:
     return digest.hexdigest()
 
 
+def pick_frames(scenes: list[Scene], present: set[str], max_images: int | None, seed: int) -> list[Scene]:
+    """Up to ``max_images`` of ``scenes`` whose image is ``present``, in the labels' order: the first of a seeded
+    shuffle of all the labelled frames that are present, so that the choice follows the labels and the seed, and a
+    missing image changes only its own place in it."""
+    order = range(len(scenes)) if max_images is None else np.random.default_rng(seed).permutation(len(scenes))
+    picked = [i for i in order if scenes[i].name in present][:max_images]
+    return [scenes[i] for i in sorted(picked)]
+
+
+def check_frame_size(image_dir: Path, names: list[str], width: int, height: int) -> None:
+    """Stop naming the first image whose size is not the frame size the labels' boxes are read in."""
+    for name in names:
+        with Image.open(image_dir / name) as image:  # the header only
+            if image.size != (width, height):
+                raise ValueError(f"{image_dir / name}: {image.size[0]}x{image.size[1]} pixels, but scenes.width x "
+                                 f"scenes.height is {width}x{height}, the frame the boxes are read in (BDD100K's: "
+                                 f"1280x720); set them to the images' size")
+
+
 def import_bdd100k(config: ScenesConfig, out_dir: str | os.PathLike) -> dict:
-    """Read a BDD100K labels file, keep frames whose images exist, write normalised det_20 labels."""
+    """Read a BDD100K labels file, keep frames whose images exist and whose labels decide every answer
+    (:func:`~vlm.scenes.bdd100k.read_labels`), write normalised det_20 labels."""
     bdd = config.bdd100k
     images, labels = bdd100k_paths(bdd)
-    scenes, report = match_images(read_labels(labels), images, bdd.on_missing)
-    if bdd.max_images is not None and bdd.max_images < len(scenes):
-        keep = np.sort(np.random.default_rng(config.seed).choice(len(scenes), bdd.max_images, replace=False))
-        scenes = [scenes[i] for i in keep]
+    labelled, skipped = read_labels(labels)
+    kept, report = match_images(labelled, images, bdd.on_missing)
+    scenes = pick_frames(labelled, {s.name for s in kept}, bdd.max_images, config.seed)
     if not scenes:
         raise ValueError(f"{labels}: no labelled frame has its image in {images}")
+    check_frame_size(images, [s.name for s in scenes], config.width, config.height)
     digest = images_digest(images, [s.name for s in scenes])
     out_dir = Path(out_dir)
     with atomic_path(out_dir) as tmp:
@@ -190,8 +211,9 @@ def import_bdd100k(config: ScenesConfig, out_dir: str | os.PathLike) -> dict:
         write_json_list(tmp / "labels.json", [scene_to_frame(s) for s in scenes])
         _write_source(tmp, "bdd100k", images, config.width, config.height, len(scenes),
                       labels=str(labels), missing_images=report.missing_images, images_md5=digest)
-    return {"source": "bdd100k", "images": len(scenes), "frames_in_labels": report.frames,
-            "missing_images": report.missing_images}
+    return {"source": "bdd100k", "images": len(scenes), "frames_in_labels": report.frames + sum(skipped.values()),
+            "missing_images": report.missing_images, "unlabelled_frames": skipped["unlabelled"],
+            "frames_with_ignored_regions": skipped["ignored_regions"]}
 
 
 def _write_source(folder: Path, source: str, image_dir: Path, width: int, height: int, images: int, **extra) -> None:

@@ -16,7 +16,7 @@ def write_json(path, obj):
 def test_det20_fixture_ignored_category_null_labels_capitalised_keys(bdd_fixture_dir):
     path = bdd_fixture_dir / "det20_ignored_and_null_labels.json"
     # neither frame's labels decide every answer: an "other person" is somewhere, or labels: null (not annotated)
-    assert read_labels(path) == ([], {"unlabelled": 1, "ignored_regions": 1})
+    assert read_labels(path) == ([], {"unlabelled": 1, "ignored_regions": 1, "crowd": 0})
     first, second = (scene_from_frame(frame) for frame in json.loads(path.read_text()))
     # "other person" is ignored; "person" (2018 name) becomes pedestrian; "Occluded" is read.
     assert [o.category for o in first.objects] == ["pedestrian"]
@@ -140,7 +140,7 @@ def test_generate_scenes_from_bdd100k_folder(tmp_path, bdd_fixture_dir):
                           bdd100k=BDD100KConfig(root=str(tmp_path), images="images", labels="labels.json"))
     stats = generate_scenes(config, tmp_path / "raw")
     assert stats == {"source": "bdd100k", "images": 2, "frames_in_labels": 2, "missing_images": 0,
-                     "unlabelled_frames": 0, "frames_with_ignored_regions": 0}
+                     "unlabelled_frames": 0, "frames_with_ignored_regions": 0, "frames_with_crowd_boxes": 0}
     raw = load_raw(tmp_path / "raw")
     assert raw.source == "bdd100k" and raw.image_dir == images and (raw.width, raw.height) == (1280, 720)
     assert [o.category for o in raw.scenes[0].objects] == ["pedestrian"]  # normalised from the 2018 "person"
@@ -156,7 +156,8 @@ def test_generate_scenes_from_bdd100k_folder(tmp_path, bdd_fixture_dir):
 
 
 def test_bdd100k_frames_the_labels_cannot_answer_are_skipped_and_counted(tmp_path, bdd_fixture_dir):
-    """An unlabelled frame (labels: null) or one with an ignored region ("other person") gives no questions."""
+    """An unlabelled frame (labels: null), one with an ignored region ("other person") or a crowd box gives no
+    questions."""
     from PIL import Image
 
     from vlm.scenes.generate import BDD100KConfig, ScenesConfig, generate_scenes, load_raw
@@ -164,14 +165,18 @@ def test_bdd100k_frames_the_labels_cannot_answer_are_skipped_and_counted(tmp_pat
     (tmp_path / "images").mkdir()
     frames = [*json.loads((bdd_fixture_dir / "det20_ignored_and_null_labels.json").read_text()),
               *json.loads((bdd_fixture_dir / "det20_one_frame_trimmed.json").read_text())]
+    crowd = json.loads(json.dumps(frames[2]))  # the same frame, one of its boxes a crowd's
+    crowd["name"], crowd["labels"][0]["attributes"]["crowd"] = "crowd.jpg", True
+    frames.append(crowd)
     for frame in frames:
         Image.new("RGB", (1280, 720)).save(tmp_path / "images" / frame["name"])
     write_json(tmp_path / "labels.json", frames)
     config = ScenesConfig(source="bdd100k",
                           bdd100k=BDD100KConfig(root=str(tmp_path), images="images", labels="labels.json"))
     stats = generate_scenes(config, tmp_path / "raw")
-    assert (stats["images"], stats["frames_in_labels"]) == (1, 3)
-    assert (stats["unlabelled_frames"], stats["frames_with_ignored_regions"]) == (1, 1)
+    assert (stats["images"], stats["frames_in_labels"]) == (1, 4)
+    skipped = ("unlabelled_frames", "frames_with_ignored_regions", "frames_with_crowd_boxes")
+    assert [stats[key] for key in skipped] == [1, 1, 1]
     assert [s.name for s in load_raw(tmp_path / "raw").scenes] == [frames[2]["name"]]
 
 

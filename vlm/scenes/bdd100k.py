@@ -30,7 +30,8 @@ def read_labels(path: str | os.PathLike) -> tuple[list[Scene], dict[str, int]]:
       ``labels: []`` is an empty frame and kept);
     - ``ignored_regions``: a box of an ignored category (``other person``, ``other vehicle``, ``trailer``: regions
       the benchmark leaves out, but a person or vehicle is there, so "is the path clear?" or "how many?" has no
-      answer the other labels give)."""
+      answer the other labels give);
+    - ``crowd``: a box with ``crowd: true``, one box for a group, which no count can be read from."""
     path = Path(path)
     frames = read_json(path, what="BDD100K labels file")
     if isinstance(frames, dict) and "frames" in frames:  # scalabel export wrapper
@@ -39,7 +40,7 @@ def read_labels(path: str | os.PathLike) -> tuple[list[Scene], dict[str, int]]:
         raise LabelError(f"{path}: expected a JSON list of frames, got {type(frames).__name__}")
     scenes: dict[str, Scene] = {}  # by name, in the file's order
     names: set[str] = set()
-    skipped = {"unlabelled": 0, "ignored_regions": 0}
+    skipped = {"unlabelled": 0, "ignored_regions": 0, "crowd": 0}
     for i, frame in enumerate(frames):
         try:
             scene = scene_from_frame(frame, where=f"frame[{i}]")
@@ -52,9 +53,16 @@ def read_labels(path: str | os.PathLike) -> tuple[list[Scene], dict[str, int]]:
             skipped["unlabelled"] += 1
         elif any(str(label.get("category", "")).strip().lower() in IGNORED_CATEGORIES for label in frame["labels"]):
             skipped["ignored_regions"] += 1
+        elif any(_is_crowd(label) for label in frame["labels"]):
+            skipped["crowd"] += 1
         else:
             scenes[scene.name] = scene
     return list(scenes.values()), skipped
+
+
+def _is_crowd(label: dict) -> bool:
+    attributes = label.get("attributes") or {}  # a label scene_from_frame read: a mapping
+    return any(str(key).lower() == "crowd" and value in (True, 1) for key, value in attributes.items())
 
 
 def match_images(scenes: list[Scene], image_dir: str | os.PathLike, on_missing: str = "error",

@@ -213,7 +213,7 @@ def import_bdd100k(config: ScenesConfig, out_dir: str | os.PathLike) -> dict:
                       labels=str(labels), missing_images=report.missing_images, images_md5=digest)
     return {"source": "bdd100k", "images": len(scenes), "frames_in_labels": report.frames + sum(skipped.values()),
             "missing_images": report.missing_images, "unlabelled_frames": skipped["unlabelled"],
-            "frames_with_ignored_regions": skipped["ignored_regions"]}
+            "frames_with_ignored_regions": skipped["ignored_regions"], "frames_with_crowd_boxes": skipped["crowd"]}
 
 
 def _write_source(folder: Path, source: str, image_dir: Path, width: int, height: int, images: int, **extra) -> None:

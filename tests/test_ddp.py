@@ -150,3 +150,21 @@ def test_a_killed_rank_ends_the_job_and_the_rerun_resumes_to_the_same_weights(pr
     assert "resuming vlm" in err
     uninterrupted, resumed = _weights(two_process_run[0]), _weights(tmp_path)
     assert all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
+
+
+def test_a_killed_launcher_takes_its_workers_with_it(processed, tmp_path):
+    """SIGKILL of the stage's process group (torchrun, which replaced the stage) ends both ranks, which torchrun
+    starts in sessions of their own: none trains on or writes the outputs of the stopped run."""
+    launcher = _start(processed, tmp_path, 2, BATCH)
+    checkpoints = tmp_path / "models" / "checkpoints"
+    deadline = time.monotonic() + 240
+    while not list(checkpoints.glob("vlm-*.pt")) and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert launcher.poll() is None, "the run ended before its first checkpoint"
+    workers = [p for p in psutil.Process(launcher.pid).children(recursive=True) if p.environ().get("RANK")]
+    assert len(workers) == 2
+    os.killpg(launcher.pid, signal.SIGKILL)
+    launcher.communicate()
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, f"workers still running: {[p.pid for p in alive]}"
+    assert not (tmp_path / "models" / "vlm.pt").exists() and list(checkpoints.glob("vlm-*.pt"))

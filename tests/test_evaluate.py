@@ -19,7 +19,7 @@ from vlm.counterfactuals import CounterfactualsConfig, CounterfactualsPaths
 from vlm.data.augment import swap_left_right
 from vlm.data.dataset import TrafficVQADataset
 from vlm.evaluate import EvaluateConfig, EvaluatePaths, calibration, evaluate, summarize, yes_no_maybe_pairs
-from vlm.inference import answer_questions, predict_dataset
+from vlm.inference import answer_questions, perception_metrics, predict_dataset
 from vlm.models.paligemma import PaliGemma
 from vlm.params import ParamError, build_config
 from vlm.scenes.generate import ScenesConfig
@@ -194,6 +194,26 @@ def test_evaluate_writes_every_declared_picture_when_it_has_nothing_to_draw(trai
         for picture in ("attention.png", "failures.png"):
             with Image.open(paths.plots / picture) as image:
                 assert image.width > 100, (model, picture)
+
+
+def test_perception_metrics_count_each_image_once_whatever_the_batch(trained, tmp_path):
+    """Val's perception measures (metrics/train.json, dvclive) do not move with runtime.train.eval_batch_size: an
+    image whose questions a small batch splits is counted once, not once per batch."""
+    _, processed, models = trained
+    vlm = load_model(models / "vlm.pt", processed / "vocab.json")
+    records = json.loads((processed / "commands" / "val.json").read_text())
+    first = {}
+    for record in records:
+        first.setdefault(record["image_id"], record)
+    halves = sorted(first)[: len(first) // 2]  # half the images keep one question, the others all theirs
+    uneven = [r for r in records if r["image_id"] not in halves or r is first[r["image_id"]]]
+    (tmp_path / "val.json").write_text(json.dumps(uneven))
+    model = vlm.model
+    targets = model.extension.targets(model.config.siglip.height_width, FRAME_SIZE)  # as training builds val's
+    dataset = TrafficVQADataset(tmp_path / "val.json", processed / "val_images.h5", vlm.tokenizer, in_memory=True,
+                                targets=targets)
+    whole = perception_metrics(model, dataset, 256, torch.device("cpu"))
+    assert whole and perception_metrics(model, dataset, 2, torch.device("cpu")) == pytest.approx(whole, abs=1e-6)
 
 
 def test_evaluate_params_are_checked():

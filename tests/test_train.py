@@ -17,6 +17,7 @@ import vlm.train
 from tiny_project import FRAME_SIZE, TINY_MODEL, TINY_RUNTIME, paths_for, tiny_train_config
 from vlm import checkpoint
 from vlm.checkpoint import load_model
+from vlm.cli import run
 from vlm.models.paligemma import PaliGemma
 from vlm.params import ParamError, build_config
 from vlm.train import NonFiniteLossError, TrainConfig, TrainRuntime, lr_factor, train
@@ -330,9 +331,16 @@ def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(proce
         return output
 
     monkeypatch.setattr(PaliGemma, "forward", poisoned)
-    with pytest.raises(NonFiniteLossError, match=r"loss is nan at epoch 1, batch 5 \(step 4\).*last good checkpoint"):
+    with pytest.raises(NonFiniteLossError, match=r"loss is nan at epoch 1, batch 5 \(step 4\).*last good checkpoint, "
+                       r"which holds the best model so far, is kept at"):
         _train(tiny_train_config(), paths)
     assert _last(paths)["state"]["step"] == 3  # checkpoint_every=3: the last good one survives
+
+
+def test_a_non_finite_loss_is_one_line_from_the_stage(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run(lambda: (_ for _ in ()).throw(NonFiniteLossError("vlm: loss is nan at epoch 1; stopped")))
+    assert exit_info.value.code == 1 and capsys.readouterr().err == "error: vlm: loss is nan at epoch 1; stopped\n"
 
 
 def test_early_stopping(processed, tmp_path):
@@ -394,7 +402,6 @@ def test_impossible_runtime_values(values, message):
 def stage_error(tmp_path, monkeypatch, capsys, params: dict) -> str:
     """The train stage's error line on ``params`` (it must exit 1 before reading any data)."""
     import stages.train
-    from vlm.cli import run
 
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.setattr(sys, "argv", ["stages.train", "--params", str(tmp_path / "params.yaml"), "--data", "d",

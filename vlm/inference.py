@@ -34,18 +34,21 @@ def predict_dataset(model, dataset: TrafficVQADataset, candidates: list[list[int
 
 @torch.no_grad()
 def perception_metrics(model, dataset: TrafficVQADataset, batch_size: int, device: torch.device) -> dict[str, float]:
-    """Means over the images of the perception heads' own measures; empty without heads or targets."""
+    """Means over the images of the perception heads' own measures, each image counted once (a batch smaller than
+    an image's questions splits them over two batches); empty without heads or targets."""
     if model.extension is None or dataset.targets is None:
         return {}
     totals: dict[str, float] = {}
-    images = 0
+    seen: set[int] = set()
     for indices in GroupedBatchSampler(dataset.image_rows, batch_size, shuffle=False):
         batch = collate_questions(dataset.__getitems__(indices), dataset.pad_token_id).to(device)
+        rows = list(dict.fromkeys(int(dataset.image_rows[i]) for i in indices))  # the batch's images, in its order
+        new = torch.tensor([row not in seen for row in rows], device=device)  # [N_img]
+        seen.update(rows)
         for name, values in head_metrics(model, batch.images, batch.targets).items():
             # float64 sums of float32 values: exact, so the batch size cannot change the mean's last digits
-            totals[name] = totals.get(name, 0.0) + float(values.double().sum())
-        images += batch.images.shape[0]
-    return {name: total / images for name, total in totals.items()}
+            totals[name] = totals.get(name, 0.0) + float(values[new].double().sum())
+    return {name: total / len(seen) for name, total in totals.items()}
 
 
 @torch.no_grad()

@@ -606,8 +606,8 @@ def record_pass(run: Run, window: StepWindow, output: VLMOutput, loss: torch.Ten
     loss = window.add(output, loss, batch, run.dist.world_size)
     if not math.isfinite(loss):
         raise NonFiniteLossError(
-            f"{run.name}: loss is {loss} at {where}; stopped. The last good checkpoint is kept at {run.last_path} and "
-            f"the best model at {run.paths.model}; lower train.lr or raise train.warmup_steps")
+            f"{run.name}: loss is {loss} at {where}; stopped. The last good checkpoint, which holds the best model "
+            f"so far, is kept at {run.last_path}; lower train.lr or raise train.warmup_steps")
 
 
 def save_resume(run: Run, state: TrainState) -> None:

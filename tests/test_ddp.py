@@ -76,6 +76,16 @@ def _finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
     return process.returncode, err
 
 
+def _at_first_checkpoint(launcher: subprocess.Popen, out: Path) -> Path:
+    """Wait until the run writes its first checkpoint, still running; -> the checkpoints folder."""
+    checkpoints = out / "models" / "checkpoints"
+    deadline = time.monotonic() + 240
+    while not list(checkpoints.glob("vlm-*.pt")) and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert launcher.poll() is None, "the run ended before its first checkpoint"
+    return checkpoints
+
+
 def _history(out: Path) -> list[dict]:
     """The training loss of every optimizer step, from the run's curves (its finished run removed its checkpoint)."""
     rows = (out / "dvclive" / "vlm" / "plots" / "metrics" / "train" / "loss.tsv").read_text().splitlines()
@@ -131,11 +141,7 @@ def test_only_rank_0_writes(two_process_run):
 def test_a_killed_rank_ends_the_job_and_the_rerun_resumes_to_the_same_weights(processed, two_process_run,
                                                                                  tmp_path):
     launcher = _start(processed, tmp_path, 2, BATCH)
-    checkpoints = tmp_path / "models" / "checkpoints"
-    deadline = time.monotonic() + 240
-    while not list(checkpoints.glob("vlm-*.pt")) and launcher.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert launcher.poll() is None, "the run ended before its first checkpoint"
+    _at_first_checkpoint(launcher, tmp_path)
     rank_1 = next(p for p in psutil.Process(launcher.pid).children(recursive=True)
                   if p.environ().get("RANK") == "1")
     killed_at = time.monotonic()
@@ -156,11 +162,7 @@ def test_a_killed_launcher_takes_its_workers_with_it(processed, tmp_path):
     """SIGKILL of the stage's process group (torchrun, which replaced the stage) ends both ranks, which torchrun
     starts in sessions of their own: none trains on or writes the outputs of the stopped run."""
     launcher = _start(processed, tmp_path, 2, BATCH)
-    checkpoints = tmp_path / "models" / "checkpoints"
-    deadline = time.monotonic() + 240
-    while not list(checkpoints.glob("vlm-*.pt")) and launcher.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert launcher.poll() is None, "the run ended before its first checkpoint"
+    checkpoints = _at_first_checkpoint(launcher, tmp_path)
     workers = [p for p in psutil.Process(launcher.pid).children(recursive=True) if p.environ().get("RANK")]
     assert len(workers) == 2
     os.killpg(launcher.pid, signal.SIGKILL)

@@ -9,7 +9,7 @@ value when DVC applies it (checked with DVC's own parser on a copy of params.yam
 ``dvc exp run`` starts, rather than in a stage after hours of work."""
 
 import argparse
-import copy
+import functools
 import json
 import os
 import re
@@ -80,35 +80,31 @@ def flags(recipe_path: str | Path, params_path: str | Path = "params.yaml") -> l
         raise ParamError(f"{source}: not valid YAML ({str(e).splitlines()[0]})") from e
     check(isinstance(recipe, Mapping), source, f"must be a mapping of params.yaml's sections, got {recipe!r}")
     values = overrides(recipe, params, source)
-    made = [f"--set-param={'++' if isinstance(value, Mapping) else ''}{key}={hydra_value(value)}"
-            for key, value in values.items()]
-    _check_as_dvc_applies(made, params_path, apply(copy.deepcopy(params), values, source), source)
-    return made
+    made = {key: f"--set-param={'++' if isinstance(value, Mapping) else ''}{key}={hydra_value(value)}"
+            for key, value in values.items()}
+    _check_as_dvc_applies(made, values, params_path, source)
+    return list(made.values())
 
 
-def _check_as_dvc_applies(made: list[str], params_path: str | Path, expected: dict, source: str) -> None:
-    """Stop unless DVC's ``-S`` parser turns ``made`` into ``expected`` on a copy of params.yaml."""
+def _check_as_dvc_applies(made: Mapping[str, str], values: Mapping[str, Any], params_path: str | Path,
+                          source: str) -> None:
+    """Stop unless DVC's ``-S`` parser, given each flag of ``made`` (by dotted key) on a copy of params.yaml, sets
+    that key to its value in ``values``."""
     from dvc.utils.hydra import apply_overrides  # here, so that the key checks above do not wait for DVC
 
     with tempfile.TemporaryDirectory() as folder:
         copied = Path(folder) / "params.yaml"
         copied.write_bytes(Path(params_path).read_bytes())
-        for flag in made:
+        for flag in made.values():
             try:
                 apply_overrides(copied, [flag.removeprefix("--set-param=")])
             except Exception as e:  # DVC's InvalidArgumentError, the Hydra error as its cause
                 raise ParamError(f"{source}: {flag}: DVC cannot apply it ({e.__cause__ or e})".splitlines()[0]) from e
         got = yaml.safe_load(copied.read_text(encoding="utf-8"))
-    for key in (flag.removeprefix("--set-param=").lstrip("+").split("=", 1)[0] for flag in made):
-        want, have = _get(expected, key), _get(got, key)
+    for key, want in values.items():
+        have = functools.reduce(lambda section, name: section[name], key.split("."), got)
         check(want == have and type(want) is type(have), f"{source}: {key}",
               f"DVC would set {have!r}, not the recipe's {want!r}")
-
-
-def _get(params: Mapping[str, Any], key: str) -> Any:
-    for name in key.split("."):
-        params = params[name]
-    return params
 
 
 def check_cuda(recipe_path: str | Path) -> None:

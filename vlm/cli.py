@@ -23,7 +23,8 @@ def run(main: Callable[[], object]) -> None:
 
 def relaunch_distributed(nproc: int, module: str, argv: Sequence[str]) -> None:
     """Replace this process by ``torchrun --standalone --nproc_per_node nproc -m module argv`` unless it is one of
-    its processes already (``LOCAL_RANK`` set) or ``nproc`` is 1; several machines: run ``torchrun`` yourself."""
+    its processes already (``LOCAL_RANK`` set: it then dies with torchrun, :func:`die_with_parent`) or ``nproc`` is 1;
+    several machines: run ``torchrun`` yourself."""
     if "LOCAL_RANK" in os.environ:
         die_with_parent()
         return

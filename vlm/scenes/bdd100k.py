@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vlm.io import read_json
-from vlm.scenes.schema import IGNORED_CATEGORIES, LabelError, Scene, scene_from_frame
+from vlm.scenes.schema import LabelError, Scene, scene_from_frame, unanswerable
 
 log = logging.getLogger(__name__)
 
@@ -23,22 +23,16 @@ class ReadReport:
 
 
 def read_labels(path: str | os.PathLike) -> tuple[list[Scene], dict[str, int]]:
-    """A BDD100K labels JSON (2018 or det_20) as scenes, and how many frames were skipped and why; a malformed label
-    raises :class:`LabelError` naming it. Skipped, as frames whose labels cannot decide every answer:
-
-    - ``unlabelled``: ``labels`` null or absent (BDD100K's frames whose labels were missed, not empty streets;
-      ``labels: []`` is an empty frame and kept);
-    - ``ignored_regions``: a box of an ignored category (``other person``, ``other vehicle``, ``trailer``: regions
-      the benchmark leaves out, but a person or vehicle is there, so "is the path clear?" or "how many?" has no
-      answer the other labels give);
-    - ``crowd``: a box with ``crowd: true``, one box for a group, which no count can be read from."""
+    """A BDD100K labels JSON (2018 or det_20) as scenes, and how many frames were skipped for each reason of
+    :func:`~vlm.scenes.schema.unanswerable` (frames whose labels cannot decide every answer); a malformed label
+    raises :class:`LabelError` naming it."""
     path = Path(path)
     frames = read_json(path, what="BDD100K labels file")
     if isinstance(frames, dict) and "frames" in frames:  # scalabel export wrapper
         frames = frames["frames"]
     if not isinstance(frames, list):
         raise LabelError(f"{path}: expected a JSON list of frames, got {type(frames).__name__}")
-    scenes: dict[str, Scene] = {}  # by name, in the file's order
+    scenes: list[Scene] = []  # in the file's order
     names: set[str] = set()
     skipped = {"unlabelled": 0, "ignored_regions": 0, "crowd": 0}
     for i, frame in enumerate(frames):
@@ -49,20 +43,12 @@ def read_labels(path: str | os.PathLike) -> tuple[list[Scene], dict[str, int]]:
         if scene.name in names:
             raise LabelError(f"{path}: frame[{i}].name: duplicate image name {scene.name!r}")
         names.add(scene.name)
-        if frame.get("labels") is None:
-            skipped["unlabelled"] += 1
-        elif any(str(label.get("category", "")).strip().lower() in IGNORED_CATEGORIES for label in frame["labels"]):
-            skipped["ignored_regions"] += 1
-        elif any(_is_crowd(label) for label in frame["labels"]):
-            skipped["crowd"] += 1
+        reason = unanswerable(frame)
+        if reason is None:
+            scenes.append(scene)
         else:
-            scenes[scene.name] = scene
-    return list(scenes.values()), skipped
-
-
-def _is_crowd(label: dict) -> bool:
-    attributes = label.get("attributes") or {}  # a label scene_from_frame read: a mapping
-    return any(str(key).lower() == "crowd" and value in (True, 1) for key, value in attributes.items())
+            skipped[reason] += 1
+    return scenes, skipped
 
 
 def match_images(scenes: list[Scene], image_dir: str | os.PathLike, on_missing: str = "error",

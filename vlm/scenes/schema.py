@@ -124,6 +124,21 @@ def _object_from_label(label: Any, where: str) -> SceneObject | None:
                        light_color=color)
 
 
+def unanswerable(frame: dict) -> str | None:
+    """Why the labels of ``frame`` (one :func:`scene_from_frame` has read) cannot decide every answer, or None:
+    ``unlabelled`` (``labels`` null or absent: a frame BDD100K did not annotate, not an empty street, which is
+    ``labels: []``), ``ignored_regions`` (a box of an ignored category: a person or vehicle is there that no question
+    may count or miss) or ``crowd`` (a ``crowd: true`` box, one box for a group, which no count can be read from)."""
+    labels = frame.get("labels")
+    if labels is None:
+        return "unlabelled"
+    if any(label["category"].strip().lower() in IGNORED_CATEGORIES for label in labels):
+        return "ignored_regions"
+    if any(_attributes(label, "").get("crowd") in (True, 1) for label in labels):
+        return "crowd"
+    return None
+
+
 def scene_from_frame(frame: Any, where: str = "frame") -> Scene:
     """Normalise one BDD100K frame (2018 or det_20 dialect) into a :class:`Scene`."""
     if not isinstance(frame, dict):

@@ -33,10 +33,13 @@ def main(argv: list[str] | None = None) -> None:
                                  metrics=Path(args.metrics), details=Path(args.details), table=Path(args.table),
                                  plot=Path(args.plot), sheet=Path(args.sheet))
     summary = run_counterfactuals(config, scenes, commands, paths)
+    def rate(value: float | None) -> str:  # None: the edit had no such question
+        return "n/a" if value is None else f"{value:.1%}"
+
     for edit, m in summary.items():
         print(f"{edit:>18}: {m['pairs']} pairs, consistency {m['consistency']:.1%}, "
-              f"changed when it must {m['changed_when_it_must'] or 0:.1%}, "
-              f"stayed when it must {m['stayed_when_it_must'] or 0:.1%}")
+              f"changed when it must {rate(m['changed_when_it_must'])}, "
+              f"stayed when it must {rate(m['stayed_when_it_must'])}")
 
 
 if __name__ == "__main__":

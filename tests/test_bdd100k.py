@@ -267,6 +267,28 @@ def test_missing_bdd100k_root_names_the_param(tmp_path):
         generate_scenes(config, tmp_path / "raw")
 
 
+def test_a_bdd100k_root_set_one_folder_too_high_or_a_path_of_the_wrong_kind_says_so(tmp_path, bdd_fixture_dir):
+    """BDD100K's zip files unpack into a bdd100k/ folder of their own: unzipped into data/bdd100k they leave the
+    dataset one level down, which the error names, as it names a labels path that is a folder."""
+    from vlm.scenes.generate import BDD100KConfig, ScenesConfig, generate_scenes
+
+    top = tmp_path / "top"
+    dataset = _bdd_root(top, bdd_fixture_dir)  # top/bdd100k/images/..., top/bdd100k/labels/...
+    config = ScenesConfig(source="bdd100k", bdd100k=BDD100KConfig(root=str(top)))
+    with pytest.raises(FileNotFoundError, match=rf"but it is at {dataset}/labels/det_20/det_train.json: the zip files "
+                                                rf"unpack .* set scenes.bdd100k.root to {dataset} or move"):
+        generate_scenes(config, tmp_path / "raw")
+    config = ScenesConfig(source="bdd100k", bdd100k=BDD100KConfig(root=str(dataset), labels="labels/det_20"))
+    with pytest.raises(FileNotFoundError, match=r"labels file expected at .*det_20 \(scenes.bdd100k.root \+ "
+                                                r"scenes.bdd100k.labels\), but it is a folder"):
+        generate_scenes(config, tmp_path / "raw")
+    (dataset / "labels" / "det_20" / "det_train.json").write_bytes(b"")
+    config = ScenesConfig(source="bdd100k", bdd100k=BDD100KConfig(root=str(dataset)))
+    with pytest.raises(LabelError, match=r"det_train.json: the BDD100K labels file is empty \(0 bytes\)"):
+        generate_scenes(config, tmp_path / "raw")
+    assert not (tmp_path / "raw").exists()
+
+
 def test_a_linked_folder_inside_the_bdd100k_root_is_an_error(tmp_path, bdd_fixture_dir):
     """DVC does not look inside a linked folder of a dependency: its images would be untracked."""
     from vlm.scenes.generate import BDD100KConfig, ScenesConfig, generate_scenes

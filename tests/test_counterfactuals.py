@@ -2,6 +2,7 @@
 edits, the images reach the model as the packed data holds them, and the consistency metrics count what
 they say."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -211,6 +212,11 @@ def test_images_reach_the_model_as_the_scenes_stage_saved_them(tmp_path, monkeyp
         assert torch.equal(processor.rendered(pair.original.image, scenes.jpeg_quality), handed[row.image_id])
         assert torch.equal(processor.rendered(pair.edited_image, scenes.jpeg_quality),
                            handed[f"{row.image_id}/{row.pair}"])
+    # no pairs asked for the sheet: its note says so, not that every edit was followed
+    notes, note_figure = [], counterfactuals.plots.note_figure
+    monkeypatch.setattr(counterfactuals.plots, "note_figure", lambda text: notes.append(text) or note_figure(text))
+    counterfactuals.run(CounterfactualsConfig(sheet_examples=0), scenes, commands, paths, progress=False)
+    assert notes == ["no pairs asked for the sheet (counterfactuals.sheet_examples: 0)"]
 
 
 @pytest.mark.parametrize("edits, message", [
@@ -221,3 +227,17 @@ def test_images_reach_the_model_as_the_scenes_stage_saved_them(tmp_path, monkeyp
 def test_impossible_edits_are_named(edits, message):
     with pytest.raises(ParamError, match=message):
         CounterfactualsConfig(edits=edits).validate()
+
+
+def test_the_stage_prints_n_a_for_a_rate_that_no_question_measured(tmp_path, monkeypatch, capsys):
+    """``summarize`` gives None where an edit had no question of the kind (``unchanged_per_pair: 0``): the stage's
+    line says n/a there, not 0.0%."""
+    from stages import counterfactuals as stage
+
+    rates = {"pairs": 3, "consistency": 1.0, "changed_when_it_must": 0.5, "stayed_when_it_must": None}
+    monkeypatch.setattr(stage, "run_counterfactuals", lambda *args: {"mirror": rates})
+    params = Path(__file__).parents[1] / "params.yaml"
+    stage.main(["--params", str(params), *[f"--{name}={tmp_path / name}" for name in
+                                           ("model", "data", "raw", "metrics", "details", "table", "plot", "sheet")]])
+    assert capsys.readouterr().out.split() == "mirror: 3 pairs, consistency 100.0%, changed when it must 50.0%, " \
+                                              "stayed when it must n/a".split()

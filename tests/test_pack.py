@@ -144,6 +144,54 @@ def test_decode_draft_downscale_matches_full_resolution_reference(tmp_path):
     assert psnr > 35.0
 
 
+def _scene_pixels() -> np.ndarray:
+    """A 64 x 96 uint8 RGB frame with a bright block left of centre and a gradient: no symmetry to hide a turn."""
+    y, x = np.mgrid[0:64, 0:96]
+    pixels = np.stack([x * 2, y * 3, (x + y) % 200], axis=-1).astype(np.uint8)
+    pixels[10:30, 5:25] = (250, 250, 40)
+    return pixels
+
+
+def test_16_bit_greys_decode_as_their_8_bit_image_and_32_bit_pixels_are_refused(tmp_path):
+    """PIL's convert("RGB") clips 16-bit greys at 255 (a white frame): they keep their top 8 bits instead."""
+    grey = _scene_pixels()[..., 0].astype(np.uint16) * 257  # 0..255 spread over 0..65535
+    Image.fromarray(grey).save(tmp_path / "grey16.png")
+    Image.fromarray((grey >> 8).astype(np.uint8)).save(tmp_path / "grey8.png")
+    assert Image.open(tmp_path / "grey16.png").mode.startswith("I;16")
+    np.testing.assert_array_equal(decode_image(tmp_path / "grey16.png", 32, image_width=48),
+                                  decode_image(tmp_path / "grey8.png", 32, image_width=48))
+    for mode, values in (("I", grey.astype(np.int32)), ("F", grey.astype(np.float32) / 65535)):
+        Image.fromarray(values, mode).save(tmp_path / f"{mode}.tif")
+        with pytest.raises(CorruptImageError, match=rf"{mode}\.tif: 32-bit .* pixels \(PIL mode {mode}\)"):
+            decode_image(tmp_path / f"{mode}.tif", 32)
+
+
+def test_a_photo_is_turned_upright_by_its_exif_orientation_and_packing_keeps_stored_pixels(tmp_path):
+    """A camera held sideways stores the pixels turned and says so in EXIF (orientation 6: turn 90 degrees
+    clockwise to view); predict's processor shows the model the photo as a viewer does, packing keeps the stored
+    pixels, in which BDD100K's boxes are."""
+    pixels = _scene_pixels()
+    Image.fromarray(pixels).save(tmp_path / "plain.png")
+    stored = Image.fromarray(np.rot90(pixels))  # 96 x 64 stored, 64 x 96 viewed
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation
+    stored.save(tmp_path / "sideways.png", exif=exif)
+    upright = decode_image(tmp_path / "sideways.png", 64, image_width=96, upright=True)
+    np.testing.assert_array_equal(upright, decode_image(tmp_path / "plain.png", 64, image_width=96))
+    np.testing.assert_array_equal(decode_image(tmp_path / "sideways.png", 96, image_width=64), np.rot90(pixels))
+
+
+def test_a_jpeg_over_the_pixel_limit_decodes_at_its_draft_size_and_another_format_is_refused(tmp_path, monkeypatch):
+    """The limit bounds the pixels decoded: a JPEG decodes at 1/2 to 1/8 of its size when that is enough."""
+    monkeypatch.setattr("vlm.data.image.MAX_IMAGE_PIXELS", 20_000)
+    photo = Image.fromarray(np.repeat(np.repeat(_scene_pixels(), 4, axis=0), 4, axis=1))  # 384 x 256: 98,304 pixels
+    photo.save(tmp_path / "big.jpg", quality=95)
+    photo.save(tmp_path / "big.png")
+    assert decode_image(tmp_path / "big.jpg", 32, image_width=48).shape == (32, 48, 3)  # drafted to 48 x 32
+    with pytest.raises(CorruptImageError, match=r"big\.png: image of 384 x 256 pixels refused: more than 20,000"):
+        decode_image(tmp_path / "big.png", 32, image_width=48)
+
+
 @pytest.mark.parametrize("content", [b"", b"not an image at all", "truncated"])
 def test_corrupt_image_fails_naming_the_file_and_leaves_no_output(project, content):
     path = project.image_dir / "img0001.jpg"

@@ -199,7 +199,9 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
     shown = [(next(again for again in make_pairs([row.image_id], scenes.seed, labels, scenes.render_config,
                                                  config.edits, config.seed) if again.edit == row.edit), row)
              for row in picks.head(config.sheet_examples).itertuples()]
-    write_outputs(metrics, table, shown, paths, "every edit was followed")
+    nothing_shown = ("every edit was followed" if failed.empty
+                     else "no pairs asked for the sheet (counterfactuals.sheet_examples: 0)")
+    write_outputs(metrics, table, shown, paths, nothing_shown)
     return metrics["counterfactuals"]
 
 

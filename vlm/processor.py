@@ -58,9 +58,11 @@ class Processor:
     aspect: float | None = None  # an image of another aspect is first letterboxed to this one; None: squashed
 
     def image(self, source: str | os.PathLike | IO[bytes]) -> torch.Tensor:
-        """uint8 ``[3, H, W]`` of an image file or file object (any size and format), decoded and resized as the
-        pack stage does or, with ``aspect``, letterboxed to it first (a photo of another aspect: 4:3, portrait)."""
-        pixels = decode_image(source, self.image_size, self.resample, self.image_width, self.aspect)  # [H, W, 3]
+        """uint8 ``[3, H, W]`` of an image file or file object (any size and format), turned upright as its EXIF
+        orientation says, decoded and resized as the pack stage does or, with ``aspect``, letterboxed to it first (a
+        photo of another aspect: 4:3, portrait)."""
+        pixels = decode_image(source, self.image_size, self.resample, self.image_width, self.aspect,
+                              upright=True)  # [H, W, 3]
         return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
 
     def rendered(self, image: Image.Image, jpeg_quality: int) -> torch.Tensor:

@@ -4,7 +4,7 @@ import os
 from typing import IO
 
 import numpy as np
-from PIL import Image
+from PIL import ExifTags, Image, ImageOps
 
 RESAMPLE = {name: Image.Resampling[name.upper()] for name in ("bilinear", "bicubic", "lanczos")}
 
@@ -18,18 +18,20 @@ MAX_IMAGE_PIXELS = 50_000_000
 
 
 def decode_image(path: str | os.PathLike | IO[bytes], image_size: int, resample: str = "bicubic",
-                 image_width: int | None = None, aspect: float | None = None) -> np.ndarray:
+                 image_width: int | None = None, aspect: float | None = None, upright: bool = False) -> np.ndarray:
     """Any PIL-readable image as RGB uint8 ``[H, W, 3]``, squashed to ``image_width`` x ``image_size`` (None: square),
-    first :func:`letterbox`-ed to ``aspect`` if given; EXIF orientation not applied (boxes are in stored pixels)."""
+    first :func:`letterbox`-ed to ``aspect`` if given. ``upright``: turned as its EXIF orientation says, as a viewer
+    shows a photo (the pack stage keeps the stored pixels, in which the boxes are)."""
     size = (image_width or image_size, image_size)  # PIL's (width, height)
     try:
         with Image.open(path) as image:
-            width, height = image.size
+            turned = upright and image.getexif().get(ExifTags.Base.Orientation, 1) in (5, 6, 7, 8)  # by 90 degrees
+            image.draft("RGB", size[::-1] if turned else size)  # JPEG only: DCT-domain 1/2, 1/4, 1/8 downscale
+            width, height = image.size  # the pixels to decode: a JPEG's at its draft scale
             if width * height > MAX_IMAGE_PIXELS:
                 raise CorruptImageError(f"{path}: image of {width} x {height} pixels refused: more than "
                                         f"{MAX_IMAGE_PIXELS:,} pixels (a decompression bomb, or not a camera frame)")
-            image.draft("RGB", size)  # JPEG only: DCT-domain 1/2, 1/4, 1/8 downscale
-            rgb = image.convert("RGB")
+            rgb = to_rgb(ImageOps.exif_transpose(image) if upright else image, path)
         if aspect is not None:
             rgb = letterbox(rgb, aspect)
         if rgb.size != size:
@@ -41,6 +43,18 @@ def decode_image(path: str | os.PathLike | IO[bytes], image_size: int, resample:
         raise
     except (OSError, SyntaxError, ValueError) as e:
         raise CorruptImageError(f"{path}: cannot decode image: {e}") from e
+
+
+def to_rgb(image: Image.Image, path: str | os.PathLike | IO[bytes]) -> Image.Image:
+    """``image`` as 8-bit RGB: 16-bit greys keep their top 8 bits (PIL's ``convert`` would clip them at 255, a white
+    frame); 32-bit integer or float pixels, whose range no header states, are refused."""
+    if image.mode.startswith("I;16"):
+        image = Image.fromarray((np.asarray(image) >> 8).astype(np.uint8))  # mode L
+    elif image.mode in ("I", "F"):
+        kind = "integer" if image.mode == "I" else "floating-point"
+        raise CorruptImageError(f"{path}: 32-bit {kind} pixels (PIL mode {image.mode}), whose range the file does not "
+                                f"state: save it as an 8- or 16-bit image")
+    return image.convert("RGB")
 
 
 def native_width(frame_size: tuple[float, float], height: int, multiple: int) -> int:

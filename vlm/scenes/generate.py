@@ -151,9 +151,19 @@ def bdd100k_paths(bdd: BDD100KConfig) -> tuple[Path, Path]:
         raise FileNotFoundError(f"BDD100K folder not found: {root} (scenes.bdd100k.root): {hint}")
     images, labels = root / bdd.images, root / bdd.labels
     for path, what, exists in ((labels, "labels file", labels.is_file()), (images, "images folder", images.is_dir())):
-        if not exists:
-            raise FileNotFoundError(f"BDD100K {what} not found: {path} (scenes.bdd100k.root + "
-                                    f"scenes.bdd100k.{what.split()[0]}): {hint}")
+        if exists:
+            continue
+        key = f"scenes.bdd100k.{what.split()[0]}"
+        if path.exists():
+            kind = "a folder" if path.is_dir() else "not a folder"
+            raise FileNotFoundError(f"BDD100K {what} expected at {path} (scenes.bdd100k.root + {key}), "
+                                    f"but it is {kind}")
+        unzipped = root / "bdd100k" / path.relative_to(root)  # BDD100K's zip files hold a bdd100k/ folder of their own
+        if unzipped.exists():
+            raise FileNotFoundError(f"BDD100K {what} not found: {path} ({key}), but it is at {unzipped}: the zip files "
+                                    f"unpack into a bdd100k/ folder of their own; set scenes.bdd100k.root to "
+                                    f"{root / 'bdd100k'} or move that folder's content up into {root}")
+        raise FileNotFoundError(f"BDD100K {what} not found: {path} (scenes.bdd100k.root + {key}): {hint}")
     for path in (images, labels.parent):
         for folder in [*reversed(path.relative_to(root).parents), path.relative_to(root)][1:]:
             if (root / folder).is_symlink():

@@ -19,15 +19,21 @@
 # TQDM_MININTERVAL seconds, each update a stamped line of the log. It edits params.yaml and rewrites metrics/ and
 # dvc.lock: run it in a copy of the project.
 # Where the project is no git repository (a copied working tree), DVC runs without one (core.no_scm).
-# Exit status: 1 when the tests or a pipeline part that started failed or ran out of time (each part still runs).
+# Exit status: 1 when the tests, a pipeline part that started or its report failed, or a part ran out of time (each
+# part still runs).
 set -u
 failed=0
 out=${1:?usage: benchmarks/gpu_session.sh OUT [key=value ...]}
+case "$out" in
+  -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;  # the comment above
+  -*) echo "OUT: a folder for the logs, got the option $out (usage: benchmarks/gpu_session.sh OUT [key=value ...])" >&2
+      exit 1 ;;
+esac
 shift
 for name in TESTS_S DEFAULT_S RECIPE_S DEADLINE; do  # each a whole number of seconds where set
   [[ ${!name:-0} =~ ^[0-9]+$ ]] || { echo "$name=${!name}: not a whole number of seconds" >&2; exit 1; }
 done
-mkdir -p "$out" metrics/gpu
+mkdir -p -- "$out" metrics/gpu || exit 1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TQDM_MININTERVAL=${TQDM_MININTERVAL:-5}
 stamp() { while IFS= read -r line; do printf '[%s] %s\n' "$(date +%T)" "$line"; done; }
 
@@ -75,6 +81,7 @@ repro() {  # $1: the run's name, $2: its time limit in seconds; the pipeline tim
   echo "dvc repro evaluate exit $status after $wall s"
   if [ "$status" = 0 ]; then
     python benchmarks/gpu_report.py --name "$1" --wall-s "$wall" --log "$log" --out "metrics/gpu/$1.json" | tail -n 40
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "gpu_report.py failed: no report of $1"; failed=1; }
     part=$(date +%s.%N)  # the report's own time is no part of the pipeline's
     timeout "$(python -c "print(max(1, int($2 - $(since "$started"))))")" dvc repro 2>&1 | progress | stamp >> "$log"
     status=${PIPESTATUS[0]}
@@ -83,6 +90,7 @@ repro() {  # $1: the run's name, $2: its time limit in seconds; the pipeline tim
     if [ "$status" = 0 ]; then
       python benchmarks/gpu_report.py --name "$1" --pipeline-wall-s "$wall" --log "$log" --out "metrics/gpu/$1.json" \
         | grep -A 20 stage_seconds
+      [ "${PIPESTATUS[0]}" = 0 ] || { echo "gpu_report.py failed: no pipeline wall time for $1"; failed=1; }
     fi
   fi
   [ "$status" = 0 ] || failed=1

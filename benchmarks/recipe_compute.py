@@ -79,14 +79,29 @@ def measure(name: str, params: dict, images: int, count_batch: int, workdir: Pat
             "num_workers": params["runtime"]["train"].get("num_workers", 0)}
 
 
-def launch_estimate(gpu_runs: list[str], operators: Path, default: dict, recipe: dict) -> dict:
-    """The GPU runs' microseconds per operator, and the default's and the recipe's steps predicted from them."""
-    tweaks = read_json(operators, what="bench_train_step.py --compare's report")["results"]
-    runs = []
+def gpu_run_inputs(gpu_runs: list[str], operators: Path) -> list[tuple[str, str, dict, int]]:
+    """Each ``FOLDER=TWEAK`` of ``gpu_runs`` as (folder, tweak, its training timing, the tweak's operators per step
+    in the ``operators`` report), read before any measurement; a missing or mistyped one stops with one line."""
+    tweaks = read_json(operators, what="bench_train_step.py --compare's report").get("results", {})
+    inputs = []
     for item in gpu_runs:
         folder, _, tweak = item.partition("=")
+        if not folder or not tweak:
+            raise SystemExit(f"--gpu-run: expected FOLDER=TWEAK, got {item!r}")
+        count = tweaks.get(tweak, {}).get("operators_per_step", {}).get("total")
+        if count is None:
+            raise SystemExit(f"--gpu-run {item}: {operators} has no operators_per_step of a tweak {tweak!r} (it has "
+                             f"{', '.join(tweaks) or 'none'}; bench_train_step.py --compare writes them)")
         timing = read_json(ROOT / folder / "train_timing.json", what="a GPU run's training timing")
-        count = tweaks[tweak]["operators_per_step"]["total"]
+        inputs.append((folder, tweak, timing, count))
+    return inputs
+
+
+def launch_estimate(inputs: list[tuple[str, str, dict, int]], default: dict, recipe: dict) -> dict:
+    """The GPU runs' microseconds per operator (:func:`gpu_run_inputs`), and the default's and the recipe's steps
+    predicted from them."""
+    runs = []
+    for folder, tweak, timing, count in inputs:
         ms = timing["seconds"] / timing["planned_steps"] * 1e3
         runs.append({"run": folder, "step_of": tweak, "operators_per_step": count, "ms_per_step": round(ms, 2),
                      "questions_per_step": round(timing["questions_per_s"] * ms / 1e3, 2),
@@ -114,6 +129,7 @@ def report(params_path: Path, recipe_path: Path, images: int, count_batch: int, 
                    overrides(yaml.safe_load(recipe_path.read_text()), params, str(recipe_path)), str(recipe_path))
     train = read_json(commands, what="a full run's commands metrics")["train"]
     per_image = train["questions"] / train["images"]  # the recipe changes no commands param
+    inputs = gpu_run_inputs(gpu_runs, operators)
     with tempfile.TemporaryDirectory() as workdir:
         default = measure("default", params, images, count_batch, Path(workdir), per_image)
         gpu = measure("recipe", recipe, images, count_batch, Path(workdir), per_image)
@@ -130,7 +146,7 @@ def report(params_path: Path, recipe_path: Path, images: int, count_batch: int, 
                           "questions_per_s": round(gpu_steps_per_s * gpu["batch_size"], 1),
                           "loader_questions_per_s_all_workers": round(loader_bound, 1),
                           "training_minutes": round(gpu["steps"] / gpu_steps_per_s / 60, 1)},
-        "gpu_launch_estimate": launch_estimate(gpu_runs, operators, default, gpu),
+        "gpu_launch_estimate": launch_estimate(inputs, default, gpu),
     }
 
 

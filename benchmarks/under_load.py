@@ -31,11 +31,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def train(params: Path, data: Path, out: Path) -> float:
     """The train stage into ``out``; its wall seconds."""
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "stages.train", "--params", str(params), "--data", str(data),
-                    "--model", str(out / "vlm.pt"), "--checkpoints", str(out / "checkpoints"),
-                    "--metrics", str(out / "train.json"), "--timing", str(out / "timing.json"),
-                    "--live", str(out / "live")],
-                   cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
+    result = subprocess.run([sys.executable, "-m", "stages.train", "--params", str(params), "--data", str(data),
+                             "--model", str(out / "vlm.pt"), "--checkpoints", str(out / "checkpoints"),
+                             "--metrics", str(out / "train.json"), "--timing", str(out / "timing.json"),
+                             "--live", str(out / "live")],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                            check=False)
+    if result.returncode != 0:  # the stage's own message (its last lines), not only its exit status
+        raise SystemExit(f"the train stage ({out.name}) exited {result.returncode}:\n"
+                         + "\n".join(result.stderr.strip().splitlines()[-5:]))
     return time.perf_counter() - started
 
 

@@ -320,6 +320,45 @@ def test_gpu_session_keeps_to_its_deadline(tmp_path):
     assert result.returncode == 1 and "DEFAULT_S=7m: not a whole number of seconds" in result.stderr
 
 
+def test_recipe_compute_reads_its_gpu_runs_before_measuring_and_names_a_mistyped_one():
+    from benchmarks.recipe_compute import GPU_RUNS, gpu_run_inputs
+
+    operators = ROOT / "metrics" / "bench_train_muon.json"
+    runs = [f"metrics/gpu/{run}/default={tweak}" for run, tweak in GPU_RUNS]
+    assert [(tweak, count > 0) for _, tweak, _, count in gpu_run_inputs(runs, operators)] == [
+        (tweak, True) for _, tweak in GPU_RUNS]
+    with pytest.raises(SystemExit, match=r"--gpu-run: expected FOLDER=TWEAK, got 'metrics/gpu/x'"):
+        gpu_run_inputs(["metrics/gpu/x"], operators)
+    with pytest.raises(SystemExit, match=r"bench_train_muon.json has no operators_per_step of a tweak 'sgd' \(it has "
+                                         r"baseline, "):
+        gpu_run_inputs([f"{runs[0].partition('=')[0]}=sgd"], operators)
+
+
+def test_gpu_session_fails_when_its_report_does_and_help_starts_nothing(tmp_path):
+    """A report that fails (here: a pipeline that wrote nothing, DVC a stub) fails the session; --help prints the
+    script's usage and leaves params.yaml, DVC and the folders alone."""
+    shutil.copytree(ROOT / "benchmarks", tmp_path / "benchmarks", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "params.yaml").write_text("train: {epochs: 1}\n")
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    (stubs / "dvc").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'dvc_calls'}\n")
+    (stubs / "dvc").chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "TESTS_S": "0", "PARTS": "default"}
+    result = subprocess.run(["bash", "benchmarks/gpu_session.sh", str(tmp_path / "out")], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, check=False)
+    assert "dvc repro evaluate exit 0" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 1 and "gpu_report.py failed: no report of default" in result.stdout
+    (tmp_path / "dvc_calls").unlink()
+    for option in ("--help", "-n"):
+        result = subprocess.run(["bash", "benchmarks/gpu_session.sh", option], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, check=False)
+        assert result.returncode == (0 if option == "--help" else 1), result.stdout + result.stderr
+        assert "benchmarks/gpu_session.sh OUT [key=value ...]" in result.stdout + result.stderr
+        assert not (tmp_path / "dvc_calls").exists() and not (tmp_path / option).exists()
+        assert (tmp_path / "params.yaml").read_text() == "train: {epochs: 1}\n"
+
+
 def test_gpu_report_adds_the_pipeline_wall_time_without_torch(tmp_path):
     """The report's second call, after the whole pipeline, measures nothing: it starts without importing torch."""
     report = tmp_path / "default.json"
@@ -363,6 +402,14 @@ def test_training_beside_busy_processes_gives_the_same_model_bytes(tmp_path, tin
                            "--data", str(tiny_project.processed), "--epochs", "1")
     assert report["busy_processes"] == len(os.sched_getaffinity(0))
     assert report["identical"], report
+
+
+def test_under_load_shows_why_a_training_run_failed(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "under_load.py"), "--data",
+                             str(tmp_path / "nothing"), "--epochs", "1"], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"the train stage (idle) exited 1:\nerror: vocab file not found: {tmp_path / 'nothing'}" in result.stderr
 
 
 @pytest.fixture(scope="module")

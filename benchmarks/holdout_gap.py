@@ -54,9 +54,29 @@ def accuracy(table: pd.DataFrame) -> dict:
             "per_type": {t: round(float(g["correct"].mean()), 4) for t, g in table.groupby("command_type")}}
 
 
+def same_mix(seen: pd.DataFrame, held_out: pd.DataFrame) -> dict:
+    """Both models' accuracies with each question template weighted as in ``seen``'s questions (post-stratified: the
+    two splits ask different questions of the same frames, in another mix of templates), the gap at that mix, and its
+    standard error (binomial within each template, the questions taken as independent: those of one frame are not,
+    so it is a lower bound). Templates ``held_out`` did not ask are left out of both."""
+    by_seen = seen.groupby("template")["correct"].agg(["mean", "count"])
+    by_held = held_out.groupby("template")["correct"].agg(["mean", "count"])
+    shared = by_seen.index.intersection(by_held.index)
+    s, h = by_seen.loc[shared], by_held.loc[shared]
+    weight = s["count"] / s["count"].sum()  # [templates]: the seen questions' mix
+    seen_accuracy, held_accuracy = float((weight * s["mean"]).sum()), float((weight * h["mean"]).sum())
+    variance = float((weight ** 2 * (s["mean"] * (1 - s["mean"]) / s["count"]
+                                     + h["mean"] * (1 - h["mean"]) / h["count"])).sum())
+    return {"templates": len(shared), "templates_left_out": sorted(set(by_seen.index) - set(shared)),
+            "questions": {"seen_in_training": int(s["count"].sum()), "held_out": int(h["count"].sum())},
+            "seen_in_training": round(seen_accuracy, 4), "held_out": round(held_accuracy, 4),
+            "gap": round(seen_accuracy - held_accuracy, 4), "gap_standard_error": round(variance ** 0.5, 4)}
+
+
 def compare(seen: pd.DataFrame, unseen: pd.DataFrame, combination: dict[str, str]) -> dict:
     """``seen``: predictions of the model trained with the combination; ``unseen``: of the model trained
-    without it. Both are compared on the frames of the combination in ``seen``'s test split."""
+    without it. Both are compared on the frames of the combination in ``seen``'s test split: each on its own
+    questions about them, and at the same mix of question templates (:func:`same_mix`), the gap to read."""
     mask = pd.Series(True, index=seen.index)
     for attribute, value in combination.items():
         mask &= seen[attribute] == value
@@ -68,6 +88,7 @@ def compare(seen: pd.DataFrame, unseen: pd.DataFrame, combination: dict[str, str
               "seen_in_training": accuracy(seen[mask]), "held_out": accuracy(same_frames),
               "held_out_whole_split": accuracy(unseen)}
     result["gap"] = round(result["seen_in_training"]["accuracy"] - result["held_out"]["accuracy"], 4)
+    result["same_mix"] = same_mix(seen[mask], same_frames)
     return result
 
 
@@ -107,8 +128,11 @@ def main(argv: list[str] | None = None) -> None:
                      combination)
     result["experiment"] = commit
     write_json(args.out, result)
-    print(f"{combination}: seen in training {result['seen_in_training']['accuracy']:.3f}, held out "
-          f"{result['held_out']['accuracy']:.3f} on the same {result['frames']} frames (gap {result['gap']:+.3f})")
+    mix = result["same_mix"]
+    print(f"{combination}: on the same {result['frames']} frames, at the same mix of questions, seen in training "
+          f"{mix['seen_in_training']:.3f}, held out {mix['held_out']:.3f} (gap {mix['gap']:+.3f}, standard error "
+          f"{mix['gap_standard_error']:.3f}); each on its own questions {result['seen_in_training']['accuracy']:.3f} "
+          f"and {result['held_out']['accuracy']:.3f}")
 
 
 if __name__ == "__main__":

@@ -148,33 +148,23 @@ def _splat(heat: np.ndarray, x: float, y: float, sigma: float) -> None:
 def _spread(counts: np.ndarray, x: float, y: float, regions: tuple[tuple[float, float, float], ...]) -> None:
     """Add one object at ``(x, y)`` (in cells) to ``counts`` ``[Gh, Gw]`` (in place), split bilinearly between its cell
     and, along each axis, the neighbour it lies towards: its mass moves with it smoothly, not a whole count at a cell's
-    edge. Every region's sum is the count of the objects the answers' rules put in it (the regions objects are counted
-    in, :data:`CENTRE_REGIONS` or :data:`FOOT_REGIONS`, by the object's own position): along an axis whose neighbour is
-    off the map or in other regions than its cell, its mass stays in its cell, and where a region's edge runs through
-    its cell with the object on the other side of it from the cell's centre, its mass goes to the neighbour there."""
+    edge. Along an axis whose neighbour is off the map or in other ``regions`` than its cell (the regions objects are
+    counted in, :data:`CENTRE_REGIONS` or :data:`FOOT_REGIONS`), its mass stays in its cell: every region's sum
+    stays the labels' count."""
     rows, columns = counts.shape
     row_regions, column_regions = _cell_regions(regions, rows, columns)
-    row_own = tuple(y / rows >= y0 for _, _, y0 in regions)  # the rules' own tests, as _cell_regions' on cell centres
-    column_own = tuple(x0 <= x / columns <= x1 for x0, x1, _ in regions)
-    for r, row_share in _split(y, row_regions, row_own):
-        for c, column_share in _split(x, column_regions, column_own):
+    for r, row_share in _split(y, row_regions):
+        for c, column_share in _split(x, column_regions):
             counts[r, c] += row_share * column_share
 
 
-def _split(position: float, cell_regions: tuple[tuple[bool, ...], ...],
-           own_regions: tuple[bool, ...]) -> list[tuple[int, float]]:
-    """A position along one axis, in cells, lying in ``own_regions`` -> (cell, share) pairs: its cell, and the
-    neighbour it lies towards by how far it is from its cell's centre (up to 1/2 at the edge) where that neighbour is in
-    the same regions. When its cell's centre lies in other regions than the position (a region's edge between them),
-    the whole share goes to that neighbour, whose centre is on the position's side of the edge (on a grid too coarse
-    for that, two edges in one cell, it stays in its cell)."""
+def _split(position: float, cell_regions: tuple[tuple[bool, ...], ...]) -> list[tuple[int, float]]:
+    """A position along one axis, in cells -> (cell, share) pairs: its cell, and the neighbour it lies towards by how
+    far it is from its cell's centre (up to 1/2 at the edge) where that neighbour is in the same regions."""
     own = min(len(cell_regions) - 1, max(0, int(position)))
     offset = position - (own + 0.5)
     other = own + (1 if offset > 0 else -1)
-    neighbour = cell_regions[other] if 0 <= other < len(cell_regions) else None
-    if cell_regions[own] != own_regions:
-        return [(other if neighbour == own_regions else own, 1.0)]
-    if offset == 0 or neighbour != cell_regions[own]:
+    if offset == 0 or not 0 <= other < len(cell_regions) or cell_regions[other] != cell_regions[own]:
         return [(own, 1.0)]
     return [(own, 1.0 - abs(offset)), (other, abs(offset))]
 

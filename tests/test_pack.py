@@ -106,6 +106,18 @@ def test_letterbox_pads_to_the_aspect_without_stretching():
     assert letterbox(photo, 4 / 3) is photo
 
 
+def test_a_photo_letterboxed_to_a_size_is_resized_before_it_is_padded():
+    """A panorama onto 16:9 at 64 x 36: the same picture as padding it at full size and resizing, without the full-size
+    padded frame (2,000 x 1,125 here; a 20 MP panorama's would take a gigabyte)."""
+    pixels = np.repeat(np.repeat(_scene_pixels(), 10, axis=0), 20, axis=1)[:100]  # 100 x 1,920, wider than 16:9
+    photo = Image.fromarray(np.ascontiguousarray(pixels))
+    direct = np.asarray(letterbox(photo, 16 / 9, (64, 36)), dtype=np.float64)
+    padded = np.asarray(letterbox(photo, 16 / 9).resize((64, 36), Image.Resampling.BICUBIC), dtype=np.float64)
+    assert direct.shape == padded.shape == (36, 64, 3)
+    assert (direct[:16] == 0).all() and (direct[-16:] == 0).all()  # bars above and below: the picture 64 x 3
+    assert np.abs(direct - padded).mean() < 4
+
+
 def test_mean_std_from_train_pixels_in_every_split(project):
     project.pack()
     with h5py.File(project.h5("train"), "r") as f:

@@ -33,7 +33,7 @@ def decode_image(path: str | os.PathLike | IO[bytes], image_size: int, resample:
                                         f"{MAX_IMAGE_PIXELS:,} pixels (a decompression bomb, or not a camera frame)")
             rgb = to_rgb(ImageOps.exif_transpose(image) if upright else image, path)
         if aspect is not None:
-            rgb = letterbox(rgb, aspect)
+            rgb = letterbox(rgb, aspect, size, resample)
         if rgb.size != size:
             rgb = rgb.resize(size, RESAMPLE[resample])
         return np.asarray(rgb, dtype=np.uint8)
@@ -63,12 +63,18 @@ def native_width(frame_size: tuple[float, float], height: int, multiple: int) ->
     return max(1, round(height * frame_width / frame_height / multiple)) * multiple
 
 
-def letterbox(image: Image.Image, aspect: float) -> Image.Image:
-    """``image`` centred on black bars to the ``aspect`` width / height: nothing cropped, nothing stretched."""
+def letterbox(image: Image.Image, aspect: float, size: tuple[int, int] | None = None,
+              resample: str = "bicubic") -> Image.Image:
+    """``image`` centred on black bars to the ``aspect`` width / height: nothing cropped, nothing stretched. With
+    ``size`` (width, height) the padded frame is that size: the image is resized into it first, so a large photo is
+    never padded at full size. An image already of ``aspect`` is returned as it is."""
     width, height = image.size
     padded = (max(width, round(height * aspect)), max(height, round(width / aspect)))
     if padded == (width, height):
         return image
-    canvas = Image.new(image.mode, padded)
-    canvas.paste(image, ((padded[0] - width) // 2, (padded[1] - height) // 2))
+    size = size or padded
+    inner = (max(1, round(width * size[0] / padded[0])), max(1, round(height * size[1] / padded[1])))
+    canvas = Image.new(image.mode, size)
+    canvas.paste(image if inner == image.size else image.resize(inner, RESAMPLE[resample]),
+                 ((size[0] - inner[0]) // 2, (size[1] - inner[1]) // 2))
     return canvas

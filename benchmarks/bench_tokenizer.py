@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/bench_tokenizer.py --out metrics/bench_tokenizer.json
     PYTHONPATH=. python benchmarks/bench_tokenizer.py --commands data/processed/commands/train.json
 
-Measured in the same process, best of ``--repeats`` runs each:
+Measured in the same process, interleaved (a round calls each once), the best of ``--repeats`` rounds each:
 - ``batch_encode``: the project's path (per-string cache, numpy padding), its cache warm (a
   pipeline encodes the same templates over and over) and cold (a fresh tokenizer per run);
 - ``batch_encode_no_cache``: the same with the cache switched off, every command tokenized;
@@ -22,6 +22,7 @@ import random
 import re
 import time
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -87,12 +88,19 @@ def textbook_batch_encode(tokenizer: TrafficCommandTokenizer, texts: list[str]) 
 
 
 def best_seconds(run, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return interleaved_best_seconds({"run": run}, repeats)["run"]
+
+
+def interleaved_best_seconds(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Each run's best of ``repeats`` timings, taken in rounds of one call of each (the order reversed every other
+    round), so that a slow spell of the machine hits every run alike."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for round_index in range(repeats):
+        for name in list(runs)[::1 if round_index % 2 == 0 else -1]:
+            start = time.perf_counter()
+            runs[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: min(seconds) for name, seconds in times.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -120,19 +128,20 @@ def main(argv: list[str] | None = None) -> dict:
     width = min(ours["input_ids"].shape[1], reference.shape[1])
     assert torch.equal(ours["input_ids"][:, :width], reference[:, :width]), "textbook and batch_encode disagree"
 
-    seconds = {
-        "batch_encode": best_seconds(lambda: tokenizer.batch_encode(texts), args.repeats),
-        "batch_encode_cold_cache": best_seconds(
-            lambda: TrafficCommandTokenizer(tokenizer.vocab).batch_encode(texts), args.repeats),
-        "textbook": best_seconds(lambda: textbook_batch_encode(tokenizer, texts), args.repeats),
-    }
-    cache_size = tokenizer_module.ENCODE_CACHE_SIZE
-    tokenizer_module.ENCODE_CACHE_SIZE = 0  # every command tokenized on every call
-    try:
-        seconds["batch_encode_no_cache"] = best_seconds(
-            lambda: TrafficCommandTokenizer(tokenizer.vocab).batch_encode(texts), args.repeats)
-    finally:
-        tokenizer_module.ENCODE_CACHE_SIZE = cache_size
+    def without_cache() -> None:  # every command tokenized on every call
+        cache_size = tokenizer_module.ENCODE_CACHE_SIZE
+        tokenizer_module.ENCODE_CACHE_SIZE = 0
+        try:
+            TrafficCommandTokenizer(tokenizer.vocab).batch_encode(texts)
+        finally:
+            tokenizer_module.ENCODE_CACHE_SIZE = cache_size
+
+    seconds = interleaved_best_seconds({
+        "batch_encode": lambda: tokenizer.batch_encode(texts),
+        "batch_encode_cold_cache": lambda: TrafficCommandTokenizer(tokenizer.vocab).batch_encode(texts),
+        "textbook": lambda: textbook_batch_encode(tokenizer, texts),
+        "batch_encode_no_cache": without_cache,
+    }, args.repeats)
     batch_64 = texts[:64]
     collate_seconds = best_seconds(lambda: [tokenizer.batch_encode(batch_64) for _ in range(100)], args.repeats) / 100
 

@@ -323,3 +323,12 @@ def test_the_loaders_hdf5_rate_the_docs_compare_with_is_the_committed_profile():
     text = " ".join((ROOT / "docs" / "experiments.md").read_text(encoding="utf-8").split())
     rate = max(_json("metrics/dataloader.json")["samples_per_s"]["224px"]["ours_hdf5"].values())
     assert f"far below the {rate:,.0f} that `profile_dataloader` measures from HDF5 at 224 px" in text
+
+
+def test_the_tokenizer_row_is_the_committed_benchmark():
+    text = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
+    report = _json("metrics/bench_tokenizer.json")
+    rate, ratio = report["commands_per_s"], report["speedup_vs_textbook"]
+    assert (f"{report['num_commands']:,} commands | {rate['batch_encode'] / 1e6:.2f} M commands/s, "
+            f"{ratio['batch_encode']:.2f}x the textbook per-command recipe; {ratio['batch_encode_no_cache']:.2f}x with "
+            f"its cache off (the commands are {report['distinct_commands']} distinct strings)") in text

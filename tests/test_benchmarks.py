@@ -68,6 +68,8 @@ def test_bench_loader(tmp_path):
     report = run_benchmark("bench_loader.py", tmp_path / "pack.json", "--images", str(images), "--sizes", "32",
                            "--workers", "2", "--repeats", "1")
     assert report["images"] == 3 and report["source_size"] == [128, 72]
+    # the pack stage's shape: 32 high, 16:9 wide, rounded to params.yaml's patch size x pixel_shuffle (32)
+    assert report["aspect"] == "native" and report["image_widths"] == {"32px": 64}
     assert set(report["decode"]["32px"]) == {"bilinear", "bicubic", "lanczos"}
     assert set(report["decode"]["32px"]["bicubic"]) == {"full_decode_cpu_ms_per_image", "draft_cpu_ms_per_image",
                                                         "draft_speedup", "draft_psnr_db_vs_full_decode"}

@@ -332,3 +332,11 @@ def test_the_tokenizer_row_is_the_committed_benchmark():
     assert (f"{report['num_commands']:,} commands | {rate['batch_encode'] / 1e6:.2f} M commands/s, "
             f"{ratio['batch_encode']:.2f}x the textbook per-command recipe; {ratio['batch_encode_no_cache']:.2f}x with "
             f"its cache off (the commands are {report['distinct_commands']} distinct strings)") in text
+
+
+def test_the_decode_row_is_the_committed_benchmark():
+    text = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
+    report = _json("metrics/bench_pack.json")
+    bicubic = report["decode"]["128px"]["bicubic"]
+    assert (f"to {report['image_widths']['128px']} x 128 bicubic (the pack stage's default) | "
+            f"{bicubic['draft_speedup']:.2f}x less CPU, {bicubic['draft_psnr_db_vs_full_decode']:.1f} dB PSNR") in text

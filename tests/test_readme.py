@@ -209,11 +209,24 @@ def test_scaling_table_is_the_committed_curve():
     assert (f"Not yet run: {missing}." in flat) if missing else "Not yet run" not in flat
 
 
-def test_scaling_paragraph_is_the_committed_curve():
-    """The README's "Accuracy vs training compute": each 128 px point's accuracy, counting and geometric
-    counterfactuals, and where the trend puts 0.97, from metrics/scaling.json."""
+def test_scaling_summary_is_the_committed_curve():
+    """The README's "Accuracy vs training compute": the epochs series' 1x-4x and the images series' last point."""
     text = (ROOT / "README.md").read_text(encoding="utf-8").split("## Accuracy vs training compute", 1)[1]
     flat = " ".join(text.split("\n## ", 1)[0].split())
+    points = _json("metrics/scaling.json")["points"]
+    epochs = {p["multiple"]: p["accuracy"] for p in points if p["series"] == "128px"}
+    images = max((p for p in points if p["series"] == "128px, images"), key=lambda p: p["multiple"])
+    for number in (f"{epochs[1]:.3f} at 1x, {epochs[2]:.3f} at 2x, {epochs[4]:.3f} at 4x",
+                   f"{images['accuracy']:.3f} at {images['multiple']}x ({images['num_images']:,} scenes), counting "
+                   f"{images['per_type']['counting']:.3f}"):
+        assert number in flat, number
+
+
+def test_scaling_paragraph_is_the_committed_curve():
+    """docs/experiments.md's "Accuracy vs training compute" in short: each 128 px point's accuracy, counting and
+    geometric counterfactuals, and where the trend puts 0.97, from metrics/scaling.json."""
+    text = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8").split("## Accuracy vs training compute", 1)[1]
+    flat = " ".join(text.split("**In short.**", 1)[1].split("\n\n", 1)[0].split())
     curve = _json("metrics/scaling.json")
     points = {p["multiple"]: p for p in curve["points"] if p["series"] == "128px"}
     accuracies = [f"{points[1]['accuracy']:.3f} at 1x"] + [

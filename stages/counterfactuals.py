@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
                                  metrics=Path(args.metrics), details=Path(args.details), table=Path(args.table),
                                  plot=Path(args.plot), sheet=Path(args.sheet))
     summary = run_counterfactuals(config, scenes, commands, paths)
+
     def rate(value: float | None) -> str:  # None: the edit had no such question
         return "n/a" if value is None else f"{value:.1%}"
 

@@ -284,7 +284,7 @@ def test_a_bdd100k_root_set_one_folder_too_high_or_a_path_of_the_wrong_kind_says
         generate_scenes(config, tmp_path / "raw")
     (dataset / "labels" / "det_20" / "det_train.json").write_bytes(b"")
     config = ScenesConfig(source="bdd100k", bdd100k=BDD100KConfig(root=str(dataset)))
-    with pytest.raises(LabelError, match=r"det_train.json: the BDD100K labels file is empty \(0 bytes\)"):
+    with pytest.raises(ValueError, match=r"det_train.json: the BDD100K labels file is empty \(0 bytes\)"):
         generate_scenes(config, tmp_path / "raw")
     assert not (tmp_path / "raw").exists()
 

@@ -115,8 +115,10 @@ def existing_file(path: str | os.PathLike, what: str) -> Path:
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
-    """Read JSON with errors that name the file and the position of a syntax error."""
+    """Read JSON with errors that name the file and the position of a syntax error (or that it is empty)."""
     path = existing_file(path, what)
+    if path.stat().st_size == 0:  # json's own message would be "Expecting value: line 1 column 1"
+        raise ValueError(f"{path}: the {what} is empty (0 bytes)")
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)

@@ -27,8 +27,6 @@ def read_labels(path: str | os.PathLike) -> tuple[list[Scene], dict[str, int]]:
     :func:`~vlm.scenes.schema.unanswerable` (frames whose labels cannot decide every answer); a malformed label
     raises :class:`LabelError` naming it."""
     path = Path(path)
-    if path.is_file() and path.stat().st_size == 0:
-        raise LabelError(f"{path}: the BDD100K labels file is empty (0 bytes); expected a JSON list of frames")
     frames = read_json(path, what="BDD100K labels file")
     if isinstance(frames, dict) and "frames" in frames:  # scalabel export wrapper
         frames = frames["frames"]

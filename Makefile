@@ -13,7 +13,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup repro test compare gpu bench memory scaling holdout clean
 
+# A new .venv takes about 6.2 GB (PyTorch's CUDA build is 5.5 GB of it): say so before pip runs out of disk halfway.
+VENV_GB := 7
 $(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -c 'import shutil, sys; free = shutil.disk_usage(".").free / 1e9; \
+		sys.exit(free < $(VENV_GB) and f"make: a new $(VENV) needs about $(VENV_GB) GB free, {free:.1f} GB here")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
 	touch $(STAMP)

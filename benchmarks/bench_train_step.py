@@ -210,8 +210,8 @@ def time_steps(run: Run, source, steps: int, losses: list[float] | None = None) 
         started = time.perf_counter()
         batch = next(source).to(run.device)
         fetched = time.perf_counter()
-        output, loss = forward_backward(run, batch, sync_grads=True)
-        record_pass(run, window, output, loss, batch, where="the benchmark")
+        output, loss = forward_backward(run, batch, sync_grads=True, passes=1)
+        record_pass(run, window, output, loss, batch, where="the benchmark", state=None)
         optimizer_step(run)
         record = window.pop()
         if losses is not None:
@@ -283,9 +283,9 @@ def count_operators(run: Run, source, steps: int) -> dict[str, float]:
         with counter if index else nullcontext():
             counter.phase = "forward_backward"
             with torch.autocast(run.device.type, dtype=torch.bfloat16):
-                output, loss = forward_backward(run, batch, sync_grads=True)
+                output, loss = forward_backward(run, batch, sync_grads=True, passes=1)
             counter.phase = "bookkeeping"
-            record_pass(run, window, output, loss, batch, where="the operator count")
+            record_pass(run, window, output, loss, batch, where="the operator count", state=None)
             window.pop()
             counter.phase = "optimizer"
             optimizer_step(run)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from vlm.cli import in_repository, relaunch_distributed, run
+from vlm.cli import in_repository, relaunch_distributed, run, under_torchrun
 from vlm.params import build_config, check, load_params, runtime_section, section
 from vlm.scenes.generate import ScenesConfig
-from vlm.train import BLIND_TRAIN_KEYS, VLM_TRAIN_KEYS, TrainConfig, TrainPaths, TrainRuntime, train
+from vlm.train import BLIND_TRAIN_KEYS, VLM_TRAIN_KEYS, TrainConfig, TrainPaths, TrainRuntime, check_inputs, train
 
 
 def main() -> None:
@@ -36,11 +36,13 @@ def main() -> None:
     check(gpus == 0 or config.nproc <= gpus, "train.nproc",
           f"{config.nproc} processes, {gpus} GPU(s) here: one process per GPU "
           "(CUDA_VISIBLE_DEVICES= trains on the CPU)")
-    relaunch_distributed(config.nproc, "stages.train", sys.argv[1:])  # train.nproc > 1: under torchrun
     # the checkpoints in the repository itself when DVC runs a queued experiment in a temporary copy: a killed one
     # resumes when it is queued again
     paths = TrainPaths(data=args.data, model=args.model, checkpoints=in_repository(args.checkpoints),
                        metrics=args.metrics, timing=args.timing, live=args.live)
+    if config.nproc > 1 and not under_torchrun():
+        check_inputs(section(params, "model"), config, paths, blind=args.blind)  # one line, not one per process
+    relaunch_distributed(config.nproc, "stages.train", sys.argv[1:])  # train.nproc > 1: under torchrun
     if args.blind:  # the text-only decoder reads no image: no frame size, no vision params
         metrics = train(section(params, "model"), config, paths, blind=True, runtime=runtime)
     else:  # of scenes, the frame size the label boxes are given in, and nothing else

@@ -252,6 +252,8 @@ def test_scenes_that_change_between_reads_are_an_error(tmp_path):
     ({"command_types": ["detection", "poetry"]}, "unknown type 'poetry'"),
     ({"counting_categories": ["unicorn"]}, "commands.counting_categories: unknown category 'unicorn'"),
     ({"max_count": 12}, "commands.max_count: must be in 0..9"),
+    ({"more_than": [1, 2, 2]}, "commands.more_than: names a value twice: [1, 2, 2]"),
+    ({"counting_categories": ["car", "car"]}, "commands.counting_categories: names a value twice"),
     ({"questions_per_image": "many"}, "commands.questions_per_image: must be an integer"),
     ({"train_questions_per_image": 0}, "commands.train_questions_per_image: must be at least 1 or null, got 0"),
     ({"train_type_weights": {"poetry": 2}}, "commands.train_type_weights: unknown type 'poetry'"),

@@ -20,9 +20,10 @@ from vlm.counterfactuals import CounterfactualsConfig
 from vlm.data.pack import PackConfig, PackRuntime
 from vlm.data.profile import ProfileConfig
 from vlm.evaluate import EvaluateConfig
-from vlm.params import build_config
+from vlm.params import ParamError, build_config, load_params
 from vlm.scenes.generate import ScenesConfig, ScenesRuntime
 from vlm.tokenizer import VocabConfig
+from vlm.traffic_vlm import VLMConfig
 from vlm.train import TrainConfig, TrainRuntime
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,3 +71,20 @@ def _yaml_keys(section: dict, prefix: str) -> set[str]:
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_params_yaml_states_every_field(name):
     assert _yaml_keys(PARAMS[name], "") == _keys(CONFIGS[name](), "")
+
+
+def test_params_are_read_as_dvc_writes_them(tmp_path):
+    """``-S train.lr=1e-5`` writes ``lr: 1e-05``: a number in DVC's YAML 1.2 (``dvc params diff``, ``dvc exp show``)
+    and in the stages', where PyYAML's YAML 1.1 read a string and train stopped; ``no`` is a string to both."""
+    from dvc.utils.hydra import apply_overrides
+    from dvc.utils.serialize import load_yaml
+
+    path = tmp_path / "params.yaml"
+    path.write_bytes((ROOT / "params.yaml").read_bytes())
+    apply_overrides(path, ["train.lr=1e-5", "model.pack_questions=no"])
+    assert "lr: 1e-05" in path.read_text() and yaml.safe_load(path.read_text())["train"]["lr"] == "1e-05"
+    params = load_params(path)
+    assert build_config(TrainConfig, params["train"], "train").lr == 1e-5
+    assert params["model"]["pack_questions"] == "no" == load_yaml(path)["model"]["pack_questions"]
+    with pytest.raises(ParamError, match=r"model.pack_questions: must be true or false, got 'no'"):
+        VLMConfig.from_params(params["model"], vocab_size=64, image_size=128, image_width=224)

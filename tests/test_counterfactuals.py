@@ -13,7 +13,7 @@ import torch
 from vlm import counterfactuals
 from vlm.commands import rules
 from vlm.commands.generate import BalancedCommands, CommandsConfig
-from vlm.commands.templates import candidates
+from vlm.commands.templates import COMMAND_TYPES, candidates
 from vlm.counterfactuals import (
     AskedPair,
     CounterfactualsConfig,
@@ -23,7 +23,7 @@ from vlm.counterfactuals import (
     summarize,
 )
 from vlm.io import read_json
-from vlm.params import ParamError
+from vlm.params import ParamError, build_config
 from vlm.processor import Processor
 from vlm.scenes.edits import EDITS, SWITCHED, Pair, _things, make_pairs, render
 from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_synthetic, image_name, load_raw
@@ -227,6 +227,15 @@ def test_images_reach_the_model_as_the_scenes_stage_saved_them(tmp_path, monkeyp
 def test_impossible_edits_are_named(edits, message):
     with pytest.raises(ParamError, match=message):
         CounterfactualsConfig(edits=edits).validate()
+
+
+@pytest.mark.parametrize("asked", ["detection", "counting", "spatial"])
+def test_a_type_dropped_with_its_categories_passes_as_it_did_for_generate_commands(asked):
+    """``command_types`` without a type and that type's categories ``[]``, as generate_commands' own message suggests:
+    the stage reads the types too, not the default (all), which stopped it after both trainings."""
+    values = {"command_types": [t for t in COMMAND_TYPES if t != asked], f"{asked}_categories": []}
+    build_config(CommandsConfig, values, "commands")  # generate_commands
+    build_config(CommandsConfig, values, "commands", keys=counterfactuals.COMMANDS_KEYS)  # counterfactuals
 
 
 def test_the_stage_prints_n_a_for_a_rate_that_no_question_measured(tmp_path, monkeypatch, capsys):

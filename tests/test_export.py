@@ -227,10 +227,12 @@ def test_failed_export_leaves_no_folder(exported, tmp_path, monkeypatch):
     assert json.loads((export.export(source, first) / "config.json").read_text())["model_type"] == "paligemma"
 
 
-def test_the_defaults_overrides_train_a_model_that_exports():
+@pytest.mark.parametrize("perception", [{}, {"oracle": True}], ids=["defaults", "oracle"])
+def test_the_defaults_overrides_train_a_model_that_exports(perception):
     """The overrides named for params.yaml's model, applied to it, leave nothing transformers' PaliGemma does not
-    compute (the README's "PaliGemma, nothing added" command)."""
+    compute (the README's "PaliGemma, nothing added" command); with the oracle probe too, which needs the heads."""
     section = yaml.safe_load((Path(__file__).parents[1] / "params.yaml").read_text())["model"]
+    section["perception"].update(perception)
     config = VLMConfig.from_params(section, 40, 128, image_width=224)
     overrides = [o for departure in export.departures(config) for o in departure.overrides]
     assert "pack.aspect=square" in overrides  # the one outside model: square images, below

@@ -280,6 +280,11 @@ def test_an_impossible_image_size_fails_before_packing(project, tmp_path, monkey
         "--commands-dir", str(processed / "commands"), "--out", str(tmp_path), "--metrics", str(tmp_path / "m.json")]))
     assert err == ("error: pack.image_size: must be a multiple of the patch size x model.pixel_shuffle (16 x 2 = 32), "
                    "got 144; or set model.pixel_shuffle: 1")
+    (tmp_path / "params.yaml").write_text(params.replace("vision: siglip", "vision: SigLIP", 1))
+    err = _one_line_error(capsys, lambda: stages.pack_hdf5.main([  # packed 228 wide as "blind", then train stopped
+        "--params", str(tmp_path / "params.yaml"), "--raw", str(root / "data" / "raw"),
+        "--commands-dir", str(processed / "commands"), "--out", str(tmp_path), "--metrics", str(tmp_path / "m.json")]))
+    assert err == "error: model.vision: must be one of 'siglip', 'none', got 'SigLIP'"
 
 
 # ------------------------------------------------------------------------------------------------ damaged files

@@ -43,6 +43,9 @@ def test_flags_are_params_keys_and_a_typo_stops(tmp_path):
     strings.write_text("pack:\n  aspect: 'null'\n  resample: \"it's 1, 2\"\n")
     assert flags(strings, ROOT / "params.yaml") == ["--set-param=pack.aspect='null'",
                                                     "--set-param=pack.resample='it\\'s 1, 2'"]
+    small = tmp_path / "small.yaml"  # DVC writes it as 5e-05, which is read back as the number (YAML 1.2)
+    small.write_text("train:\n  lr: 0.00005\n")
+    assert flags(small, ROOT / "params.yaml") == ["--set-param=train.lr=5e-05"]
     for text, error in [("train:\n  epoch: 3\n", r"train.epoch: not a key of params.yaml"),
                         ("train: 5\n", r"train: a section of params.yaml: give its keys, not 5"),
                         ("train: [\n", r"not valid YAML"),

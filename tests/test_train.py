@@ -331,10 +331,15 @@ def test_non_finite_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(proce
         return output
 
     monkeypatch.setattr(PaliGemma, "forward", poisoned)
-    with pytest.raises(NonFiniteLossError, match=r"loss is nan at epoch 1, batch 5 \(step 4\).*last good checkpoint, "
-                       r"which holds the best model so far, is kept at"):
+    with pytest.raises(NonFiniteLossError, match=r"loss is nan at epoch 1, batch 5 \(step 4\); stopped\. The last good "
+                       r"checkpoint is kept at .*vlm-\w+\.pt; lower train\.lr"):
         _train(tiny_train_config(), paths)
     assert _last(paths)["state"]["step"] == 3  # checkpoint_every=3: the last good one survives
+    # before the first checkpoint there is none to name (the message named one)
+    calls["n"] = 3
+    with pytest.raises(NonFiniteLossError, match=r"loss is nan at epoch 1, batch 2 \(step 1\); stopped\. No checkpoint "
+                       r"was written \(the first comes at step 3\); lower train\.lr"):
+        _train(tiny_train_config(), paths_for(processed, tmp_path / "first"))
 
 
 def test_a_non_finite_loss_is_one_line_from_the_stage(capsys):
@@ -350,12 +355,34 @@ def test_early_stopping(processed, tmp_path):
     assert metrics["stopped_early"] and metrics["epochs"] == 2
 
 
+def test_the_metrics_are_the_saved_models_the_best_epochs(processed, tmp_path, monkeypatch):
+    """The heads' val measures in metrics/train.json are of the best epoch, the model saved, as its val accuracy."""
+    measures = iter([{"val/accuracy": 0.5, "val/counts/exact": 0.9}, {"val/accuracy": 0.4, "val/counts/exact": 0.1}])
+    monkeypatch.setattr(vlm.train, "validate", lambda run: next(measures))
+    metrics = _train(tiny_train_config(epochs=2), paths_for(processed, tmp_path))
+    assert (metrics["best_epoch"], metrics["epochs"]) == (1, 2)
+    assert (metrics["val_accuracy"], metrics["val_counts_exact"]) == (0.5, 0.9)
+
+
 def test_gradient_accumulation_and_blind(processed, tmp_path):
     paths = paths_for(processed, tmp_path, "blind")
     metrics = _train(tiny_train_config(epochs=3, blind_epochs=1, grad_accum=2), paths, blind=True)
     assert metrics["epochs"] == 1 and metrics["steps"] == metrics["planned_steps"]  # train.blind_epochs
     loaded = load_model(paths.model)
     assert loaded.model.config.vision == "none" and loaded.model.num_image_tokens == 0
+
+
+def test_every_step_takes_the_mean_gradient_of_its_windows_passes(processed, tmp_path, monkeypatch):
+    """Each pass's loss is divided by the passes of its window: grad_accum in the epoch, fewer in its last window when
+    grad_accum does not divide the batches (divided by grad_accum, that step's batches counted less)."""
+    passes, forward_backward = [], vlm.train.forward_backward
+    monkeypatch.setattr(vlm.train, "forward_backward", lambda run, batch, **kw: passes.append(
+        (kw["passes"], kw["sync_grads"])) or forward_backward(run, batch, **kw))
+    metrics = _train(tiny_train_config(epochs=1, grad_accum=3), paths_for(processed, tmp_path, "blind"), blind=True)
+    last = len(passes) % 3
+    assert last and metrics["steps"] == -(-len(passes) // 3)  # a shorter last window, a step per window
+    assert passes == [(3, (i + 1) % 3 == 0) for i in range(len(passes) - last)] + [(last, i == last) for i in
+                                                                                     range(1, last + 1)]
 
 
 def test_the_blind_model_never_holds_the_images_in_ram(processed, tmp_path):
@@ -368,6 +395,17 @@ def test_the_blind_model_never_holds_the_images_in_ram(processed, tmp_path):
     assert seeing.loader.dataset.in_memory and seeing.val_set.in_memory
 
 
+def test_processes_that_found_different_resume_checkpoints_stop():
+    """A node without the checkpoints folder (not on shared storage) would start afresh beside rank 0's resume."""
+    from vlm.train import check_same_resume
+
+    check_same_resume([200, 200, 200], Path("c/vlm-1.pt"))
+    check_same_resume([None, None], Path("c/vlm-1.pt"))
+    with pytest.raises(ValueError, match=r"c/vlm-1\.pt: the processes found different resume checkpoints \(rank 0: "
+                                         r"step 200, rank 1: none\): put the checkpoints folder on storage"):
+        check_same_resume([200, None], Path("c/vlm-1.pt"))
+
+
 def test_lr_schedule():
     assert lr_factor(0, 10, 100, 0.1) == pytest.approx(0.1)
     assert lr_factor(9, 10, 100, 0.1) == pytest.approx(1.0)
@@ -378,7 +416,10 @@ def test_lr_schedule():
 @pytest.mark.parametrize("values, message", [
     ({"epochs": 0}, "train.epochs: must be >= 1"),
     ({"blind_epochs": 0}, "train.blind_epochs: must be >= 1 or null"),
-    ({"lr": -1.0}, "train.lr: must be > 0"),
+    ({"lr": -1.0}, "train.lr: must be a finite number > 0"),
+    ({"blind_epochs": "all"}, "train.blind_epochs: must be an integer, or null, got 'all'"),  # named only the first
+    ({"lr": float("inf")}, "train.lr: must be a finite number > 0, got inf"),  # it passed, then a NaN loss at step 1
+    ({"grad_clip": float("inf")}, "train.grad_clip: must be a finite number >= 0, got inf"),
     ({"augment": {"hue": 0.3}}, "train.augment.hue: must be in"),
     ({"optimizer": "sgd"}, "train.optimizer: must be one of 'adamw', 'muon', 'muon_conv', got 'sgd'"),
     ({"optimiser": "adamw"}, "train.optimiser: unknown key"),
@@ -391,7 +432,7 @@ def test_impossible_train_params(values, message):
 @pytest.mark.parametrize("values, message", [
     ({"threads": -1}, "runtime.train.threads: must be >= 0, got -1"),
     ({"checkpoint_every": 0}, "runtime.train.checkpoint_every: must be >= 1, got 0"),
-    ({"in_memory": "sometimes"}, "runtime.train.in_memory: must be"),
+    ({"in_memory": "sometimes"}, "runtime.train.in_memory: must be true or false, or 'auto', got 'sometimes'"),
     ({"workers": 2}, "runtime.train.workers: unknown key"),
 ])
 def test_impossible_runtime_values(values, message):
@@ -424,6 +465,33 @@ def test_more_processes_than_gpus_stop_the_stage_with_one_line(tmp_path, monkeyp
     error = stage_error(tmp_path, monkeypatch, capsys, {"train": {"nproc": 2}, "runtime": {"train": {}}})
     assert error == ("error: train.nproc: 2 processes, 1 GPU(s) here: one process per GPU "
                      "(CUDA_VISIBLE_DEVICES= trains on the CPU)")
+
+
+@pytest.mark.parametrize("blind", [False, True])
+def test_bad_inputs_stop_the_stage_with_one_line_before_torchrun_starts(processed, tmp_path, monkeypatch, capsys,
+                                                                         blind):
+    """train.nproc 2: a bad model param or a missing file is one line from the stage, not the same error from each
+    of torchrun's processes inside its 40-line traceback."""
+    import stages.train
+
+    monkeypatch.setattr(stages.train, "relaunch_distributed", lambda *a: pytest.fail("torchrun started"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    model = {**TINY_MODEL, "connector": "mlp", "gemma": {**TINY_MODEL["gemma"], "num_hidden_layers": 0}}
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"train": {"nproc": 2}, "model": model, "runtime": {"train": {}}}))
+    argv = ["stages.train", "--params", str(params), "--data", str(processed), "--model", str(tmp_path / "m.pt"),
+            "--checkpoints", str(tmp_path / "c"), "--metrics", "m.json", "--timing", "t.json", "--live", "l",
+            *(["--blind"] if blind else [])]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit):
+        run(stages.train.main)
+    error = ("model.gemma.num_hidden_layers: must be positive, got 0" if blind else  # the blind model: no connector
+             "model.connector: must be one of 'linear', 'qformer', got 'mlp'")
+    assert capsys.readouterr().err == f"error: {error}\n"
+    monkeypatch.setattr(sys, "argv", [*argv[:4], str(tmp_path / "nothing"), *argv[5:]])
+    with pytest.raises(SystemExit):
+        run(stages.train.main)
+    assert capsys.readouterr().err == f"error: vocab file not found: {tmp_path / 'nothing' / 'vocab.json'}\n"
 
 
 def test_bad_model_params_fail_before_training(processed, tmp_path):

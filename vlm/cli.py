@@ -25,7 +25,7 @@ def relaunch_distributed(nproc: int, module: str, argv: Sequence[str]) -> None:
     """Replace this process by ``torchrun --standalone --nproc_per_node nproc -m module argv`` unless it is one of
     its processes already (``LOCAL_RANK`` set: it then dies with torchrun, :func:`die_with_parent`) or ``nproc`` is 1;
     several machines: run ``torchrun`` yourself."""
-    if "LOCAL_RANK" in os.environ:
+    if under_torchrun():
         die_with_parent()
         return
     if nproc <= 1:
@@ -34,6 +34,11 @@ def relaunch_distributed(nproc: int, module: str, argv: Sequence[str]) -> None:
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
                               f"--nproc_per_node={nproc}", "-m", module, *argv])
+
+
+def under_torchrun() -> bool:
+    """Whether this process is one of torchrun's (it sets ``LOCAL_RANK``)."""
+    return "LOCAL_RANK" in os.environ
 
 
 def die_with_parent() -> None:

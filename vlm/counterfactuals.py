@@ -27,7 +27,9 @@ from vlm.scenes.schema import Scene
 FIELDS = ("image_id", "command", "template")  # what is read of a commands record
 # what :func:`run` reads of the scenes and commands params (dvc.yaml declares exactly these)
 SCENES_KEYS = ("seed", "width", "height", "max_count", "jpeg_quality")
-COMMANDS_KEYS = ("detection_categories", "counting_categories", "spatial_categories", "more_than", "max_count")
+# (command_types too: a categories list may be empty when its type is not asked, as generate_commands checked)
+COMMANDS_KEYS = ("command_types", "detection_categories", "counting_categories", "spatial_categories", "more_than",
+                 "max_count")
 
 
 @dataclass

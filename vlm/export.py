@@ -58,7 +58,8 @@ def departures(config: VLMConfig) -> list[Departure]:
     perception_off = (*(f"model.perception.heads.{name}=0" for name in perception.active_heads),
                       *(["model.perception.to_decoder=false"] if perception.to_decoder else []),
                       *(["model.perception.stem_channels=[]"] if perception.stem_channels else []),
-                      *(["model.perception.mirror_average=false"] if perception.mirror_average else []))
+                      *(["model.perception.mirror_average=false"] if perception.mirror_average else []),
+                      *(["model.perception.oracle=false"] if perception.oracle else []))
     if config.vision != "siglip":  # no training run makes the baseline one: nothing else to name
         return [Departure("it is the text-only baseline (model.vision: none), which reads no image; export the VLM "
                           "(models/vlm.pt) instead", ())]

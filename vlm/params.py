@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
+from ruamel.yaml import YAML, YAMLError
 
 
 class ParamError(ValueError):
@@ -55,15 +55,20 @@ def recording_reads() -> Iterator[set[str]]:
         _recorders.remove(reads)
 
 
+def parse_yaml(text: str) -> Any:
+    """``text`` read as DVC reads params.yaml (ruamel's safe loader, YAML 1.2): ``1e-05`` is a number, as ``-S`` writes
+    a small float; ``no`` is a string (PyYAML's YAML 1.1 reads them the other way round)."""
+    return YAML(typ="safe").load(text)
+
+
 def load_params(path: str | os.PathLike = "params.yaml") -> Params:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"params file not found: {path}")
-    with open(path, encoding="utf-8") as f:
-        try:
-            params = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            raise ParamError(f"{path}: invalid YAML: {e}") from e
+    try:
+        params = parse_yaml(path.read_text(encoding="utf-8")) or {}
+    except YAMLError as e:
+        raise ParamError(f"{path}: invalid YAML: {e}") from e
     check(isinstance(params, dict), str(path), "top level must be a mapping of sections")
     return Params(params, reads=_recorders[-1] if _recorders else None)
 
@@ -161,6 +166,18 @@ _SCALARS = {bool: ((bool,), "true or false"), int: ((int,), "an integer"), float
             str: ((str,), "a string")}
 
 
+def _kind(hint: Any) -> str:
+    """What a value of type ``hint`` is, for an error message (``int | None``: "an integer, or null")."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return repr(args[0]) if len(args) == 1 else f"one of {', '.join(map(repr, args))}"
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict or hint is dict:
+        return "a mapping"
+    return "null" if hint is type(None) else _SCALARS[hint][1] if hint in _SCALARS else hint.__name__
+
+
 def _coerce(value: Any, hint: Any, key: str) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
@@ -173,7 +190,10 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
                     return _coerce(value, arg, key)
                 except ParamError as e:
                     errors.append(e)
-        raise errors[0]
+        inner = [e for e in errors if not str(e).startswith(f"{key}: ")]  # an item's (key[0]: ...): it says more
+        if inner:
+            raise inner[0]
+        raise ParamError(f"{key}: must be {', or '.join(_kind(arg) for arg in args)}, got {value!r}")
     if origin is typing.Literal:
         check(value in args, key, f"must be one of {', '.join(map(repr, args))}, got {value!r}")
         return value

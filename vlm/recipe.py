@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
+from ruamel.yaml import YAMLError
 
 from vlm.cli import run
-from vlm.params import ParamError, check
+from vlm.params import ParamError, check, parse_yaml
 
 HYDRA_WORDS = {"true", "false", "null", "nan", "inf"}  # words Hydra's grammar reads as other than strings
 
@@ -74,9 +74,9 @@ def flags(recipe_path: str | Path, params_path: str | Path = "params.yaml") -> l
     each checked to set exactly that value when DVC applies it to params.yaml."""
     source = str(recipe_path)
     try:
-        recipe = yaml.safe_load(Path(recipe_path).read_text(encoding="utf-8")) or {}
-        params = yaml.safe_load(Path(params_path).read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
+        recipe = parse_yaml(Path(recipe_path).read_text(encoding="utf-8")) or {}
+        params = parse_yaml(Path(params_path).read_text(encoding="utf-8"))
+    except YAMLError as e:
         raise ParamError(f"{source}: not valid YAML ({str(e).splitlines()[0]})") from e
     check(isinstance(recipe, Mapping), source, f"must be a mapping of params.yaml's sections, got {recipe!r}")
     values = overrides(recipe, params, source)
@@ -100,7 +100,7 @@ def _check_as_dvc_applies(made: Mapping[str, str], values: Mapping[str, Any], pa
                 apply_overrides(copied, [flag.removeprefix("--set-param=")])
             except Exception as e:  # DVC's InvalidArgumentError, the Hydra error as its cause
                 raise ParamError(f"{source}: {flag}: DVC cannot apply it ({e.__cause__ or e})".splitlines()[0]) from e
-        got = yaml.safe_load(copied.read_text(encoding="utf-8"))
+        got = parse_yaml(copied.read_text(encoding="utf-8"))
     for key, want in values.items():
         have = functools.reduce(lambda section, name: section[name], key.split("."), got)
         check(want == have and type(want) is type(have), f"{source}: {key}",

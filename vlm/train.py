@@ -68,10 +68,11 @@ class TrainConfig:
             check(getattr(self, name) >= 1, f"{prefix}.{name}", f"must be >= 1, got {getattr(self, name)}")
         check(self.blind_epochs is None or self.blind_epochs >= 1, f"{prefix}.blind_epochs",
               f"must be >= 1 or null (= epochs), got {self.blind_epochs}")
-        check(self.lr > 0, f"{prefix}.lr", f"must be > 0, got {self.lr}")
+        check(math.isfinite(self.lr) and self.lr > 0, f"{prefix}.lr", f"must be a finite number > 0, got {self.lr}")
         check(0 <= self.min_lr_ratio <= 1, f"{prefix}.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         for name in ("warmup_steps", "weight_decay", "grad_clip", "early_stopping_patience"):
-            check(getattr(self, name) >= 0, f"{prefix}.{name}", f"must be >= 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            check(math.isfinite(value) and value >= 0, f"{prefix}.{name}", f"must be a finite number >= 0, got {value}")
         self.augment.validate(f"{prefix}.augment")
 
 
@@ -360,6 +361,14 @@ def blind_baseline(model_params: Mapping[str, Any], config: TrainConfig) -> tupl
     return params, replace(config, epochs=epochs, augment=augment)
 
 
+def check_inputs(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPaths, *, blind: bool) -> None:
+    """What :func:`setup` checks before any weight (the model params against the vocabulary and the packed images),
+    for a stage to check before it starts torchrun's processes: each would print the error, in torchrun's traceback."""
+    if blind:
+        model_params, config = blind_baseline(model_params, config)
+    model_config_of(model_params, TrafficCommandTokenizer.from_file(paths.vocab), paths)
+
+
 def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPaths,
           frame_size: tuple[float, float] | None, runtime: TrainRuntime | None = None) -> Run:
     """Processes, inputs (checked before any weight is built), model, data and optimizer."""
@@ -455,6 +464,10 @@ def planned_steps(loader: torch.utils.data.DataLoader, config: TrainConfig) -> i
 def resume(run: Run) -> TrainState:
     """The state of the last checkpoint of the same run (weights, optimizer and RNG restored), else a new one."""
     saved = checkpoint.read_resume(run.last_path, run.fingerprint)
+    if run.dist.world_size > 1:  # each process reads its own disk: the nodes of a run must find the same checkpoint
+        steps: list[int | None] = [None] * run.dist.world_size
+        dist.all_gather_object(steps, None if saved is None else saved["state"]["step"])
+        check_same_resume(steps, run.last_path)
     if saved is None:
         return TrainState()
     run.model.load_state_dict(saved["model"])
@@ -465,6 +478,16 @@ def resume(run: Run) -> TrainState:
     log.info("resuming %s from %s: epoch %d, batch %d, step %d", run.name, run.last_path, state.epoch + 1,
              state.batch, state.step)
     return state
+
+
+def check_same_resume(steps: list[int | None], path: Path) -> None:
+    """Stop unless every process found the same resume checkpoint (``steps``: each rank's step, None: none found); a
+    process starting afresh beside one resuming would train other weights and hang in the collectives."""
+    if len(set(steps)) > 1:
+        found = ", ".join(f"rank {rank}: {'none' if step is None else f'step {step}'}" for rank, step in
+                          enumerate(steps))
+        raise ValueError(f"{path}: the processes found different resume checkpoints ({found}): put the checkpoints "
+                         f"folder on storage every node shares, or delete it to start again")
 
 
 def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
@@ -481,9 +504,10 @@ def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
         batch = batch.to(run.device)
         last_batch = index + 1 == batches
         boundary = (index + 1) % config.grad_accum == 0 or last_batch
-        output, loss = forward_backward(run, batch, sync_grads=boundary)
+        output, loss = forward_backward(run, batch, sync_grads=boundary,
+                                        passes=window_passes(index, batches, config.grad_accum))
         record_pass(run, window, output, loss, batch,
-                    where=f"epoch {state.epoch + 1}, batch {index + 1} (step {state.step})")
+                    where=f"epoch {state.epoch + 1}, batch {index + 1} (step {state.step})", state=state)
         state.samples += len(batch) * run.dist.world_size
         if not boundary:
             continue
@@ -542,14 +566,21 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
 
 
 # The loop's helpers
-def forward_backward(run: Run, batch: Batch, *, sync_grads: bool) -> tuple[VLMOutput, torch.Tensor]:
-    """Forward and backward pass of one batch; under DDP the gradients sync only at an accumulation window's end.
-    Its loss is checked by :func:`record_pass`, before the optimizer step, in the one sync of the step's record."""
+def window_passes(index: int, batches: int, grad_accum: int) -> int:
+    """The forward passes of the accumulation window that batch ``index`` of an epoch of ``batches`` is in:
+    ``grad_accum``, fewer in the epoch's last window when ``grad_accum`` does not divide ``batches``."""
+    return min(grad_accum, batches - (index - index % grad_accum))
+
+
+def forward_backward(run: Run, batch: Batch, *, sync_grads: bool, passes: int) -> tuple[VLMOutput, torch.Tensor]:
+    """Forward and backward pass of one batch, its gradient divided by its window's ``passes`` (the step takes their
+    mean); under DDP the gradients sync only at the window's end. Its loss is checked by :func:`record_pass`, before
+    the optimizer step, in the one sync of the step's record."""
     sync = nullcontext() if sync_grads or run.dist.world_size == 1 else run.ddp_model.no_sync()
     with sync, autocast(run.device):
         output = run.ddp_model(batch, answer_only=True)
     loss = weighted_loss(output.losses, run.model.loss_weights)
-    (loss / run.config.grad_accum).backward()
+    (loss / passes).backward()
     return output, loss
 
 
@@ -600,14 +631,22 @@ class StepWindow:
 
 
 def record_pass(run: Run, window: StepWindow, output: VLMOutput, loss: torch.Tensor, batch: Batch, *,
-                where: str) -> None:
+                where: str, state: TrainState | None) -> None:
     """The pass's losses and accuracy into ``window`` (one read from the device); a non-finite loss stops the run
-    there, before the optimizer step, so the weights stay as they were."""
+    there, before the optimizer step, so the weights stay as they were (the message says what ``state``'s run
+    keeps)."""
     loss = window.add(output, loss, batch, run.dist.world_size)
     if not math.isfinite(loss):
-        raise NonFiniteLossError(
-            f"{run.name}: loss is {loss} at {where}; stopped. The last good checkpoint, which holds the best model "
-            f"so far, is kept at {run.last_path}; lower train.lr or raise train.warmup_steps")
+        raise NonFiniteLossError(f"{run.name}: loss is {loss} at {where}; stopped. {kept_checkpoint(run, state)}; "
+                                 f"lower train.lr or raise train.warmup_steps (a new run, from step 0)")
+
+
+def kept_checkpoint(run: Run, state: TrainState | None) -> str:
+    """What a stopped run keeps to resume from, for its error message."""
+    if state is None or not run.last_path.is_file():
+        return f"No checkpoint was written (the first comes at step {run.runtime.checkpoint_every})"
+    best = f", which holds the best model so far (epoch {state.best['metrics']['epoch']})," if state.best else ""
+    return f"The last good checkpoint{best} is kept at {run.last_path}"
 
 
 def save_resume(run: Run, state: TrainState) -> None:
@@ -674,6 +713,7 @@ def train_metrics(state: TrainState, model: torch.nn.Module) -> dict[str, Any]:
     """The run's headline numbers, the best epoch's validation accuracy first."""
     evals = [r for r in state.history if "val/accuracy" in r]
     last_epoch = [r for r in state.history if r["epoch"] == state.history[-1]["epoch"]]
+    best = next(r for r in evals if r["epoch"] == state.best["metrics"]["epoch"]) if state.best else {}
     return {
         "val_accuracy": round(state.best_accuracy, 4),
         "best_epoch": state.best["metrics"]["epoch"] if state.best else None,
@@ -681,8 +721,8 @@ def train_metrics(state: TrainState, model: torch.nn.Module) -> dict[str, Any]:
         "train_loss": round(float(np.mean([r["train/loss"] for r in last_epoch])), 4),
         "train_accuracy": round(float(np.mean([r["train/accuracy"] for r in last_epoch])), 4),
         "steps": state.step, "parameters": sum(p.numel() for p in model.parameters()),
-        # the perception heads' own val measures at the last epoch (e.g. val_counts_exact)
-        **{key.replace("/", "_"): round(value, 4) for key, value in (evals[-1] if evals else {}).items()
+        # the perception heads' own val measures at the best epoch, the saved model's (e.g. val_counts_exact)
+        **{key.replace("/", "_"): round(value, 4) for key, value in best.items()
            if key.startswith("val/") and key != "val/accuracy"},
     }
 

@@ -168,11 +168,12 @@ def test_invalid_config_names_the_key(overrides, message):
 # ---------------------------------------------------------------- HuggingFace parity
 
 
-def hf_gemma(transformers, num_heads: int, num_kv_heads: int, head_dim: int, vocab_size: int = 40):
+def hf_gemma(transformers, num_heads: int, num_kv_heads: int, head_dim: int, vocab_size: int = 40,
+             rope_theta: float = 10000.0):
     """A HF GemmaForCausalLM of SMALL's sizes with random (not initial) weights."""
     torch.manual_seed(0)
     hf_config = transformers.GemmaConfig(**{**SMALL, "vocab_size": vocab_size}, num_attention_heads=num_heads,
-                                         num_key_value_heads=num_kv_heads, head_dim=head_dim,
+                                         num_key_value_heads=num_kv_heads, head_dim=head_dim, rope_theta=rope_theta,
                                          attn_implementation="eager")
     hf = transformers.GemmaForCausalLM(hf_config).eval()
     with torch.no_grad():
@@ -220,10 +221,11 @@ def test_head_dim_defaults_to_hidden_size_over_heads_and_may_differ():
 def test_a_saved_hf_gemma_loads_into_the_decoder(transformers, tmp_path, safe_serialization):
     from vlm.models.gemma import gemma_config_from_pretrained, load_pretrained_gemma
 
-    hf = hf_gemma(transformers, 4, 2, 16)
+    hf = hf_gemma(transformers, 4, 2, 16, rope_theta=500.0)  # written in config.json's rope_parameters
     hf.save_pretrained(tmp_path, safe_serialization=safe_serialization)
     config = gemma_config_from_pretrained(tmp_path)
     assert (config.head_dim, config.num_attention_heads, config.num_key_value_heads) == (16, 4, 2)
+    assert config.rope_theta == 500.0
     ours = load_pretrained_gemma(tmp_path).eval()
     ids, mask, lengths = padded_prompts()
     with torch.no_grad():
@@ -251,4 +253,8 @@ def test_a_damaged_or_foreign_decoder_checkpoint_is_a_clear_error(transformers, 
         load_pretrained_gemma(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_activation": "relu"}))
     with pytest.raises(ValueError, match="hidden activation 'relu' is not Gemma's gelu_pytorch_tanh"):
+        load_pretrained_gemma(tmp_path)
+    scaled = {**config, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}
+    (tmp_path / "config.json").write_text(json.dumps(scaled))
+    with pytest.raises(ValueError, match="config.json: RoPE type 'linear': this decoder computes Gemma's default"):
         load_pretrained_gemma(tmp_path)

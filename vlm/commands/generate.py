@@ -69,6 +69,10 @@ class CommandsConfig:
         for t in self.command_types:
             check(t in COMMAND_TYPES, f"{prefix}.command_types",
                   f"unknown type {t!r} (known: {', '.join(COMMAND_TYPES)})")
+        for key in ("command_types", "detection_categories", "counting_categories", "spatial_categories",
+                    "more_than"):  # a value twice would ask its questions twice as often
+            values = getattr(self, key)
+            check(len(set(values)) == len(values), f"{prefix}.{key}", f"names a value twice: {values}")
         for key in ("detection_categories", "counting_categories", "spatial_categories"):
             for c in getattr(self, key):
                 check(c in PLURALS, f"{prefix}.{key}", f"unknown category {c!r} (known: {', '.join(CATEGORIES)})")

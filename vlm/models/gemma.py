@@ -309,6 +309,14 @@ def gemma_config_from_pretrained(path: str | os.PathLike) -> GemmaConfig:
     if activation != "gelu_pytorch_tanh":
         raise ValueError(f"{config_file}: hidden activation {activation!r} is not Gemma's gelu_pytorch_tanh")
     values = {**_HF_GEMMA_DEFAULTS, **{k: text[k] for k in _HF_GEMMA_DEFAULTS if text.get(k) is not None}}
+    # RoPE: transformers 5 writes {"rope_parameters": {"rope_type": "default", "rope_theta": ...}} (vlm.export too);
+    # 4.x a top-level rope_theta and, for scaled RoPE, "rope_scaling"
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"{config_file}: RoPE type {rope_type!r}: this decoder computes Gemma's default RoPE only")
+    if rope.get("rope_theta") is not None:
+        values["rope_theta"] = rope["rope_theta"]
     return GemmaConfig(**values)
 
 

@@ -217,12 +217,13 @@ def test_head_dim_defaults_to_hidden_size_over_heads_and_may_differ():
     GemmaConfig(**{**SMALL, "hidden_size": 30}, num_attention_heads=4, num_key_value_heads=2, head_dim=8).validate()
 
 
-@pytest.mark.parametrize("safe_serialization", [True, False])
-def test_a_saved_hf_gemma_loads_into_the_decoder(transformers, tmp_path, safe_serialization):
+@pytest.mark.parametrize("safe_serialization, shard", [(True, None), (False, None), (True, "20KB")])
+def test_a_saved_hf_gemma_loads_into_the_decoder(transformers, tmp_path, safe_serialization, shard):
     from vlm.models.gemma import gemma_config_from_pretrained, load_pretrained_gemma
 
     hf = hf_gemma(transformers, 4, 2, 16, rope_theta=500.0)  # written in config.json's rope_parameters
-    hf.save_pretrained(tmp_path, safe_serialization=safe_serialization)
+    hf.save_pretrained(tmp_path, safe_serialization=safe_serialization, **{"max_shard_size": shard} if shard else {})
+    assert (tmp_path / "model.safetensors.index.json").is_file() == bool(shard)  # shards, as Gemma-2B's download
     config = gemma_config_from_pretrained(tmp_path)
     assert (config.head_dim, config.num_attention_heads, config.num_key_value_heads) == (16, 4, 2)
     assert config.rope_theta == 500.0

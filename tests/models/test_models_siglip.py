@@ -131,6 +131,35 @@ def test_loads_a_saved_hf_siglip_checkpoint_folder(transformers, tmp_path):
                                    atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("safe_serialization", [True, False])
+def test_loads_a_sharded_checkpoint_folder(transformers, tmp_path, safe_serialization):
+    """Shards and their index (model.safetensors.index.json), as PaliGemma-3B's download has them (transformers 4's
+    pytorch_model.bin.index.json too): the vision tensors are found in whichever shards hold them; a missing shard
+    is named."""
+    hf = hf_vision_model(transformers)
+    if safe_serialization:
+        hf.save_pretrained(tmp_path, max_shard_size="20KB")
+        index = tmp_path / "model.safetensors.index.json"
+    else:  # transformers 5 writes safetensors only: the .bin layout by hand
+        hf.config.save_pretrained(tmp_path)
+        items, weight_map = list(hf.state_dict().items()), {}
+        for k in range(3):
+            name = f"pytorch_model-{k + 1:05d}-of-00003.bin"
+            torch.save({f"vision_model.{key}": value for key, value in items[k::3]}, tmp_path / name)
+            weight_map |= {f"vision_model.{key}": name for key, _ in items[k::3]}
+        index = tmp_path / "pytorch_model.bin.index.json"
+        index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    assert len(shards) > 2
+    loaded = load_pretrained_siglip(tmp_path)
+    for key, value in hf.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key.removeprefix("vision_model.")], value), key
+    (tmp_path / shards[1]).unlink()
+    with pytest.raises(FileNotFoundError, match=rf"{index.name}: names {shards[1]}, which is not in .* \(1 of "
+                                                rf"{len(shards)} shards missing\)"):
+        load_pretrained_siglip(tmp_path)
+
+
 def test_loads_a_bin_file_with_legacy_prefix_and_resizes_positions(transformers, tmp_path):
     hf = hf_vision_model(transformers)
     weights = tmp_path / "pytorch_model.bin"
@@ -164,7 +193,7 @@ def test_loads_a_safetensors_file_with_config_beside_it(tmp_path):
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="not found"):
         load_pretrained_siglip(tmp_path / "nope.safetensors")
-    with pytest.raises(FileNotFoundError, match="model.safetensors or pytorch_model.bin"):
+    with pytest.raises(FileNotFoundError, match="model.safetensors or pytorch_model.bin in this folder, nor a sharded"):
         load_pretrained_siglip(tmp_path)
 
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlm.models.attention import attention, init_weights
-from vlm.models.pretrained import read_config, sub_model_tensors, weights_file
+from vlm.models.pretrained import read_config, sub_model_tensors, weights_files
 from vlm.params import check
 
 log = logging.getLogger(__name__)
@@ -325,8 +325,9 @@ def load_pretrained_gemma(path: str | os.PathLike, vocab_size: int | None = None
     strictly; with another ``vocab_size`` (the tokenizer's) the token embeddings and tied LM head stay fresh."""
     path = Path(path)
     config = gemma_config_from_pretrained(path)
-    file = weights_file(path, "Gemma")
-    state_dict = sub_model_tensors(file, _EMBED_KEY, "Gemma decoder")
+    files = weights_files(path, "Gemma")
+    file = files[0] if len(files) == 1 else path  # what the errors name
+    state_dict = sub_model_tensors(files, _EMBED_KEY, "Gemma decoder")
     if state_dict[_EMBED_KEY].shape != (config.vocab_size, config.hidden_size):
         raise ValueError(f"{file}: {_EMBED_KEY} {tuple(state_dict[_EMBED_KEY].shape)} does not match its "
                          f"config.json ({config.vocab_size}, {config.hidden_size})")

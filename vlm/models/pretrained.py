@@ -1,5 +1,5 @@
 """Reading HuggingFace checkpoints on disk (no download): a folder with ``config.json`` and
-``model.safetensors`` or ``pytorch_model.bin``, or one such weights file."""
+``model.safetensors`` or ``pytorch_model.bin`` (or their shards and index), or one such weights file."""
 
 import json
 from collections.abc import Callable
@@ -11,40 +11,76 @@ import torch
 from vlm.params import ParamError, check
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# a sharded checkpoint's (PaliGemma-3B's, Gemma-2B's) map of each tensor to its shard file
+INDEX_FILES = tuple(f"{name}.index.json" for name in WEIGHT_FILES)
 
 
-def weights_file(path: Path, what: str) -> Path:
-    """The weights file of ``path`` (the file itself, or the first of :data:`WEIGHT_FILES` in the folder)."""
+def weights_files(path: Path, what: str) -> list[Path]:
+    """The weights files of ``path``: the file itself, the first of :data:`WEIGHT_FILES` in the folder, or the shards
+    that the folder's index (:data:`INDEX_FILES`) names."""
     if path.is_file():
-        return path
-    if path.is_dir():
-        for name in WEIGHT_FILES:
-            if (path / name).is_file():
-                return path / name
-        raise FileNotFoundError(f"{path}: no {' or '.join(WEIGHT_FILES)} in this folder")
-    raise FileNotFoundError(f"{what} checkpoint not found: {path}")
+        return [path]
+    if not path.is_dir():
+        raise FileNotFoundError(f"{what} checkpoint not found: {path}")
+    for name in WEIGHT_FILES:
+        if (path / name).is_file():
+            return [path / name]
+    for name in INDEX_FILES:
+        if (path / name).is_file():
+            found = read_config(path, name)
+            weight_map = found[1].get("weight_map") if isinstance(found[1], dict) else None
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ValueError(f"{path / name}: no 'weight_map' of tensor names to shard files")
+            shards = [path / shard for shard in sorted(set(weight_map.values()))]
+            missing = [shard.name for shard in shards if not shard.is_file()]
+            if missing:
+                raise FileNotFoundError(f"{path / name}: names {missing[0]}, which is not in {path} "
+                                        f"({len(missing)} of {len(shards)} shards missing)")
+            return shards
+    raise FileNotFoundError(f"{path}: no {' or '.join(WEIGHT_FILES)} in this folder, nor a sharded checkpoint's "
+                            f"{' or '.join(INDEX_FILES)}")
 
 
-def load_tensors(file: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a ``.safetensors`` or ``torch.save``d (``.bin``, ``.pt``, ``.pth``) weights file."""
+def load_tensors(file: Path, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors ``names`` (None: every one) of a ``.safetensors`` or ``torch.save``d (``.bin``, ``.pt``, ``.pth``)
+    weights file; from a ``.safetensors`` file only those are read."""
     if file.suffix == ".safetensors":
-        from safetensors.torch import load_file
+        from safetensors import safe_open
 
-        return load_file(file)
+        with safe_open(file, framework="pt") as f:
+            return {name: f.get_tensor(name) for name in (f.keys() if names is None else names)}
     if file.suffix in (".bin", ".pt", ".pth"):
-        return torch.load(file, map_location="cpu", weights_only=True)
+        tensors = torch.load(file, map_location="cpu", weights_only=True)
+        return tensors if names is None else {name: tensors[name] for name in names}
     raise ValueError(f"{file}: expected a .safetensors or .bin file")
 
 
-def sub_model_tensors(file: Path, key: str, what: str, drop: str | None = None) -> dict[str, torch.Tensor]:
-    """The tensors of the one sub-model of ``file`` whose key prefix ``key`` follows, relative to it, bar ``drop``."""
-    tensors = load_tensors(file)
-    prefixes = [k[: -len(key)] for k in tensors if k.endswith(key)]
+def tensor_names(file: Path) -> list[str]:
+    """The names of the tensors of a weights file (a ``.safetensors`` file's from its header)."""
+    if file.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(file, framework="pt") as f:
+            return list(f.keys())
+    return list(load_tensors(file))
+
+
+def sub_model_tensors(files: list[Path], key: str, what: str, drop: str | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of the one sub-model of ``files`` (one file, or a checkpoint's shards) whose key prefix ``key``
+    follows, relative to it, bar ``drop``; only they are read of a ``.safetensors`` file."""
+    where = {name: file for file in files for name in tensor_names(file)}
+    prefixes = [k[: -len(key)] for k in where if k.endswith(key)]
     if len(prefixes) != 1:
-        raise ValueError(f"{file}: expected one {what} ('*{key}'), found {len(prefixes)}")
+        source = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} shards)"
+        raise ValueError(f"{source}: expected one {what} ('*{key}'), found {len(prefixes)}")
     prefix = prefixes[0]
-    return {k[len(prefix):]: v for k, v in tensors.items()
-            if k.startswith(prefix) and not (drop and k[len(prefix):].startswith(drop))}
+    wanted = [k for k in where if k.startswith(prefix) and not (drop and k[len(prefix):].startswith(drop))]
+    tensors = {}
+    for file in files:
+        names = [k for k in wanted if where[k] == file]
+        if names:
+            tensors.update(load_tensors(file, names))
+    return {k[len(prefix):]: tensors[k] for k in wanted}
 
 
 def read_config(path: Path, name: str = "config.json") -> tuple[Path, dict[str, Any]] | None:

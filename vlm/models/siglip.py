@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlm.models.attention import attention, init_weights
-from vlm.models.pretrained import read_config, sub_model_tensors, weights_file
+from vlm.models.pretrained import read_config, sub_model_tensors, weights_files
 from vlm.params import check
 
 
@@ -250,4 +250,4 @@ def _config_from_shapes(state_dict: dict[str, torch.Tensor], num_attention_heads
 
 def _vision_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """The vision-encoder tensors of a checkpoint, keys relative to :class:`SiglipVisionModel`."""
-    return sub_model_tensors(weights_file(path, "SigLIP"), _PATCH_KEY, "SigLIP vision encoder", drop="head.")
+    return sub_model_tensors(weights_files(path, "SigLIP"), _PATCH_KEY, "SigLIP vision encoder", drop="head.")

@@ -167,6 +167,17 @@ def test_too_few_questions_for_the_ranks_join_the_previous_step():
         list(GroupedBatchSampler([0], 4, rank=0, world_size=2))
 
 
+@pytest.mark.parametrize("batch_size, world_size, seed", [(2, 2, None), (1, 6, 0), (1, 8, 1), (3, 4, 2)])
+def test_no_rank_gets_an_empty_batch_when_a_step_closes_early(batch_size, world_size, seed):
+    """A step closed with fewer questions than ranks (the next image's did not fit) left a rank an empty batch, on
+    which collate stopped the run; every question still comes once, the ranks in step."""
+    image_rows = [0, 1, 1, 1, 1] if seed is None else np.random.default_rng(seed).integers(0, 60, size=300)
+    shards = [list(GroupedBatchSampler(image_rows, batch_size, seed=seed or 0, shuffle=seed is not None, rank=r,
+                                       world_size=world_size)) for r in range(world_size)]
+    assert len({len(shard) for shard in shards}) == 1 and all(batch for shard in shards for batch in shard)
+    assert sorted(q for shard in shards for batch in shard for q in batch) == list(range(len(image_rows)))
+
+
 def test_loader_with_two_workers_gives_the_batches_of_zero_workers(project, tokenizer):
     data = dataset(project, tokenizer, augment=AugmentConfig(), seed=11)
     data[0]  # the parent opens its HDF5 handle before the workers fork

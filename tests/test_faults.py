@@ -420,6 +420,33 @@ def test_atomic_path_leaves_the_old_output_when_the_body_fails(tmp_path):
     assert out.read_text() == "old" and _files(tmp_path) == ["out.txt"]
 
 
+def test_a_folder_output_is_replaced_whole_never_half_deleted(tmp_path, monkeypatch):
+    """The old folder is renamed aside and then deleted (a kill leaves it whole or gone; deleted in place, a kill
+    left part of it, which looked whole); a failed move puts it back."""
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    (folder / "labels.json").write_text("old")
+    rmtree = shutil.rmtree
+    monkeypatch.setattr(shutil, "rmtree", lambda p, **kw: rmtree(p, **kw) if Path(p) != folder else pytest.fail(
+        f"{p} deleted in place"))
+    with atomic_path(folder) as tmp:
+        tmp.mkdir()
+        (tmp / "labels.json").write_text("new")
+    assert (folder / "labels.json").read_text() == "new" and _files(tmp_path) == ["raw"]
+    replace = os.replace
+
+    def failing_move_of_the_new_folder(source, target):
+        if Path(target) == folder and (Path(source) / "labels.json").read_text() == "newer":
+            raise OSError(errno.EIO, "I/O error")
+        replace(source, target)
+
+    monkeypatch.setattr(os, "replace", failing_move_of_the_new_folder)
+    with pytest.raises(OSError, match="I/O error"), atomic_path(folder) as tmp:
+        tmp.mkdir()
+        (tmp / "labels.json").write_text("newer")
+    assert (folder / "labels.json").read_text() == "new" and _files(tmp_path) == ["raw"]
+
+
 def test_a_file_output_named_after_a_folder_keeps_the_folder(tmp_path):
     """A mistyped output path (``--out metrics`` for a JSON file) stops with one line; the folder stays whole."""
     folder = tmp_path / "metrics"

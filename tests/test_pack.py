@@ -23,7 +23,7 @@ from vlm.data.dataset import TrafficVQADataset
 from vlm.data.h5file import PackedImageReader
 from vlm.data.image import CorruptImageError, decode_image, letterbox, native_width
 from vlm.data.pack import PackConfig, PackRuntime, _decode_in_order
-from vlm.models.image_size import CONNECTORS, VISION, check_image_keys, check_side_multiple, image_side_multiple
+from vlm.models.image_size import VISION, check_image_keys, image_side_multiple
 from vlm.models.paligemma import PaliGemmaConfig
 from vlm.params import ParamError, build_config
 
@@ -97,20 +97,15 @@ def test_native_width_rounds_the_frames_aspect_to_the_models_multiple(tmp_path):
         build_config(PackConfig, {"aspect": "wide"}, "pack")
 
 
-def test_the_image_size_rules_read_the_model_keys_as_the_model_does():
-    """Only the linear connector needs whole groups of patches (the Q-Former's queries read every patch); a typo in a
-    key the rules read stops the pack stage, not the training after it."""
-    qformer = {"connector": "qformer", "pixel_shuffle": 2}
-    assert image_side_multiple(qformer) == 16 and image_side_multiple({"pixel_shuffle": 2}) == 32
-    check_side_multiple(qformer, 144, "pack.image_size")  # 9 patches: a Q-Former size the model accepts
+def test_a_typo_in_a_model_key_the_pack_stage_reads_stops_it():
+    """Checked as the model checks them, before packing: not after it, when the training stops on them."""
+    assert image_side_multiple({"pixel_shuffle": 2}) == 32 and image_side_multiple({"vision": "none"}) == 1
     for model, message in [({"vision": "SigLIP"}, "model.vision: must be one of 'siglip', 'none', got 'SigLIP'"),
-                           ({"connector": "mlp"}, "model.connector: must be one of 'linear', 'qformer', got 'mlp'"),
                            ({"pixel_shuffle": 0}, "model.pixel_shuffle: must be an integer >= 1, got 0"),
                            ({"siglip": {"patch_size": 1.5}}, "model.siglip.patch_size: must be an integer >= 1")]:
         with pytest.raises(ParamError, match=re.escape(message)):
             check_image_keys(model)
-    hints = typing.get_type_hints(PaliGemmaConfig)  # the values the model accepts
-    assert typing.get_args(hints["vision"]) == VISION and typing.get_args(hints["connector"]) == CONNECTORS
+    assert typing.get_args(typing.get_type_hints(PaliGemmaConfig)["vision"]) == VISION  # the values the model takes
 
 
 def test_letterbox_pads_to_the_aspect_without_stretching():

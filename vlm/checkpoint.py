@@ -16,6 +16,7 @@ import torch
 from vlm.io import atomic_path, existing_file
 from vlm.models.paligemma import PaliGemma
 from vlm.models.perception.targets import TargetTransform
+from vlm.models.pretrained import load_strict
 from vlm.processor import Processor
 from vlm.scenes.schema import Scene
 from vlm.tokenizer import TrafficCommandTokenizer
@@ -142,10 +143,7 @@ def load_model(path: str | os.PathLike, vocab_path: str | os.PathLike | None = N
         raise ValueError(f"{path}: model vocabulary size {config.gemma.vocab_size} does not match its "
                          f"tokenizer's {tokenizer.vocab_size}")
     model = build_vlm(config, pretrained=False)
-    try:
-        model.load_state_dict(payload["state_dict"], strict=True)
-    except RuntimeError as error:  # missing, unexpected or mis-shaped weights: name the file, not only the keys
-        raise ValueError(f"{path}: its weights do not fit the model its config describes: {error}") from error
+    load_strict(model, payload["state_dict"], f"{path}: its weights do not fit the model its config describes")
     model.to(device).eval()
     return LoadedModel(model, tokenizer, list(payload["answers"]), int(payload["image_size"]), payload["resample"],
                        payload)

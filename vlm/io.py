@@ -29,7 +29,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except OSError as e:
         raise _naming(e, path) from e
     os.close(fd)
-    tmp = Path(tmp_name)
+    tmp, aside = Path(tmp_name), None
     tmp.unlink()
     try:
         yield tmp
@@ -37,12 +37,22 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             if not tmp.is_dir():  # a file output named after a folder (a mistyped path): the folder stays
                 raise IsADirectoryError(errno.EISDIR, f"cannot write {path}: it is a folder, and this output is a "
                                                       "file; give the file's path")
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+            # the old folder moved aside in one rename (a temporary's name: the next write removes it if killed
+            # here), so that a kill leaves it whole or gone, never half deleted
+            aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent))
+            os.replace(path, aside)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            if aside is not None:  # the old folder back in place
+                os.replace(aside, path)
+            raise
     except OSError as e:
         raise _naming(e, path) from e
     finally:
         _remove(tmp)
+        if aside is not None:
+            _remove(aside)
 
 
 def remove_stale_temporaries(path: Path) -> list[Path]:

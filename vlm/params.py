@@ -124,9 +124,11 @@ def check(condition: bool, key: str, rule: str) -> None:
         raise ParamError(f"{key}: {rule}")
 
 
-def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str, keys: Iterable[str] | None = None):
+def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str, keys: Iterable[str] | None = None, *,
+                 validate: bool = True):
     """Build the dataclass ``cls`` from a params mapping (``prefix``: its dotted path, for errors), rejecting unknown
-    keys and wrong types, nested dataclasses from mappings, then ``validate()``; with ``keys`` (dotted:
+    keys and wrong types, nested dataclasses from mappings, then ``validate()`` (a nested one named in ``cls``'s
+    ``validates_nested`` is left to ``cls.validate``: it checks it where it is used); with ``keys`` (dotted:
     ``augment.hflip_prob``) only those are read, the rest default (every key is still checked). A field named
     ``seed`` must be a seed numpy and torch take (0 to 2**32 - 1)."""
     values = values or {}
@@ -142,9 +144,9 @@ def build_config(cls: type, values: Mapping[str, Any] | None, prefix: str, keys:
         elif not isinstance(value, Mapping):
             raise ParamError(f"{key}: must be a mapping")
         else:
-            kwargs[name] = build_config(hint, value, key)
+            kwargs[name] = build_config(hint, value, key, validate=name not in getattr(cls, "validates_nested", ()))
     config = cls(**kwargs)
-    if hasattr(config, "validate"):
+    if validate and hasattr(config, "validate"):
         config.validate(prefix)
     return config
 

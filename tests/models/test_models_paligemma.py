@@ -45,6 +45,11 @@ def test_from_params_builds_the_default_model_config():
     qformer = PaliGemmaConfig.from_params({"connector": "qformer", "qformer": {"num_query_tokens": 8}}, 57, 128)
     assert qformer.num_image_tokens == 8
     assert PaliGemmaConfig.from_params({"vision": "none"}, 57, 128).num_image_tokens == 0
+    # the blind baseline of a patch-14 VLM: its frames (224 x 392) need not fit the unused encoder's default patch 16
+    blind = PaliGemmaConfig.from_params({"vision": "none"}, 57, 224, image_width=392)
+    assert PaliGemmaConfig.from_dict(blind.to_dict()) == blind and blind.siglip.height_width == (224, 392)
+    with pytest.raises(ParamError, match=r"model.siglip.patch_size: must divide the image size of the data \(392 % 16"):
+        PaliGemmaConfig.from_params({}, 57, 224, image_width=392)
 
 
 @pytest.mark.parametrize("section, message", [

@@ -5,7 +5,7 @@ when it is off."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -32,7 +32,7 @@ def build(config, seed=0, core: dict | None = None, **perception) -> PaliGemma:
     """The tiny core config of conftest (``core`` over it) with the perception ``perception`` gives."""
     torch.manual_seed(seed)
     core = config(**(core or {}))
-    return build_vlm(VLMConfig(**{f: getattr(core, f) for f in core.__dataclass_fields__},
+    return build_vlm(VLMConfig(**{f.name: getattr(core, f.name) for f in fields(core)},
                                perception=PerceptionConfig(**perception)), pretrained=False)
 
 

@@ -42,7 +42,9 @@ class GroupedBatchSampler(Sampler[list[int]]):
         for g in group_order.tolist():
             for start in range(0, len(self.groups[g]), capacity):
                 questions = self.groups[g][start:start + capacity]
-                if len(batch) + len(questions) > capacity:
+                # closed once it holds a question per rank (under DDP a part of it each): it may then pass
+                # capacity by less than a group
+                if len(batch) >= self.world_size and len(batch) + len(questions) > capacity:
                     batches.append(batch)
                     batch = []
                 batch.extend(questions)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlm.models.attention import attention, init_weights
-from vlm.models.pretrained import read_config, sub_model_tensors, weights_files
+from vlm.models.pretrained import load_strict, read_config, sub_model_tensors, weights_files
 from vlm.params import check
 
 log = logging.getLogger(__name__)
@@ -339,8 +339,5 @@ def load_pretrained_gemma(path: str | os.PathLike, vocab_size: int | None = None
     if config.vocab_size != state_dict[_EMBED_KEY].shape[0]:
         state_dict[_EMBED_KEY] = model.model.embed_tokens.weight.detach()
     state_dict["lm_head.weight"] = state_dict[_EMBED_KEY]  # tied
-    try:
-        model.load_state_dict(state_dict, strict=True)
-    except RuntimeError as e:
-        raise ValueError(f"{file}: not the decoder its config.json describes ({e})") from e
+    load_strict(model, state_dict, f"{file}: not the decoder its config.json describes")
     return model

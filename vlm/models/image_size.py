@@ -1,6 +1,5 @@
 """The core's two rules on image sizes, read from params.yaml's ``model:`` before any weight: the encoder's patch size
-divides each side, and with the linear connector each side is a multiple of the patch size times
-``model.pixel_shuffle``. The pack stage imports
+divides each side, and each side is a multiple of the patch size times ``model.pixel_shuffle``. The pack stage imports
 this module and what it needs (SigLIP's config, the checkpoint reader), not the rest of the model code, so changing
 the decoder, the connector or the perception does not re-pack the images."""
 
@@ -15,16 +14,13 @@ from vlm.params import ParamError, check
 
 PIXEL_SHUFFLE = 1  # PaliGemma's: one image token per patch (PaliGemmaConfig.pixel_shuffle's default)
 VISION = ("siglip", "none")  # PaliGemmaConfig.vision's values
-CONNECTORS = ("linear", "qformer")  # PaliGemmaConfig.connector's
 
 
 def check_image_keys(model_section: Mapping[str, Any]) -> None:
     """The ``model:`` keys that the image size rules read, checked as the model checks them, so that a typo stops the
     pack stage before it packs, not the training after it."""
-    vision, connector = model_section.get("vision", "siglip"), model_section.get("connector", "linear")
+    vision = model_section.get("vision", "siglip")
     check(vision in VISION, "model.vision", f"must be one of {', '.join(map(repr, VISION))}, got {vision!r}")
-    check(connector in CONNECTORS, "model.connector",
-          f"must be one of {', '.join(map(repr, CONNECTORS))}, got {connector!r}")
     shuffle = model_section.get("pixel_shuffle", PIXEL_SHUFFLE)
     check(type(shuffle) is int and shuffle >= 1, "model.pixel_shuffle", f"must be an integer >= 1, got {shuffle!r}")
     patch_size = (model_section.get("siglip") or {}).get("patch_size", SiglipVisionConfig.patch_size)
@@ -58,13 +54,13 @@ def check_image_size(model_section: Mapping[str, Any], image_size: int | tuple[i
 
 def image_side_multiple(model_section: Mapping[str, Any]) -> int:
     """What each side of the images must be a multiple of for the encoder and the connector: the patch size times
-    ``model.pixel_shuffle`` for the linear connector, the patch size for the Q-Former, whose queries read every patch
-    (1 for the blind baseline). The pack stage rounds ``pack.aspect: native``'s width to it."""
+    ``model.pixel_shuffle`` (1 for the blind baseline). The pack stage rounds ``pack.aspect: native``'s width to it;
+    for the Q-Former too, whose queries read every patch, so that switching the connector re-packs nothing (set
+    ``model.pixel_shuffle: 1`` for the Q-Former's other sizes)."""
     found = encoder_patch_size(model_section)
     if found is None:
         return 1
-    linear = model_section.get("connector", "linear") == "linear"
-    return found[0] * (model_section.get("pixel_shuffle", PIXEL_SHUFFLE) if linear else 1)
+    return found[0] * model_section.get("pixel_shuffle", PIXEL_SHUFFLE)
 
 
 def check_side_multiple(model_section: Mapping[str, Any], side: int, source: str) -> None:
@@ -72,7 +68,7 @@ def check_side_multiple(model_section: Mapping[str, Any], side: int, source: str
     :func:`image_side_multiple`: the pack stage checks its height so, as it rounds its width (the linear
     connector's pixel shuffle needs whole groups of patches)."""
     multiple = image_side_multiple(model_section)
-    if side % multiple:  # the patch size divides it (check_image_size): the linear connector's shuffle does not
+    if side % multiple:
         shuffle = model_section.get("pixel_shuffle", PIXEL_SHUFFLE)
         raise ParamError(f"{source}: must be a multiple of the patch size x model.pixel_shuffle ({multiple // shuffle} "
                          f"x {shuffle} = {multiple}), got {side}; or set model.pixel_shuffle: 1")

@@ -10,7 +10,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +50,9 @@ _FROM_DATA = {  # fields of the model config that come from the data, never from
 
 @dataclass
 class PaliGemmaConfig:
+    # validate() checks siglip only with vision: the blind baseline's is unused, and the patch size it keeps need not
+    # divide the data's image size (a patch-14 VLM's 392-wide frames: 392 % 16)
+    validates_nested: ClassVar[tuple[str, ...]] = ("siglip",)
     vision: Literal["siglip", "none"] = "siglip"
     connector: Literal["linear", "qformer"] = "linear"
     pixel_shuffle: int = PIXEL_SHUFFLE  # linear connector: r x r neighbouring patches -> one image token (1: PaliGemma)

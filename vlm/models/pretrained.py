@@ -83,6 +83,16 @@ def sub_model_tensors(files: list[Path], key: str, what: str, drop: str | None =
     return {k[len(prefix):]: tensors[k] for k in wanted}
 
 
+def load_strict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], what: str) -> None:
+    """``model.load_state_dict(state_dict, strict=True)``; a missing, unexpected or mis-shaped weight is a
+    ``ValueError`` of one line, ``what`` then torch's line per key joined (``vlm.cli.run`` prints one line)."""
+    try:
+        model.load_state_dict(state_dict, strict=True)
+    except RuntimeError as e:
+        detail = "; ".join(line.strip() for line in str(e).splitlines()[1:] if line.strip())
+        raise ValueError(f"{what}: {detail}") from e
+
+
 def read_config(path: Path, name: str = "config.json") -> tuple[Path, dict[str, Any]] | None:
     """The JSON file ``name`` in the folder ``path`` (or beside the weights file ``path``) and its content."""
     config_file = (path if path.is_dir() else path.parent) / name

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlm.models.attention import attention, init_weights
-from vlm.models.pretrained import read_config, sub_model_tensors, weights_files
+from vlm.models.pretrained import load_strict, read_config, sub_model_tensors, weights_files
 from vlm.params import check
 
 
@@ -217,7 +217,7 @@ def load_pretrained_siglip(path: str | os.PathLike, image_size: int | None = Non
         state_dict[key] = resize_position_embeddings(state_dict[key].float(), grid).to(state_dict[key].dtype)
         config = replace(config, image_size=image_size, image_width=image_width)
     model = SiglipVisionModel(config)
-    model.load_state_dict(state_dict, strict=True)
+    load_strict(model, state_dict, f"{path}: not the encoder its config describes")
     return model
 
 

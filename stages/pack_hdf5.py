@@ -11,7 +11,7 @@ import argparse
 from vlm.cli import run
 from vlm.data.pack import PackConfig, PackRuntime, pack_dataset
 from vlm.io import check_writable, write_json
-from vlm.models.image_size import check_image_keys, check_image_size, check_side_multiple, image_side_multiple
+from vlm.models.image_size import check_image_size, check_side_multiple, image_side_multiple
 from vlm.params import build_config, load_params, runtime_section, section
 
 
@@ -27,9 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     config = build_config(PackConfig, section(params, "pack"), "pack")
     runtime = build_config(PackRuntime, runtime_section(params, "pack"), "runtime.pack")
     model = section(params, "model")
-    check_image_keys(model)  # before packing anything, as the next two
-    check_image_size(model, config.image_size, "pack.image_size")
-    check_side_multiple(model, config.image_size, "pack.image_size")
+    check_image_size(model, config.image_size, "pack.image_size")  # before packing anything
+    check_side_multiple(model, config.image_size, "pack.image_size")  # and the model keys the size rules read
     check_writable(args.out + "/train_images.h5", args.metrics)
     metrics = pack_dataset(
         labels_path=f"{args.raw}/labels.json",

@@ -56,7 +56,8 @@ def image_side_multiple(model_section: Mapping[str, Any]) -> int:
     """What each side of the images must be a multiple of for the encoder and the connector: the patch size times
     ``model.pixel_shuffle`` (1 for the blind baseline). The pack stage rounds ``pack.aspect: native``'s width to it;
     for the Q-Former too, whose queries read every patch, so that switching the connector re-packs nothing (set
-    ``model.pixel_shuffle: 1`` for the Q-Former's other sizes)."""
+    ``model.pixel_shuffle: 1`` for the Q-Former's other sizes). The keys it reads are checked first."""
+    check_image_keys(model_section)
     found = encoder_patch_size(model_section)
     if found is None:
         return 1

@@ -42,33 +42,31 @@ def weights_files(path: Path, what: str) -> list[Path]:
 
 
 def load_tensors(file: Path, names: list[str] | None = None) -> dict[str, torch.Tensor]:
-    """The tensors ``names`` (None: every one) of a ``.safetensors`` or ``torch.save``d (``.bin``, ``.pt``, ``.pth``)
-    weights file; from a ``.safetensors`` file only those are read."""
+    """The tensors of a ``.safetensors`` file (only ``names``, if given: only they are read) or every tensor of a
+    ``torch.save``d (``.bin``, ``.pt``, ``.pth``) weights file."""
     if file.suffix == ".safetensors":
         from safetensors import safe_open
 
         with safe_open(file, framework="pt") as f:
             return {name: f.get_tensor(name) for name in (f.keys() if names is None else names)}
     if file.suffix in (".bin", ".pt", ".pth"):
-        tensors = torch.load(file, map_location="cpu", weights_only=True)
-        return tensors if names is None else {name: tensors[name] for name in names}
+        return torch.load(file, map_location="cpu", weights_only=True)
     raise ValueError(f"{file}: expected a .safetensors or .bin file")
 
 
-def tensor_names(file: Path) -> list[str]:
-    """The names of the tensors of a weights file (a ``.safetensors`` file's from its header)."""
-    if file.suffix == ".safetensors":
-        from safetensors import safe_open
+def safetensors_names(file: Path) -> list[str]:
+    """The names of the tensors of a ``.safetensors`` file, from its header."""
+    from safetensors import safe_open
 
-        with safe_open(file, framework="pt") as f:
-            return list(f.keys())
-    return list(load_tensors(file))
+    with safe_open(file, framework="pt") as f:
+        return list(f.keys())
 
 
 def sub_model_tensors(files: list[Path], key: str, what: str, drop: str | None = None) -> dict[str, torch.Tensor]:
     """The tensors of the one sub-model of ``files`` (one file, or a checkpoint's shards) whose key prefix ``key``
     follows, relative to it, bar ``drop``; only they are read of a ``.safetensors`` file."""
-    where = {name: file for file in files for name in tensor_names(file)}
+    whole = {file: load_tensors(file) for file in files if file.suffix != ".safetensors"}  # read once, whole
+    where = {name: file for file in files for name in (whole[file] if file in whole else safetensors_names(file))}
     prefixes = [k[: -len(key)] for k in where if k.endswith(key)]
     if len(prefixes) != 1:
         source = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} shards)"
@@ -79,7 +77,7 @@ def sub_model_tensors(files: list[Path], key: str, what: str, drop: str | None =
     for file in files:
         names = [k for k in wanted if where[k] == file]
         if names:
-            tensors.update(load_tensors(file, names))
+            tensors.update({name: whole[file][name] for name in names} if file in whole else load_tensors(file, names))
     return {k[len(prefix):]: tensors[k] for k in wanted}
 
 

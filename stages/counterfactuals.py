@@ -4,8 +4,8 @@ import argparse
 from pathlib import Path
 
 from vlm.cli import run
-from vlm.commands.generate import CommandsConfig
-from vlm.counterfactuals import COMMANDS_KEYS, SCENES_KEYS, CounterfactualsConfig, CounterfactualsPaths
+from vlm.commands.generate import TEMPLATE_KEYS, CommandsConfig
+from vlm.counterfactuals import SCENES_KEYS, CounterfactualsConfig, CounterfactualsPaths
 from vlm.counterfactuals import run as run_counterfactuals
 from vlm.io import check_writable
 from vlm.params import build_config, load_params, section
@@ -23,15 +23,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--table", required=True)
     parser.add_argument("--plot", required=True)
     parser.add_argument("--sheet", required=True)
+    parser.add_argument("--statistics", required=True)
     args = parser.parse_args(argv)
     check_writable(args.metrics, args.details, args.table, args.plot, args.sheet)
     params = load_params(args.params)
     config = build_config(CounterfactualsConfig, section(params, "counterfactuals"), "counterfactuals")
     scenes = build_config(ScenesConfig, section(params, "scenes"), "scenes", keys=SCENES_KEYS)
-    commands = build_config(CommandsConfig, section(params, "commands"), "commands", keys=COMMANDS_KEYS)
+    commands = build_config(CommandsConfig, section(params, "commands"), "commands", keys=TEMPLATE_KEYS)
     paths = CounterfactualsPaths(model=Path(args.model), data=Path(args.data), raw=Path(args.raw),
                                  metrics=Path(args.metrics), details=Path(args.details), table=Path(args.table),
-                                 plot=Path(args.plot), sheet=Path(args.sheet))
+                                 plot=Path(args.plot), sheet=Path(args.sheet),
+                                 statistics=Path(args.statistics))
     summary = run_counterfactuals(config, scenes, commands, paths)
 
     def rate(value: float | None) -> str:  # None: the edit had no such question

@@ -21,6 +21,7 @@ from vlm.data.pack import PackConfig, PackRuntime
 from vlm.data.profile import ProfileConfig
 from vlm.evaluate import EvaluateConfig
 from vlm.params import ParamError, build_config, load_params
+from vlm.real import RealConfig
 from vlm.scenes.generate import ScenesConfig, ScenesRuntime
 from vlm.tokenizer import VocabConfig
 from vlm.traffic_vlm import VLMConfig
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
 CONFIGS = {"scenes": ScenesConfig, "commands": CommandsConfig, "vocab": VocabConfig, "pack": PackConfig,
            "train": TrainConfig, "evaluate": EvaluateConfig, "counterfactuals": CounterfactualsConfig,
-           "profile": ProfileConfig}
+           "profile": ProfileConfig, "real": RealConfig}
 RUNTIME = {"scenes": ScenesRuntime, "pack": PackRuntime, "train": TrainRuntime}  # params.yaml's runtime.<section>
 
 

@@ -253,7 +253,7 @@ def test_unwritable_outputs_fail_before_any_expensive_work(project, read_only, t
     monkeypatch.setattr(stages.generate_scenes, "generate_scenes", expensive)
     err = _one_line_error(capsys, lambda: stages.generate_scenes.main([
         "--params", str(tmp_path / "params.yaml"), "--out", str(read_only / "raw"),
-        "--metrics", str(tmp_path / "scenes.json")]))
+        "--metrics", str(tmp_path / "scenes.json"), "--statistics", "vlm/scenes/bdd100k_statistics.json"]))
     assert "is not writable" in err
 
     monkeypatch.setattr(vlm.train, "build_vlm", expensive)

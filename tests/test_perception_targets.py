@@ -34,8 +34,8 @@ def scene(*objects: SceneObject) -> Scene:
 def test_boxes_centres_and_readable_lights_land_in_their_patches():
     car = SceneObject(id="1", category="car", box=(0.0, 360.0, 330.0, 719.0))  # left half of a 1280x720 frame
     red = SceneObject(id="2", category="traffic light", box=(1200.0, 10.0, 1270.0, 80.0), light_color="red")
-    hidden = SceneObject(id="3", category="traffic light", box=(700.0, 10.0, 760.0, 80.0), light_color="green",
-                         occluded=True)
+    hidden = SceneObject(id="3", category="traffic light", box=(700.0, 10.0, 760.0, 80.0), light_color=None,
+                         occluded=True)  # its lit lamp hidden: labelled with no colour
     t = grounding_targets(scene(car, red, hidden), 1280, 720, grid=4).reshape(4, 4, -1)
     assert t.shape[-1] == len(CHANNELS) == 44
     box = t[..., channel("box/car")]
@@ -44,7 +44,7 @@ def test_boxes_centres_and_readable_lights_land_in_their_patches():
     assert centre.sum() == pytest.approx(1) and centre[2, 0] == pytest.approx(0.503, abs=1e-3)  # row 2's edge:
     assert centre[3, 0] == pytest.approx(0.497, abs=1e-3)  # shared with row 3; column 1 lies in other regions
     assert t[0, 3, channel("light/red")] == 1 and t[..., channel("light/red")].sum() == 1
-    assert t[..., channel("light/green")].sum() == 0  # occluded: the answer rules cannot read it
+    assert t[..., channel("light/green")].sum() == 0  # no colour: the answer rules cannot read it
     assert t[..., channel("box/traffic light")].sum() == 2  # but it is still a traffic light
     np.testing.assert_array_equal(t[..., channel("occluded")], t[..., channel("box/traffic light")] * [0, 0, 1, 0])
 

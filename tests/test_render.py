@@ -1,3 +1,4 @@
+import dataclasses
 import hashlib
 import json
 import os
@@ -7,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vlm.scenes import render
+from vlm.scenes import render, statistics
 from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_synthetic, load_raw
 from vlm.scenes.render import render_scene, sample_layout, settle_occlusion
 from vlm.scenes.schema import CATEGORIES, scene_from_frame, scene_to_frame
@@ -82,8 +83,8 @@ def test_labels_are_valid_det20(scenes):
         assert image.size == (W, H) and image.mode == "RGB"
         frame = json.loads(json.dumps(scene_to_frame(scene)))
         assert scene_from_frame(frame) == scene
-        assert scene.weather in {"clear", "rainy", "foggy"}
-        assert scene.scene in {"city street", "highway"}
+        assert scene.weather in render.WEATHERS
+        assert scene.scene in {"city street", "highway", "residential"}
         assert scene.timeofday in {"daytime", "dawn/dusk", "night"}
         for o in scene.objects:
             x1, y1, x2, y2 = o.box
@@ -96,15 +97,16 @@ def test_labels_are_valid_det20(scenes):
 
 def test_variety(scenes):
     counts = {c: Counter(sum(o.category == c for o in s.objects) for _, s in scenes) for c in ("car", "pedestrian")}
+    assert min(counts["pedestrian"]) == 0  # BDD100K: a third of frames hold a pedestrian, nearly all a car
     for category, histogram in counts.items():
-        assert min(histogram) == 0, category
-        assert max(histogram) >= 6, f"scenes need up to at least 6 {category}s, got {sorted(histogram)}"
+        assert max(histogram) >= 10, f"scenes need at least 10 {category}s at times, got {sorted(histogram)}"
     present = Counter(o.category for _, s in scenes for o in s.objects)
     for category in CATEGORIES:
         if category != "train":
             assert present[category] > 0, category
     assert {s.timeofday for _, s in scenes} == {"daytime", "dawn/dusk", "night"}
-    assert {s.weather for _, s in scenes} == {"clear", "rainy", "foggy"}
+    assert {s.weather for _, s in scenes} >= {"clear", "overcast", "snowy", "rainy", "partly cloudy"}
+    assert {s.scene for _, s in scenes} == {"city street", "highway", "residential"}
     lights = Counter(o.light_color for _, s in scenes for o in s.objects if o.category == "traffic light")
     assert set(lights) == {"red", "yellow", "green", None}
     assert any(o.occluded for _, s in scenes for o in s.objects)
@@ -120,18 +122,58 @@ def test_occlusion_flags_are_unambiguous():
 
 
 def test_lit_traffic_lights_show_their_colour(scenes):
-    """The label matches the pixels: a lit lamp's colour is inside the light's box."""
+    """The label matches the pixels: a labelled light's box holds a pixel of its lamp's hue, through the camera's
+    blur, white balance, noise and compression (lights at least 20 px high, BDD100K's median: a lamp of 4 px)."""
+    hue = {"red": lambda p: p[:, 0] - np.maximum(p[:, 1], p[:, 2]), "green": lambda p: p[:, 1] - p[:, 0],
+           "yellow": lambda p: np.minimum(p[:, 0], p[:, 1]) - p[:, 2]}
     checked = 0
     for image, scene in scenes:
-        if scene.weather != "clear":
+        if scene.weather not in ("clear", "partly cloudy", "overcast"):
             continue
         pixels = np.asarray(image, dtype=np.int16)
         for o in scene.objects:
-            if o.category != "traffic light" or o.light_color is None or o.occluded:
-                continue
             x1, y1, x2, y2 = (int(v) for v in o.box)
+            if o.light_color is None or y2 - y1 < 20:
+                continue
             crop = pixels[y1:y2 + 1, x1:x2 + 1].reshape(-1, 3)
-            target = np.array(render.LAMP_COLORS[o.light_color])
-            assert (np.abs(crop - target).max(axis=1) < 40).sum() >= 3, (scene.name, o)
+            assert hue[o.light_color](crop).max() > 40, (scene.name, o)
             checked += 1
     assert checked >= 5
+
+
+def test_a_light_is_read_from_its_lit_lamp_not_its_housing():
+    """A nearer sign hides the bottom of a light's housing: lit red (the top lamp) it is read, though occluded; lit
+    green (the bottom lamp, hidden) it has no colour."""
+    layout = sample_layout(np.random.default_rng(3), DEFAULTS)
+    style = {"overhead": False, "pole_x": 615.0, "ground_y": 400.0, "lamp_d": 20.0, "facing": True}
+    red = render.Thing("traffic light", "traffic_light", (600.0, 100.0, 630.0, 170.0), 0.2, style, light_color="red")
+    cover = render.Thing("traffic sign", "traffic_sign", (590.0, 140.0, 640.0, 190.0), 0.3,
+                         {"shape": "rect_blue", "ground_y": 400.0, "pole_x": 615.0})
+    for light, expected in ((red, "red"), (dataclasses.replace(red, light_color="green"), None)):
+        _, scene = render.render_layout(layout, render.with_visibility([light, cover], W, H), "x.jpg", DEFAULTS)
+        (labelled,) = [o for o in scene.objects if o.category == "traffic light"]
+        assert labelled.occluded and labelled.light_color == expected
+
+
+def test_night_to_day_turns_the_vehicles_lamps_off():
+    from vlm.scenes import edits
+
+    originals = (edits.render(np.random.SeedSequence([5, i]), "x.jpg", DEFAULTS) for i in range(60))
+    original = next(r for r in originals if r.layout.timeofday == "night"
+                    and any(t.style.get("lights_on") for t, _ in r.settled))
+    _, scene, things, _ = edits.night_to_day(original, np.random.default_rng(0), DEFAULTS)
+    assert scene.timeofday == "daytime"
+    assert not any(t.style.get("lights_on") for t in things)
+
+
+def test_objects_take_life_size_from_bdd100k_statistics(scenes):
+    """The rendered boxes' median heights are within 35% of BDD100K's (the committed statistics), cars per frame
+    within 3 of BDD100K's median of 9."""
+    world = statistics.load()
+    middle = world["quantiles"].index(0.5)
+    for category in ("car", "pedestrian", "traffic light", "traffic sign"):
+        heights = [o.box[3] - o.box[1] for _, s in scenes for o in s.objects if o.category == category]
+        real = world["box_height"][category][middle]
+        assert abs(np.median(heights) / real - 1) < 0.35, (category, np.median(heights), real)
+    cars = [sum(o.category == "car" for o in s.objects) for _, s in scenes]
+    assert abs(np.median(cars) - 9) <= 3, np.median(cars)

@@ -51,13 +51,14 @@ def test_sides_are_thirds_of_the_width(cx, left, right):
 def test_light_colour_rules():
     assert rules.light_color(scene(light("green"))) == "green"
     assert rules.light_color(scene(light(None))) == "maybe"  # unlit or unknown
-    assert rules.light_color(scene(light("red", occluded=True))) == "maybe"  # only occluded lights
+    # a light partly hidden whose lit lamp is labelled (in view) is read: readability is the lamp's, not the housing's
+    assert rules.light_color(scene(light("red", occluded=True))) == "red"
     # Several lights of different colours: the largest readable one governs.
     mixed = scene(light("green", cx=300, size=15), light("red", cx=700, size=30), light("yellow", cx=900, size=20))
     assert rules.light_color(mixed) == "red"
     assert rules.light_is(mixed, "red") == "yes" and rules.light_is(mixed, "green") == "no"
-    # An occluded or unlit larger light does not govern.
-    assert rules.light_color(scene(light("green", size=15), light("red", size=40, occluded=True))) == "green"
+    # An unlit (or hidden-lamp: no colour) larger light does not govern; an occluded one with its lamp in view does.
+    assert rules.light_color(scene(light("green", size=15), light("red", size=40, occluded=True))) == "red"
     assert rules.light_color(scene(light("yellow", size=15), light(None, size=40))) == "yellow"
     # Equal sizes: the leftmost, so the answer never depends on label order.
     assert rules.light_color(scene(light("green", cx=800), light("red", cx=200))) == "red"
@@ -76,13 +77,24 @@ def test_safety_priorities():
     assert rules.safety(scene(light("yellow"), ped_straight), "straight", W, H) == "no"
     # An occluded pedestrian in the path is still a pedestrian in the path.
     assert rules.safety(scene(obj("pedestrian", cx=640, occluded=True)), "straight", W, H) == "no"
-    # Unlit, occluded or missing lights do not matter.
+    # Unlit or missing lights do not matter; a partly hidden one with its lit lamp in view does.
     assert rules.safety(scene(light(None)), "left", W, H) == "yes"
-    assert rules.safety(scene(light("red", occluded=True)), "left", W, H) == "yes"
+    assert rules.safety(scene(light("red", occluded=True)), "left", W, H) == "no"
+
+
+def test_a_rider_blocks_a_path_where_its_two_wheeler_meets_the_road():
+    """A rider's box ends at the saddle, above the path's rows; the bicycle under it reaches the road in them."""
+    bike = obj("bicycle", cx=640, bottom=470, w=90, h=60)  # rows 410-470: it meets the road below PATH_MIN_Y (432)
+    rider = SceneObject(id="1", category="rider", box=(630, 355, 660, 425))  # ends at 425, inside the bike's rows
+    assert rules.ground_y(scene(bike, rider), rider) == 470
+    assert rules.safety(scene(bike, rider), "straight", W, H) == "no"
+    assert rules.safety(scene(rider), "straight", W, H) == "yes"  # no two-wheeler under it: its own bottom
+    elsewhere = obj("bicycle", cx=200, bottom=470, w=90, h=60)  # not under the rider
+    assert rules.ground_y(scene(elsewhere, rider), rider) == 425
 
 
 def test_only_occluded_objects():
-    s = scene(obj("car", cx=600, occluded=True), obj("car", cx=100, occluded=True), light("green", occluded=True))
+    s = scene(obj("car", cx=600, occluded=True), obj("car", cx=100, occluded=True), light(None, occluded=True))
     assert rules.count(s, "car") == 2
     assert rules.light_color(s) == "maybe"
     assert rules.safety(s, "straight", W, H) == "maybe"

@@ -40,17 +40,18 @@ def test_conditions_follow_the_labels():
     scenes = {
         "near": Scene("n.jpg", objects=(light(2 * height),)),
         "far": Scene("f.jpg", objects=(light(height / 2),)),
-        # the governing light is the largest readable one: the big occluded light does not govern
-        "far behind an occluded one": Scene("o.jpg", objects=(light(height / 2), light(4 * height, occluded=True))),
+        # the governing light is the largest readable one: a big light whose lamp is hidden (no colour) does not
+        "far behind an unreadable one": Scene("o.jpg", objects=(light(height / 2),
+                                                                 light(4 * height, color=None, occluded=True))),
         "unreadable": Scene("u.jpg", objects=(light(2 * height, color=None),)),
         "no light": Scene("x.jpg", objects=tuple(SceneObject(str(i), "car", (0, 0, 1, 1)) for i in range(12))),
     }
     record = {"command_type": "traffic_light", "template": "traffic_light/color", "command": "What color is the light?"}
     got = {name: question_conditions(record, scene, WIDTH, HEIGHT) for name, scene in scenes.items()}
     assert {name: c["light"] for name, c in got.items()} == {
-        "near": "near", "far": "far", "far behind an occluded one": "far", "unreadable": "unreadable",
+        "near": "near", "far": "far", "far behind an unreadable one": "far", "unreadable": "unreadable",
         "no light": "no light"}
-    assert got["far behind an occluded one"]["occluded_light"] == "yes" and got["near"]["occluded_light"] == "no"
+    assert got["far behind an unreadable one"]["occluded_light"] == "yes" and got["near"]["occluded_light"] == "no"
     assert got["no light"]["objects"] == "10-19" and got["near"]["objects"] == "0-4"
     assert got["near"]["detection_category"] is None and got["near"]["timeofday"] == "undefined"
     detection = {"command_type": "detection", "template": "detection/present",

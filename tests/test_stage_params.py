@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib
 import json
 import shlex
+import shutil
 import sys
 import traceback
+from pathlib import Path
 
 import pytest
 import yaml
@@ -75,6 +77,10 @@ def stage_reads(tmp_path_factory) -> dict[str, set[str] | str]:
     workdir = tmp_path_factory.mktemp("stages")
     base = yaml.safe_load((ROOT / "params.yaml").read_text())
     (workdir / "params.yaml").write_text(yaml.safe_dump(_merge(base, TINY_PARAMS), sort_keys=False))
+    for data in {d for stage in STAGES.values() for d in stage["deps"] if d.startswith("vlm/") and Path(d).suffix
+                 not in ("", ".py")}:  # the data files the code reads from the project (the renderer's statistics)
+        (workdir / data).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / data, workdir / data)
     mp = pytest.MonkeyPatch()
     mp.chdir(workdir)
     results: dict[str, set[str] | str] = {}

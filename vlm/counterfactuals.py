@@ -1,6 +1,7 @@
 """Counterfactual consistency: change one thing in a test scene (:mod:`vlm.scenes.edits`), and check that the model's
 answers change exactly where the answer rules say they must (docs/architecture.md, counterfactuals)."""
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,10 @@ from tqdm import tqdm
 from vlm import plots
 from vlm.checkpoint import LoadedModel, load_model
 from vlm.commands.generate import CommandsConfig
-from vlm.commands.templates import TEMPLATES, Candidate, TemplateOptions, candidates
+from vlm.commands.templates import TEMPLATES, Candidate, TemplateOptions, candidates, fitting_answers
 from vlm.data.commands import read_commands
 from vlm.device import pick_device
-from vlm.inference import answer_questions
+from vlm.inference import answer_questions, constrain
 from vlm.io import atomic_path, write_json
 from vlm.params import check
 from vlm.processor import Processor
@@ -27,9 +28,6 @@ from vlm.scenes.schema import Scene
 FIELDS = ("image_id", "command", "template")  # what is read of a commands record
 # what :func:`run` reads of the scenes and commands params (dvc.yaml declares exactly these)
 SCENES_KEYS = ("seed", "width", "height", "max_count", "jpeg_quality")
-# (command_types too: a categories list may be empty when its type is not asked, as generate_commands checked)
-COMMANDS_KEYS = ("command_types", "detection_categories", "counting_categories", "spatial_categories", "more_than",
-                 "max_count")
 
 
 @dataclass
@@ -116,6 +114,8 @@ def answer_pairs(loaded: LoadedModel, pairs: list[AskedPair], questions: list[li
     probs = answer_questions(loaded.model, loaded.processor, pictures.images, list(row_of), loaded.candidates(),
                              batch_size, device, targets,
                              None if maps is None else loaded.label_targets().mirror)  # [Q, C]
+    template_of = {row["command"]: row["key"].split("|")[0] for rows in questions for row in rows}
+    probs = constrain(probs, fitting_answers([template_of[command] for _, command in row_of], loaded.answers))
     predicted = [loaded.answers[best] for best in probs.argmax(1)]
     return [([predicted[i] for i in before], [predicted[i] for i in after]) for before, after in slots]
 
@@ -163,6 +163,7 @@ class CounterfactualsPaths:
     table: Path = Path("metrics/counterfactuals/questions.csv")  # every question of every pair
     plot: Path = Path("metrics/plots/counterfactuals.png")
     sheet: Path = Path("metrics/plots/counterfactual_failures.png")
+    statistics: Path = Path("vlm/scenes/bdd100k_statistics.json")  # what the scenes were rendered from
 
 
 def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsConfig, paths: CounterfactualsPaths,
@@ -185,9 +186,10 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
                for r in read_commands(paths.data / "commands" / "train.json", FIELDS)}
     answers, rng = set(loaded.answers), np.random.default_rng(config.seed)
     pictures = ModelImages(loaded.processor, scenes.jpeg_quality)
+    render_config = dataclasses.replace(scenes.render_config, statistics=paths.statistics)
     pairs, questions = [], []
     for p, pair in enumerate(make_pairs(tqdm(image_ids, desc="render", disable=not progress), scenes.seed, labels,
-                                        scenes.render_config, config.edits, config.seed)):
+                                        render_config, config.edits, config.seed)):
         questions.append(pair_questions(pair, raw.width, raw.height, commands.template_options, trained, answers,
                                         config.unchanged_per_pair, rng))
         pairs.append(pictures.add(p, pair))
@@ -198,7 +200,7 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
     # its pair rendered again at full size for the sheet
     failed = table[table["must_change"] & ~table["right_after"]].drop_duplicates("pair")
     picks = failed.groupby("edit", sort=False).head(max(1, config.sheet_examples // len(config.edits)))
-    shown = [(next(again for again in make_pairs([row.image_id], scenes.seed, labels, scenes.render_config,
+    shown = [(next(again for again in make_pairs([row.image_id], scenes.seed, labels, render_config,
                                                  config.edits, config.seed) if again.edit == row.edit), row)
              for row in picks.head(config.sheet_examples).itertuples()]
     nothing_shown = ("every edit was followed" if failed.empty

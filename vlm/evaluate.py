@@ -12,9 +12,10 @@ from sklearn.metrics import confusion_matrix, f1_score
 
 from vlm import plots
 from vlm.checkpoint import LoadedModel, load_model
+from vlm.commands.templates import fitting_answers
 from vlm.data.dataset import TrafficVQADataset
 from vlm.device import pick_device
-from vlm.inference import predict_dataset
+from vlm.inference import constrain, predict_dataset
 from vlm.io import atomic_path, write_json
 from vlm.params import check
 from vlm.scenes.generate import load_raw
@@ -63,8 +64,11 @@ class EvaluatePaths:
 
 def predictions_table(loaded: LoadedModel, dataset: TrafficVQADataset, batch_size: int,
                       device: torch.device) -> pd.DataFrame:
-    """One row per question: the record's fields, the prediction and its probability."""
-    predicted, probs = predict_dataset(loaded.model, dataset, loaded.candidates(), batch_size, device)
+    """One row per question: the record's fields, the prediction among the answers its template can give and its
+    probability."""
+    _, probs = predict_dataset(loaded.model, dataset, loaded.candidates(), batch_size, device)
+    probs = constrain(probs, fitting_answers([record["template"] for record in dataset.records], loaded.answers))
+    predicted = probs.argmax(1)
     table = pd.DataFrame([{"question_id": record["question_id"], "image_id": record["image_id"],
                            "command_type": record["command_type"], "template": record.get("template", ""),
                            "command": record["command"], "answer": record["answer"],
@@ -176,12 +180,12 @@ def evaluate(config: EvaluateConfig, paths: EvaluatePaths) -> dict[str, Any]:
         plots.save_figure(plots.note_figure("no attention maps asked (evaluate.attention_examples: 0)"),
                           paths.plots / "attention.png")
     else:
-        shown = table.loc[_pick(table, config.attention_examples, config.seed)]
+        shown = table.loc[pick_examples(table, config.attention_examples, config.seed)]
         heat = attention_grids(vlm, shown, image_paths, scenes, device)
         plots.save_image(plots.attention_sheet(shown, image_paths, heat), paths.plots / "attention.png")
     failures = table[~table["correct"]]
     if config.failure_examples and len(failures):
-        picks = _pick(failures, config.failure_examples, config.seed)
+        picks = pick_examples(failures, config.failure_examples, config.seed)
         plots.save_image(plots.failure_sheet(table.loc[picks], image_paths), paths.plots / "failures.png")
     else:
         note = "no failure: every answer is right" if config.failure_examples else \
@@ -211,7 +215,7 @@ def _keyed(per_dimension: dict[str, dict]) -> dict[str, dict]:
             for dimension, values in per_dimension.items()}
 
 
-def _pick(table: pd.DataFrame, n: int, seed: int) -> list[int]:
+def pick_examples(table: pd.DataFrame, n: int, seed: int) -> list[int]:
     """Up to ``n`` row labels, taken in turn from each command type (seeded)."""
     rng = np.random.default_rng(seed)
     turns = [(turn, t, int(label)) for t, (_, group) in enumerate(table.groupby("command_type"))

@@ -18,6 +18,13 @@ def mirrors_answers(model) -> bool:
     return bool(getattr(model.config, "mirror_answers", False))
 
 
+def constrain(probs: np.ndarray, fitting: np.ndarray) -> np.ndarray:
+    """``probs`` ``[Q, C]`` renormalised over each question's ``fitting`` answers (``templates.fitting_answers``): the
+    softmax over those answers alone, as the scores are a softmax over all."""
+    kept = np.where(fitting, probs, 0.0)
+    return (kept / np.maximum(kept.sum(1, keepdims=True), np.finfo(np.float32).tiny)).astype(np.float32)
+
+
 @torch.no_grad()
 def predict_dataset(model, dataset: TrafficVQADataset, candidates: list[list[int]], batch_size: int,
                     device: torch.device) -> tuple[np.ndarray, np.ndarray]:

@@ -20,8 +20,8 @@ Line = tuple[str, tuple[int, int, int]]  # a caption line of a tile: (text, rgb)
 
 TYPE_COLORS = {"detection": (20, 90, 170), "counting": (150, 60, 10), "traffic_light": (180, 20, 20),
                "spatial": (20, 120, 60), "safety": (120, 20, 140), "scene": (60, 60, 60)}
-MODEL_COLORS = {"vlm": "#2b6cb0", "blind": "#a0aec0"}
-MODEL_NAMES = {"vlm": "VLM", "blind": "blind (text only)"}
+MODEL_COLORS = {"vlm": "#2b6cb0", "blind": "#a0aec0", "most_common": "#dd6b20"}
+MODEL_NAMES = {"vlm": "VLM", "blind": "blind (text only)", "most_common": "each type's most common answer"}
 RATES = ("accuracy_original", "accuracy_edited", "consistency", "changed_when_it_must", "stayed_when_it_must")
 TEXT, GREY, GREEN, RED = (20, 20, 20), (90, 90, 90), (20, 120, 40), (190, 30, 30)
 
@@ -197,6 +197,33 @@ def reliability_figure(metrics: dict, bins: int) -> Figure:
         ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="probability of the answer given", ylabel="accuracy",
                title=f"{MODEL_NAMES[model]}: ECE {metrics[model]['ece']:.3f}")
         ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def real_figure(summary: dict, frames: int, bins: int) -> Figure:
+    """Real frames: accuracy per command type of the VLM, the blind baseline and each type's most common answer, and
+    the VLM's reliability diagram."""
+    types = [t for t in COMMAND_TYPES if t in summary["vlm"]["per_type"]]
+    fig = _figure(figsize=(13, 4.2))
+    bars, reliability = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.6, 1]})
+    x = np.arange(len(types))
+    for k, model in enumerate(MODEL_COLORS):
+        values = [summary[model]["per_type"][t] for t in types]
+        bars.bar(x + (k - 1) * 0.27, values, width=0.27, color=MODEL_COLORS[model],
+                 label=f"{MODEL_NAMES[model]}: {summary[model]['accuracy']:.1%} overall")
+        for xi, v in zip(x + (k - 1) * 0.27, values):
+            bars.text(xi, v + 0.01, f"{v:.0%}", ha="center", fontsize=7)
+    bars.set_xticks(x, [t.replace("_", " ") for t in types])
+    bars.set(ylim=(0, 1.25), yticks=np.linspace(0, 1, 6), ylabel="accuracy",
+             title=f"Real frames, zero-shot ({frames} frames)")
+    bars.legend(loc="upper center", ncol=3, fontsize=7)
+    rows = summary["vlm"]["reliability"]
+    reliability.bar([r["low"] for r in rows], [r["accuracy"] for r in rows], width=1 / bins, align="edge",
+                    color=MODEL_COLORS["vlm"], edgecolor="white")
+    reliability.plot([0, 1], [0, 1], "--", color="grey")
+    reliability.set(xlim=(0, 1), ylim=(0, 1), xlabel="probability of the answer given", ylabel="accuracy",
+                    title=f"VLM on real frames: ECE {summary['vlm']['ece']:.3f}")
     fig.tight_layout()
     return fig
 

@@ -1,7 +1,8 @@
 """Ask a trained model about any image.
 
 Images of any size and format are preprocessed exactly as in training; the answer is constrained decoding over the
-model's answer set, printed with its probability (usage: README). Unknown words become [UNK], with a warning."""
+answers its question's template can give, printed with its probability (usage: README). Unknown words become [UNK],
+with a warning; a question of no template is answered over every answer, with a warning naming the closest."""
 
 import argparse
 import logging
@@ -10,8 +11,9 @@ import numpy as np
 
 from vlm.checkpoint import LoadedModel, load_model
 from vlm.cli import run
+from vlm.commands.templates import closest_phrasings, fitting_answers, match_template
 from vlm.device import pick_device
-from vlm.inference import answer_questions
+from vlm.inference import answer_questions, constrain
 
 logger = logging.getLogger(__name__)
 BATCH = 64  # images decoded and answered together: a long list of --image files is read a batch at a time
@@ -28,15 +30,32 @@ def check_question(loaded: LoadedModel, question: str) -> None:
                          f"vocabulary; the model was trained on questions like \"Is there a pedestrian?\"")
 
 
+def question_template(question: str) -> str | None:
+    """The id of the template ``question`` is a phrasing of, whose answers alone are scored; None (every answer
+    scored) with a warning naming the closest phrasings."""
+    template = match_template(question)
+    if template is None:
+        closest = "; ".join(f'"{p}"' for p in closest_phrasings(question))
+        logger.warning("--question %r is no phrasing the model was trained on, so every answer is scored; the "
+                       "closest: %s", question, closest)
+        return None
+    return template.id
+
+
 def answer_images(loaded: LoadedModel, image_paths: list[str], question: str) -> list[list[tuple[str, float]]]:
-    """For each image, every answer with its probability, most probable first."""
+    """For each image, the answers the question's template can give, each with its probability, most probable
+    first (every answer for a question of no template)."""
     check_question(loaded, question)
+    template = question_template(question)
     processor = loaded.processor
     images = {path: processor.image(path) for path in image_paths}  # uint8 [3, H, W] each
     device = next(loaded.model.parameters()).device
     probs = answer_questions(loaded.model, processor, images, [(path, question) for path in image_paths],
                              loaded.candidates(), batch_size=len(image_paths), device=device)  # [N, C]
-    return [[(loaded.answers[i], float(row[i])) for i in np.argsort(-row, kind="stable")] for row in probs]
+    fitting = fitting_answers([template] * len(image_paths), loaded.answers)  # [N, C]
+    probs = constrain(probs, fitting)
+    return [[(loaded.answers[i], float(row[i])) for i in np.argsort(-row, kind="stable") if fits[i]]
+            for row, fits in zip(probs, fitting)]
 
 
 def at_least_one(text: str) -> int:

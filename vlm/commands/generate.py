@@ -36,7 +36,7 @@ class CommandsConfig:
     detection_categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
     counting_categories: list[str] = field(default_factory=lambda: ["car", "pedestrian"])
     spatial_categories: list[str] = field(default_factory=lambda: ["car", "pedestrian", "truck", "bus"])
-    more_than: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    more_than: list[int] = field(default_factory=lambda: [1, 3, 5, 10, 15])
     max_count: int = 9
     # a held-out combination (CLEVR-CoGenT), e.g. {timeofday: night}: its frames are the test split and in no
     # other (train and val share the rest in proportion); {}: off, a random test split
@@ -95,6 +95,10 @@ class CommandsConfig:
                                tuple(self.spatial_categories), tuple(self.more_than), self.max_count)
 
 
+# What the templates ask, read of the commands params by the stages that ask questions of their own (counterfactuals,
+# evaluate_real); command_types too: a categories list may be empty when its type is not asked, as validate checks.
+TEMPLATE_KEYS = ("command_types", "detection_categories", "counting_categories", "spatial_categories", "more_than",
+                 "max_count")
 HOLDOUT_ATTRIBUTES = {"timeofday": "night", "weather": "rainy", "scene": "highway"}  # with an example value
 
 

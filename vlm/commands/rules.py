@@ -5,6 +5,7 @@ from vlm.scenes.schema import UNDEFINED, Scene, SceneObject
 
 ROAD_USERS = frozenset({"pedestrian", "rider", "car", "truck", "bus", "train", "motorcycle", "bicycle"})
 VULNERABLE = frozenset({"pedestrian", "rider"})
+TWO_WHEELERS = frozenset({"motorcycle", "bicycle"})
 
 # a road user is in a manoeuvre's path when its box's bottom-centre is in its band of columns, below PATH_MIN_Y
 PATHS = {"left": (0.0, 0.5), "straight": (1 / 3, 2 / 3), "right": (0.5, 1.0)}
@@ -28,10 +29,25 @@ def on_side(scene: Scene, category: str, side: str, width: float) -> str:
     return YES if hit else NO
 
 
+def readable(obj: SceneObject) -> bool:
+    """A traffic light whose colour can be read: its lit lamp is in view, whatever hides the rest of its housing
+    (the labels give no colour where no lit lamp is seen: BDD100K's NA, a rendered light's hidden lamp)."""
+    return obj.category == "traffic light" and obj.light_color is not None
+
+
 def governing_light(scene: Scene) -> SceneObject | None:
-    """The light that governs the car: the largest (nearest; ties: leftmost) readable one: lit, known, not occluded."""
-    readable = [o for o in scene.objects if o.category == "traffic light" and o.light_color and not o.occluded]
-    return max(readable, key=lambda o: (o.area, -o.box[0]), default=None)
+    """The light that governs the car: the largest (nearest; ties: leftmost) readable one."""
+    return max((o for o in scene.objects if readable(o)), key=lambda o: (o.area, -o.box[0]), default=None)
+
+
+def ground_y(scene: Scene, obj: SceneObject) -> float:
+    """The row where ``obj`` meets the road: its box's bottom, but for a rider (whose box ends at the saddle) the
+    bottom of the two-wheeler under it (whose box spans the rider's centre column and bottom row), if any."""
+    if obj.category != "rider":
+        return obj.bottom
+    under = [o.bottom for o in scene.objects if o.category in TWO_WHEELERS
+             and o.box[0] <= obj.center_x <= o.box[2] and o.box[1] <= obj.bottom <= o.box[3]]
+    return max(under, default=obj.bottom)
 
 
 def light_color(scene: Scene) -> str:
@@ -50,7 +66,7 @@ def light_is(scene: Scene, color: str) -> str:
 def safety(scene: Scene, manoeuvre: str, width: float, height: float) -> str:
     """Can the car safely make ``manoeuvre`` ('left' | 'straight' | 'right')? The rule: docs/architecture.md."""
     light, (lo, hi) = light_color(scene), PATHS[manoeuvre]
-    blocking = [o for o in scene.objects if o.category in ROAD_USERS and o.bottom >= PATH_MIN_Y * height
+    blocking = [o for o in scene.objects if o.category in ROAD_USERS and ground_y(scene, o) >= PATH_MIN_Y * height
                 and lo * width <= o.center_x <= hi * width]
     if light == "red" or any(o.category in VULNERABLE for o in blocking):
         return NO

@@ -1,10 +1,14 @@
 """Question templates: what can be asked about a scene, in several phrasings, with the answer. A template with its
 parameters is a *question key* (``counting/more_than|car|3``): answer balancing works on keys, not phrasings."""
 
+import difflib
 import re
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+
+import numpy as np
 
 from vlm.commands import rules
 from vlm.scenes.schema import LIGHT_COLORS, Scene
@@ -16,10 +20,16 @@ PLURALS = {"pedestrian": "pedestrians", "rider": "riders", "car": "cars", "truck
            "traffic light": "traffic lights", "traffic sign": "traffic signs"}
 
 
+YES_NO = ("yes", "no")
+YES_NO_MAYBE = ("yes", "no", "maybe")
+COUNTS = tuple(str(n) for n in range(10))  # "how many" answers are single digits (commands.max_count <= 9)
+
+
 @dataclass(frozen=True)
 class Template:
     id: str
     command_type: str
+    answers: tuple[str, ...]  # every answer its rule can give: what constrained decoding chooses among
     phrasings: tuple[str, ...]
 
     @cached_property
@@ -28,6 +38,11 @@ class Template:
         return tuple(re.compile("".join(f"(?P<{field}>{_FIELD_VALUES[field]})" if field else re.escape(literal)
                                         for literal, field in _pieces(phrasing)))
                      for phrasing in self.phrasings)
+
+    @cached_property
+    def _loose_patterns(self) -> tuple[re.Pattern, ...]:
+        """:attr:`_patterns` for :func:`match_template`: any case, no question mark at the end."""
+        return tuple(re.compile(p.pattern.removesuffix(re.escape("?")), re.IGNORECASE) for p in self._patterns)
 
     def parse(self, command: str) -> dict[str, str]:
         """The parameters a question of this template was written with (the inverse of :meth:`Candidate.text`):
@@ -51,31 +66,31 @@ def _pieces(phrasing: str) -> list[tuple[str, str | None]]:
 
 
 TEMPLATES = {t.id: t for t in (
-    Template("detection/present", "detection", (
+    Template("detection/present", "detection", YES_NO, (
         "Is there a {category}?", "Is there a {category} in the image?", "Can you see a {category}?",
         "Are there any {plural}?", "Is a {category} visible?")),
-    Template("counting/how_many", "counting", (
+    Template("counting/how_many", "counting", COUNTS, (
         "How many {plural} are there?", "How many {plural} can you see?", "What is the number of {plural}?",
         "How many {plural} are in the scene?")),
-    Template("counting/more_than", "counting", (
+    Template("counting/more_than", "counting", YES_NO, (
         "Are there more than {k} {plural}?", "Can you see more than {k} {plural}?",
         "Is the number of {plural} greater than {k}?")),
-    Template("traffic_light/color", "traffic_light", (
+    Template("traffic_light/color", "traffic_light", (*LIGHT_COLORS, "maybe"), (
         "What color is the traffic light?", "What colour is the traffic light?", "What color is the light?",
         "Which color is the signal showing?")),
-    Template("traffic_light/is_color", "traffic_light", (
+    Template("traffic_light/is_color", "traffic_light", YES_NO_MAYBE, (
         "Is the traffic light {color}?", "Is the light {color}?", "Does the traffic light show {color}?",
         "Is the signal {color}?")),
-    Template("spatial/on_side", "spatial", (
+    Template("spatial/on_side", "spatial", YES_NO, (
         "Is there a {category} on the {side} side?", "Is there a {category} on the {side}?",
         "Can you see a {category} on the {side} side of the image?", "Is a {category} visible on the {side}?")),
-    Template("safety/manoeuvre", "safety", (
+    Template("safety/manoeuvre", "safety", YES_NO_MAYBE, (
         "Can the car safely {action}?", "Is it safe to {action}?", "Can we {action} now?",
         "Is it safe for the car to {action}?")),
-    Template("scene/night", "scene", ("Is it night?", "Is it nighttime?", "Was this taken at night?")),
-    Template("scene/rain", "scene", ("Is it raining?", "Is it rainy?", "Is the weather rainy?")),
-    Template("scene/fog", "scene", ("Is it foggy?", "Is there fog?", "Is the weather foggy?")),
-    Template("scene/highway", "scene",
+    Template("scene/night", "scene", YES_NO, ("Is it night?", "Is it nighttime?", "Was this taken at night?")),
+    Template("scene/rain", "scene", YES_NO, ("Is it raining?", "Is it rainy?", "Is the weather rainy?")),
+    Template("scene/fog", "scene", YES_NO, ("Is it foggy?", "Is there fog?", "Is the weather foggy?")),
+    Template("scene/highway", "scene", YES_NO,
              ("Is this a highway?", "Is the car on a highway?", "Is this scene on a highway?")),
 )}
 
@@ -86,6 +101,35 @@ MANOEUVRE_OF_ACTION = {action: manoeuvre for manoeuvre, action in ACTIONS.items(
 _FIELD_VALUES = {field: "|".join(re.escape(v) for v in sorted(values, key=len, reverse=True)) for field, values in {
     "category": PLURALS, "plural": PLURALS.values(), "color": LIGHT_COLORS, "side": rules.SIDES,
     "action": ACTIONS.values()}.items()} | {"k": "[0-9]+"}
+
+
+
+
+def match_template(command: str) -> Template | None:
+    """The template ``command`` is a phrasing of, read loosely (any case and spacing, the question mark optional), or
+    None."""
+    text = " ".join(command.split()).rstrip("?").rstrip()
+    return next((template for template in TEMPLATES.values()
+                 if any(pattern.fullmatch(text) for pattern in template._loose_patterns)), None)
+
+
+def closest_phrasings(command: str, n: int = 3) -> list[str]:
+    """The ``n`` phrasings (fields in braces) most like ``command``, for a message about a question no template
+    reads."""
+    phrasings = [p for template in TEMPLATES.values() for p in template.phrasings]
+    return difflib.get_close_matches(command, phrasings, n=n, cutoff=0.0)
+
+
+def fitting_answers(template_ids: Sequence[str | None], answers: Sequence[str]) -> np.ndarray:
+    """bool ``[Q, C]``: which of the model's ``answers`` the template of each question can give (its
+    :attr:`~vlm.commands.templates.Template.answers`); every answer for a question of no template (None), or of one
+    none of whose answers the model knows."""
+    known = np.asarray(answers, dtype=object)
+    rows = []
+    for template_id in template_ids:
+        row = np.isin(known, TEMPLATES[template_id].answers) if template_id is not None else np.ones(len(known), bool)
+        rows.append(row if row.any() else np.ones(len(known), bool))
+    return np.stack(rows) if rows else np.zeros((0, len(known)), bool)
 
 
 @dataclass(frozen=True)

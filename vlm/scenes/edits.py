@@ -134,7 +134,11 @@ def move_left_to_right(original: Rendered, rng: np.random.Generator, config: Ren
 def night_to_day(original: Rendered, rng: np.random.Generator, config: RenderConfig):
     if original.layout.timeofday != "night":
         return None
-    return _redraw(original, _things(original), config, "night turned to day", timeofday="daytime")
+    things = [dataclasses.replace(t, style={**t.style, "lights_on": False}) if "lights_on" in t.style else t
+              for t in _things(original)]  # a vehicle's lamps are on at night
+    camera = {**original.layout.decor["camera"], "bloom": 0.0}  # no glare by day
+    return _redraw(original, things, config, "night turned to day", timeofday="daytime",
+                   decor={**original.layout.decor, "camera": camera})
 
 
 def toggle_fog(original: Rendered, rng: np.random.Generator, config: RenderConfig):

@@ -1,6 +1,7 @@
 """The ``generate_scenes`` stage (docs/architecture.md): synthetic scenes rendered in parallel, or a BDD100K folder
 read (its images in place, their content digest in ``source.json``), into one folder replaced atomically."""
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -23,6 +24,8 @@ from vlm.params import available_cpus, check
 from vlm.scenes.bdd100k import match_images, read_labels
 from vlm.scenes.render import RenderConfig, render_scene
 from vlm.scenes.schema import Scene, scene_from_frame, scene_to_frame
+from vlm.scenes.statistics import PACKAGED
+from vlm.scenes.statistics import load as load_statistics
 
 
 @dataclass
@@ -42,7 +45,7 @@ class ScenesConfig:
     width: int = 1280
     height: int = 720
     jpeg_quality: int = 90
-    max_count: int = 6
+    max_count: int = 40
     bdd100k: BDD100KConfig = field(default_factory=BDD100KConfig)
 
     def validate(self, prefix: str = "scenes") -> None:
@@ -50,7 +53,7 @@ class ScenesConfig:
         check(self.width >= 64 and self.height >= 64, f"{prefix}.width/height",
               f"must be at least 64 pixels, got {self.width}x{self.height}")
         check(1 <= self.jpeg_quality <= 100, f"{prefix}.jpeg_quality", f"must be in 1..100, got {self.jpeg_quality}")
-        check(1 <= self.max_count <= 9, f"{prefix}.max_count", f"must be in 1..9, got {self.max_count}")
+        check(1 <= self.max_count <= 60, f"{prefix}.max_count", f"must be in 1..60, got {self.max_count}")
         check(self.bdd100k.max_images is None or self.bdd100k.max_images >= 1, f"{prefix}.bdd100k.max_images",
               f"must be at least 1 or null, got {self.bdd100k.max_images}")
         for key in ("images", "labels"):
@@ -112,13 +115,15 @@ def _render_one(args: tuple[int, int, RenderConfig, int, str]) -> dict:
 
 
 def generate_synthetic(config: ScenesConfig, out_dir: str | os.PathLike, progress: bool = True,
-                       runtime: ScenesRuntime | None = None) -> dict:
-    """Render ``config.num_images`` scenes into ``out_dir`` (replaced atomically) with ``runtime.workers``
-    processes; return speed stats."""
+                       runtime: ScenesRuntime | None = None, statistics: Path = PACKAGED) -> dict:
+    """Render ``config.num_images`` scenes drawn from BDD100K's ``statistics`` into ``out_dir`` (replaced
+    atomically) with ``runtime.workers`` processes; return speed stats."""
     out_dir, runtime = Path(out_dir), runtime or ScenesRuntime()
+    render_config = dataclasses.replace(config.render_config, statistics=Path(statistics))
+    load_statistics(render_config.statistics)  # a missing or damaged file is named before any work
     with atomic_path(out_dir) as tmp:
         (tmp / "images").mkdir(parents=True)
-        jobs = [(i, config.seed, config.render_config, config.jpeg_quality, str(tmp / "images"))
+        jobs = [(i, config.seed, render_config, config.jpeg_quality, str(tmp / "images"))
                 for i in range(config.num_images)]
         workers = min(runtime.num_workers, config.num_images)
         start = time.perf_counter()
@@ -232,9 +237,9 @@ def _write_source(folder: Path, source: str, image_dir: Path, width: int, height
 
 
 def generate_scenes(config: ScenesConfig, out_dir: str | os.PathLike, progress: bool = True,
-                    runtime: ScenesRuntime | None = None) -> dict:
+                    runtime: ScenesRuntime | None = None, statistics: Path = PACKAGED) -> dict:
     if config.source == "synthetic":
-        return generate_synthetic(config, out_dir, progress, runtime)
+        return generate_synthetic(config, out_dir, progress, runtime, statistics)
     return import_bdd100k(config, out_dir)
 
 

@@ -13,11 +13,15 @@ depth spans ``w * PX_PER_M * s`` pixels."""
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+from vlm.scenes import statistics
+from vlm.scenes.camera import apply_camera, sample_camera
 from vlm.scenes.schema import Scene, SceneObject
+from vlm.scenes.statistics import SCENE_TYPES
 
 Z_BOTTOM = 5.0  # metres from the camera to the ground seen at the bottom row
 PX_PER_M = 150.0  # pixels per metre at s = 1 (the bottom row)
@@ -26,10 +30,19 @@ OCCLUDED_MIN = 0.2  # hidden fraction from which an object is labelled occluded
 AMBIGUOUS = (0.04, 0.2)  # hidden fractions removed so the occluded flag is unambiguous
 HIDDEN_MAX = 0.7  # objects hidden more than this are removed
 TRUNCATED_MIN_VISIBLE = 0.4  # objects with less of their silhouette inside the image are removed
-MAX_Z = 20.0  # metres: labelled objects stand at most this far (lights and signs drawn twice life size)
+# Labelled objects stand MIN_Z to MAX_Z metres ahead, at the depths that give BDD100K's box sizes (_depth); an object
+# at MIN_Z ends above the bottom 9% of the frame, below the bonnet (camera.BONNET_MAX)
+MIN_Z, MAX_Z = 6.0, 150.0
+LIGHT_M = (0.45, 1.0)  # a traffic light's head, width and height; LAMP_M its lamps' diameter
+LAMP_M = 0.22
+LAMP_HIDDEN_MAX = 0.5  # a light whose lit lamp is hidden more than this is labelled without a colour
+# What the renderer draws of BDD100K's frame attributes (their shares: vlm/scenes/bdd100k_statistics.json)
+TIMES_OF_DAY = ("daytime", "night", "dawn/dusk")
+WEATHERS = ("clear", "overcast", "snowy", "rainy", "partly cloudy", "foggy")
+COUNTED = ("car", "pedestrian", "truck", "bus", "motorcycle", "bicycle", "traffic light", "traffic sign")
 # Of the pedestrians not on a crosswalk, the share crossing the road anywhere ahead, by scene (without them the
 # model never sees a pedestrian in a highway's road, and misses one put there: docs/experiments.md)
-ROAD_CROSSING = {"city street": 0.1, "highway": 0.5}
+ROAD_CROSSING = {"city street": 0.1, "residential": 0.15, "highway": 0.5}
 
 RGB = tuple[int, int, int]
 
@@ -48,8 +61,8 @@ BUILDING_COLORS: tuple[RGB, ...] = ((160, 80, 60), (200, 185, 160), (120, 120, 1
 LAMP_COLORS: dict[str, RGB] = {"red": (255, 40, 30), "yellow": (255, 200, 0), "green": (40, 255, 110)}
 AMBIENT = {  # per-channel gain and bias of the light on non-emissive surfaces
     "daytime": ((1.0, 1.0, 1.0), (0, 0, 0)),
-    "dawn/dusk": ((0.78, 0.62, 0.58), (18, 6, 8)),
-    "night": ((0.45, 0.47, 0.58), (6, 6, 12)),
+    "dawn/dusk": ((0.72, 0.6, 0.56), (14, 6, 8)),
+    "night": ((0.26, 0.26, 0.3), (4, 4, 7)),  # a dashcam's night: dark but for lamps (BDD100K's mean luma 33)
 }
 
 SKY = {  # (top, horizon) colours
@@ -62,7 +75,16 @@ SKY = {  # (top, horizon) colours
     ("night", "clear"): ((4, 6, 18), (28, 32, 55)),
     ("night", "rainy"): ((10, 10, 14), (35, 36, 42)),
     ("night", "foggy"): ((30, 30, 34), (60, 60, 66)),
+    ("daytime", "overcast"): ((150, 155, 165), (195, 198, 202)),
+    ("dawn/dusk", "overcast"): ((90, 88, 100), (175, 150, 140)),
+    ("night", "overcast"): ((14, 14, 20), (48, 44, 46)),
+    ("daytime", "snowy"): ((170, 175, 182), (215, 218, 222)),
+    ("dawn/dusk", "snowy"): ((110, 108, 118), (190, 175, 170)),
+    ("night", "snowy"): ((20, 20, 26), (60, 58, 62)),
 }
+SKY.update({(time, "partly cloudy"): SKY[(time, "clear")] for time in TIMES_OF_DAY})
+# the light on non-emissive surfaces: weather's gain on AMBIENT's
+WEATHER_GAIN = {"clear": 1.0, "partly cloudy": 0.95, "overcast": 0.85, "snowy": 0.9, "rainy": 0.8, "foggy": 0.9}
 
 
 @dataclass(frozen=True)
@@ -71,7 +93,8 @@ class RenderConfig:
 
     width: int
     height: int
-    max_count: int  # most cars / pedestrians in one scene (counting questions go up to this)
+    max_count: int  # most objects of a category in one scene (their counts are drawn from BDD100K's, capped here)
+    statistics: Path = statistics.PACKAGED  # BDD100K's statistics, which the world is drawn from
 
 
 @dataclass
@@ -139,35 +162,66 @@ def _choice(rng: np.random.Generator, options, p=None):
 
 
 def sample_layout(rng: np.random.Generator, config: RenderConfig) -> Layout:
-    timeofday = _choice(rng, ("daytime", "dawn/dusk", "night"), p=(0.4, 0.2, 0.4))
-    weather = _choice(rng, ("clear", "rainy", "foggy"), p=(0.4, 0.3, 0.3))
-    scene = _choice(rng, ("city street", "highway"), p=(0.6, 0.4))
+    world = statistics.load(config.statistics)
+    timeofday, weather, scene = (_share(rng, world["attributes"][key], drawn)
+                                 for key, drawn in (("timeofday", TIMES_OF_DAY), ("weather", WEATHERS),
+                                                    ("scene", SCENE_TYPES)))
     w, h = config.width, config.height
-    horizon = float(rng.uniform(0.40, 0.46) * h)
-    vanish_x = float(w / 2 + rng.uniform(-50, 50))
+    horizon = float(rng.uniform(0.38, 0.48) * h)
+    vanish_x = float(w / 2 + rng.uniform(-60, 60))
     cam = Camera(w, h, horizon, vanish_x)
-    city = scene == "city street"
-    lanes_left = int(rng.integers(1, 3))
-    lanes_right = int(rng.integers(0, 2)) if city else int(rng.integers(1, 3))
-    crosswalk_z = float(rng.uniform(8.0, 11.0)) if city and rng.random() < 0.85 else None
+    urban = scene != "highway"
+    lanes_left = int(rng.integers(1, 3)) if scene != "residential" else 1
+    lanes_right = int(rng.integers(0, 2)) if urban else int(rng.integers(1, 3))
+    crosswalk_z = float(rng.uniform(8.0, 30.0)) if scene == "city street" and rng.random() < 0.7 else None
     cross_street_z = (crosswalk_z + 3.5, crosswalk_z + 3.5 + 2 * LANE_M) if crosswalk_z else None
-    decor = {"buildings": _sample_buildings(rng, cross_street_z) if city else [],
-             "trees": _sample_trees(rng) if not city else [],
-             "lamps": [(side, float(z)) for side in (-1, 1) for z in rng.uniform(14, 60, size=int(rng.integers(1, 4)))],
+    decor = {"buildings": _sample_buildings(rng, cross_street_z, scene) if urban else [],
+             "trees": _sample_trees(rng) if scene != "city street" else [],
+             "lamps": [(side, float(z)) for side in (-1, 1) for z in rng.uniform(14, 90, size=int(rng.integers(1, 5)))],
              "clouds": [(float(rng.uniform(0, w)), float(rng.uniform(0.05, 0.8) * horizon), float(rng.uniform(60, 200)))
-                        for _ in range(int(rng.integers(0, 5)))],
+                        for _ in range(int(rng.integers(0, 5) if weather != "partly cloudy" else rng.integers(4, 10)))],
              "rain_seed": int(rng.integers(2**31)),
-             "hills": [float(v) for v in rng.uniform(0.0, 1.0, size=8)]}
+             "hills": [float(v) for v in rng.uniform(0.0, 1.0, size=8)],
+             "road": _jitter(rng, (78, 78, 82), 18),
+             "camera": sample_camera(rng, timeofday)}
     layout = Layout(timeofday, weather, scene, horizon, vanish_x, lanes_left, lanes_right, crosswalk_z,
                     cross_street_z, [], decor, {})
     # every labelled object, each step drawing from rng in a fixed order, so the seed fixes every object
-    cars_crossing = _sample_lane_vehicles(rng, layout, cam, config)
+    counts = {category: _count(rng, world, scene, category, config.max_count) for category in COUNTED}
+    cars_crossing = _sample_lane_vehicles(rng, layout, cam, counts, world)
     _sample_crossing_vehicles(rng, layout, cam, cars_crossing)
-    _sample_two_wheelers(rng, layout, cam)
-    _sample_pedestrians(rng, layout, cam, config)
-    _sample_traffic_lights(rng, layout, cam)
-    _sample_traffic_signs(rng, layout, cam)
+    _sample_two_wheelers(rng, layout, cam, counts, world)
+    _sample_pedestrians(rng, layout, cam, counts["pedestrian"], world)
+    _sample_traffic_lights(rng, layout, cam, counts["traffic light"], world)
+    _sample_traffic_signs(rng, layout, cam, counts["traffic sign"], world)
     return layout
+
+
+def _share(rng: np.random.Generator, shares: dict[str, float], drawn: tuple[str, ...]) -> str:
+    """One of ``drawn`` with BDD100K's ``shares`` of them (renormalised over those the renderer draws)."""
+    p = np.array([shares.get(value, 0.0) for value in drawn])
+    return drawn[int(rng.choice(len(drawn), p=p / p.sum()))]
+
+
+def _count(rng: np.random.Generator, world: dict, scene: str, category: str, cap: int) -> int:
+    """How many objects of ``category`` a frame of ``scene`` holds: drawn from BDD100K's frames, at most ``cap``."""
+    p = np.asarray(world["objects_per_frame"][scene][category], dtype=np.float64)
+    return min(int(rng.choice(len(p), p=p / p.sum())), cap)
+
+
+def _depth(rng: np.random.Generator, world: dict, category: str, height_m: float, cam: Camera,
+           near: float = MIN_Z) -> float:
+    """Metres ahead at which an object ``height_m`` tall has a box as high as one drawn from BDD100K's boxes of
+    ``category`` (its quantiles, interpolated; the 2% at either end left out: truncated or stray boxes)."""
+    box_height = float(np.interp(rng.uniform(0.02, 0.98), world["quantiles"], world["box_height"][category]))
+    box_height *= cam.h / world["frame_size"][1]
+    return float(np.clip(height_m * PX_PER_M * Z_BOTTOM / max(box_height, 1.0), near, MAX_Z))
+
+
+def _jitter(rng: np.random.Generator, color: RGB, spread: int) -> RGB:
+    """``color`` with each channel moved by up to ``spread`` (one draw shifts all three, one more each)."""
+    common = int(rng.integers(-spread, spread + 1))
+    return tuple(int(np.clip(c + common + rng.integers(-spread // 3, spread // 3 + 1), 0, 255)) for c in color)
 
 
 def road_extent(layout: Layout) -> tuple[float, float]:
@@ -181,11 +235,13 @@ def _beside_road(layout: Layout, side: int, offset_m: float) -> float:
     return left - offset_m if side < 0 else right + offset_m
 
 
-def _sample_buildings(rng, cross_street_z):
+def _sample_buildings(rng, cross_street_z, scene):
+    """Facades along both sides: city blocks, or (residential) low houses set back from the road."""
+    low, high = (7, 30) if scene == "city street" else (4, 9)
     buildings = []
     for side in (-1, 1):
         z = 3.0
-        while z < 90:
+        while z < 110:
             length = float(rng.uniform(8, 22))
             if cross_street_z and z < cross_street_z[1] and z + length > cross_street_z[0]:
                 if z < cross_street_z[0]:
@@ -193,10 +249,12 @@ def _sample_buildings(rng, cross_street_z):
                 else:
                     z = cross_street_z[1]
                     continue
-            buildings.append({"side": side, "z0": z, "z1": z + length, "height": float(rng.uniform(7, 30)),
-                              "color": _choice(rng, BUILDING_COLORS), "floors": int(rng.integers(2, 8)),
-                              "cols": int(rng.integers(2, 6)), "lit": rng.random(64).tolist()})
-            z += length + float(rng.uniform(0, 2))
+            buildings.append({"side": side, "z0": z, "z1": z + length, "height": float(rng.uniform(low, high)),
+                              "color": _jitter(rng, _choice(rng, BUILDING_COLORS), 24),
+                              "floors": int(rng.integers(2, 8)) if scene == "city street" else int(rng.integers(1, 3)),
+                              "cols": int(rng.integers(2, 6)), "lit": rng.random(64).tolist(),
+                              "setback": 3.5 if scene == "city street" else float(rng.uniform(6, 12))})
+            z += length + float(rng.uniform(0, 2) if scene == "city street" else rng.uniform(3, 10))
     return buildings
 
 
@@ -211,34 +269,42 @@ def pedestrian(rng: np.random.Generator, cam: Camera, z: float, lateral: float) 
     s = cam.s_of_z(z)
     height_m = float(rng.uniform(1.55, 1.95))
     return Thing("pedestrian", "pedestrian", cam.upright_box(lateral, s, height_m * 0.32, height_m), s,
-                 {"shirt": _choice(rng, CLOTHES), "trousers": _choice(rng, CLOTHES[2:5] + CLOTHES[8:9]),
+                 {"shirt": _jitter(rng, _choice(rng, CLOTHES), 20),
+                  "trousers": _choice(rng, CLOTHES[2:5] + CLOTHES[8:9]),
                   "skin": _choice(rng, SKIN), "stride": float(rng.uniform(0.0, 0.35)),
                   "bag": rng.random() < 0.3,
                   "hair": _choice(rng, ((30, 20, 10), (90, 60, 30), (200, 170, 90), (20, 20, 20)))})
 
 
-def _sample_lane_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera, config: RenderConfig) -> int:
-    """Cars, trucks and buses in the lanes, seen from behind (oncoming on a two-way city street: from the front). Set
-    the car target; return how many cars go to the cross street instead (:func:`_sample_crossing_vehicles`)."""
-    city = layout.scene == "city street"
+def _sample_lane_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera, counts: dict[str, int],
+                          world: dict) -> int:
+    """Cars, trucks and buses in the lanes, seen from behind (oncoming on a two-way street: from the front), and
+    (city and residential) cars parked along both kerbs. Set the car target; return how many cars go to the cross
+    street instead (:func:`_sample_crossing_vehicles`)."""
+    urban = layout.scene != "highway"
     lanes = list(range(-layout.lanes_left, layout.lanes_right + 1))  # lane 0 is the ego lane, negative to the left
-    # A counted category's target is uniform; extra objects are placed for settle_occlusion, which cuts the surplus
-    target_cars = int(rng.integers(0, config.max_count + 1))
+    # The counted categories' targets follow BDD100K's counts; extra objects are placed for settle_occlusion, which
+    # cuts the surplus (and the almost hidden)
+    target_cars = counts["car"]
     layout.targets["car"] = target_cars
     n_cars = target_cars + (target_cars + 1) // 2
-    n_trucks = int(rng.choice(3, p=(0.5, 0.35, 0.15)))
-    n_buses = int(rng.choice(3, p=(0.55, 0.35, 0.1)))
     cars_crossing = int(rng.integers(0, min(n_cars, 2) + 1)) if layout.cross_street_z else 0
-    vehicles = ["car"] * (n_cars - cars_crossing) + ["truck"] * n_trucks + ["bus"] * n_buses
+    vehicles = ["car"] * (n_cars - cars_crossing) + ["truck"] * counts["truck"] + ["bus"] * counts["bus"]
+    parked_share = float(rng.uniform(0.2, 0.6)) if urban else 0.0
     for category in vehicles:
-        lane = int(rng.choice(lanes))
-        s = cam.s_of_z(float(rng.uniform(6.0, MAX_Z)))
         width_m, _, height_m = VEHICLE_M[category]
         width_m *= float(rng.uniform(0.95, 1.08))
         height_m *= float(rng.uniform(0.95, 1.08))
-        box = cam.upright_box(lane * LANE_M + float(rng.uniform(-0.5, 0.5)), s, width_m, height_m)  # about lane centre
-        kind = f"{category}_{'front' if city and lane < 0 else 'rear'}"
-        style = {"color": _choice(rng, VEHICLE_COLORS[category]),
+        s = cam.s_of_z(_depth(rng, world, category, height_m, cam))
+        if category == "car" and rng.random() < parked_share:  # parked along a kerb, seen from behind
+            side = int(rng.choice((-1, 1)))
+            lateral, kind = _beside_road(layout, side, -1.0 - float(rng.uniform(0.0, 0.3))), "car_rear"
+        else:
+            lane = int(rng.choice(lanes))
+            lateral = lane * LANE_M + float(rng.uniform(-0.5, 0.5))  # about the lane's centre
+            kind = f"{category}_{'front' if urban and lane < 0 else 'rear'}"
+        box = cam.upright_box(lateral, s, width_m, height_m)
+        style = {"color": _jitter(rng, _choice(rng, VEHICLE_COLORS[category]), 16),
                  "lights_on": layout.timeofday != "daytime" or rng.random() < 0.3}
         layout.things.append(Thing(category, kind, box, s, style))
     return cars_crossing
@@ -257,89 +323,88 @@ def _sample_crossing_vehicles(rng: np.random.Generator, layout: Layout, cam: Cam
         x1, y2 = float(rng.uniform(-0.2 * cam.w, 1.0 * cam.w)), cam.y(s)
         box = (x1, y2 - cam.px(height_m, s), x1 + cam.px(length_m, s), y2)
         layout.things.append(Thing(category, f"{category}_side", box, s,
-                                   {"color": _choice(rng, VEHICLE_COLORS[category]),
+                                   {"color": _jitter(rng, _choice(rng, VEHICLE_COLORS[category]), 16),
                                     "facing": int(rng.choice((-1, 1))), "lights_on": layout.timeofday != "daytime"}))
 
 
-def _sample_two_wheelers(rng: np.random.Generator, layout: Layout, cam: Camera) -> None:
-    """Motorcycles (and bicycles on a city street) with riders, side view; a bike and its rider share a group."""
+def _sample_two_wheelers(rng: np.random.Generator, layout: Layout, cam: Camera, counts: dict[str, int],
+                         world: dict) -> None:
+    """Motorcycles and bicycles, side view, half of them ridden; a bike and its rider share a group."""
     left, right = road_extent(layout)
-    n_motor = int(rng.choice(3, p=(0.55, 0.3, 0.15)))
-    n_bike = int(rng.choice(3, p=(0.55, 0.3, 0.15))) if layout.scene == "city street" else 0
-    for g, category in enumerate(["motorcycle"] * n_motor + ["bicycle"] * n_bike, start=1):
-        s = cam.s_of_z(float(rng.uniform(6.0, MAX_Z)))
-        x, y2 = cam.x(float(rng.uniform(left + 0.6, right - 0.6)), s), cam.y(s)
+    for g, category in enumerate(["motorcycle"] * counts["motorcycle"] + ["bicycle"] * counts["bicycle"], start=1):
         length_m, height_m, wheel_m = TWO_WHEELER_M[category]
+        s = cam.s_of_z(_depth(rng, world, category, height_m, cam))
+        x, y2 = cam.x(float(rng.uniform(left + 0.6, right - 0.6)), s), cam.y(s)
         length, bike_h = cam.px(length_m, s), cam.px(height_m, s)
         facing = int(rng.choice((-1, 1)))
         bike = Thing(category, category, (x - length / 2, y2 - bike_h, x + length / 2, y2), s,
                      {"color": _choice(rng, CAR_COLORS if category == "motorcycle" else CLOTHES), "facing": facing,
                       "wheel": cam.px(wheel_m, s), "lights_on": layout.timeofday != "daytime"}, group=g)
+        layout.things.append(bike)
+        if rng.random() < 0.5:
+            continue  # parked
         rx, rider_w = x + facing * length * 0.05, cam.px(0.55, s)
         rider_box = (rx - rider_w / 2, y2 - bike_h - cam.px(1.05, s) * 0.55, rx + rider_w / 2, y2 - bike_h * 0.45)
-        rider = Thing("rider", "rider", rider_box, s + 1e-4,
-                      {"shirt": _choice(rng, CLOTHES), "skin": _choice(rng, SKIN), "facing": facing,
-                       "helmet": category == "motorcycle" or rng.random() < 0.5, "helmet_color": _choice(rng, CLOTHES)},
-                      group=g)
-        layout.things.extend((bike, rider))
+        layout.things.append(Thing("rider", "rider", rider_box, s + 1e-4,
+                                   {"shirt": _choice(rng, CLOTHES), "skin": _choice(rng, SKIN), "facing": facing,
+                                    "helmet": category == "motorcycle" or rng.random() < 0.5,
+                                    "helmet_color": _choice(rng, CLOTHES)}, group=g))
 
 
-def _sample_pedestrians(rng: np.random.Generator, layout: Layout, cam: Camera, config: RenderConfig) -> None:
-    """Pedestrians on a city street's sidewalks and crosswalk (counted, with a target), or a rare one on a highway;
-    some of those not on a crosswalk cross the road anywhere (:data:`ROAD_CROSSING`)."""
-    city = layout.scene == "city street"
+def _sample_pedestrians(rng: np.random.Generator, layout: Layout, cam: Camera, target: int, world: dict) -> None:
+    """Pedestrians (counted, with a target) on the sidewalks and the crosswalk, or beside a highway; some of those not
+    on a crosswalk cross the road anywhere (:data:`ROAD_CROSSING`)."""
+    urban = layout.scene != "highway"
     left, right = road_extent(layout)
-    if city:
-        target_peds = int(rng.integers(0, config.max_count + 1))
-        n_ped = target_peds + (target_peds + 1) // 2  # extras for occlusion, as for cars
-    else:
-        target_peds = n_ped = int(rng.choice(3, p=(0.8, 0.15, 0.05)))
-    layout.targets["pedestrian"] = target_peds
+    n_ped = target + (target + 1) // 2  # extras for occlusion, as for cars
+    layout.targets["pedestrian"] = target
     for _ in range(n_ped):
-        if layout.crosswalk_z is not None and rng.random() < 0.45:  # on the crosswalk
+        z = _depth(rng, world, "pedestrian", 1.75, cam, near=6.5)
+        if layout.crosswalk_z is not None and rng.random() < 0.3:  # on the crosswalk
             z = layout.crosswalk_z + float(rng.uniform(0.3, 2.7))
             lateral = float(rng.uniform(left - 1.5, right + 1.5))
         elif rng.random() < ROAD_CROSSING[layout.scene]:  # in the road, off any crosswalk
-            z = float(rng.uniform(6.5, MAX_Z))
             lateral = float(rng.uniform(left + 0.3, right - 0.3))
-        elif city:
-            z = float(rng.uniform(6.5, MAX_Z))
+        elif urban:
             lateral = _beside_road(layout, int(rng.choice((-1, 1))), float(rng.uniform(0.5, 2.8)))
         else:
-            z = float(rng.uniform(8.0, MAX_Z))
             lateral = float(rng.choice((left - 1.2, right + 1.2)))
         layout.things.append(pedestrian(rng, cam, z, lateral))
 
 
-def _sample_traffic_lights(rng: np.random.Generator, layout: Layout, cam: Camera) -> None:
-    """One to three traffic lights at most city intersections, one phase (or dark), overhead or on a pole."""
-    if layout.scene != "city street" or rng.random() >= 0.9:
+def _sample_traffic_lights(rng: np.random.Generator, layout: Layout, cam: Camera, count: int, world: dict) -> None:
+    """Traffic lights at life size, overhead or on poles, at the depths of BDD100K's: one phase (or dark) for all,
+    some seen from the side or back (no lamp to read, as BDD100K's ``NA``)."""
+    if not count:
         return
     left, right = road_extent(layout)
     phase = _choice(rng, ("red", "yellow", "green", None), p=(0.22, 0.34, 0.24, 0.2))
-    z = (layout.crosswalk_z + 1.0) if layout.crosswalk_z else float(rng.uniform(10, 20))
-    for _ in range(int(rng.integers(1, 4))):
-        s = cam.s_of_z(z + float(rng.uniform(-0.5, 2.5)))
+    for _ in range(count):
+        z = _depth(rng, world, "traffic light", LIGHT_M[1], cam, near=8.0)
+        s = cam.s_of_z(z)
         lateral = float(rng.uniform(left - 2.5, right + 2.5))
         x = cam.x(lateral, s)
-        head_w, head_h = cam.px(0.9, s), cam.px(2.3, s)
-        y1 = cam.y(s) - cam.px(float(rng.uniform(4.6, 5.6)), s)
+        head_w, head_h = cam.px(LIGHT_M[0], s), cam.px(LIGHT_M[1], s)
+        y1 = cam.y(s) - cam.px(float(rng.uniform(4.6, 6.0)), s)
         overhead = left < lateral < right  # hung over the road from a pole beside it
         pole_x = x if not overhead else cam.x(right + 1.0 if lateral > 0 else left - 1.0, s)
         box = (x - head_w / 2, y1, x + head_w / 2, y1 + head_h)
+        facing = rng.random() >= 0.25  # else seen from the side or back
         layout.things.append(Thing("traffic light", "traffic_light", box, s,
                                    {"overhead": overhead, "pole_x": pole_x, "ground_y": cam.y(s),
-                                    "lamp_d": cam.px(0.62, s)}, light_color=phase))
+                                    "lamp_d": cam.px(LAMP_M, s), "facing": facing},
+                                   light_color=phase if facing else None))
 
 
-def _sample_traffic_signs(rng: np.random.Generator, layout: Layout, cam: Camera) -> None:
-    """Up to three traffic signs on poles beside the road, of a random shape."""
-    for _ in range(int(rng.choice(4, p=(0.3, 0.35, 0.25, 0.1)))):
-        s = cam.s_of_z(float(rng.uniform(7.0, MAX_Z)))
-        x = cam.x(_beside_road(layout, int(rng.choice((-1, 1))), float(rng.uniform(0.6, 2.0))), s)
+def _sample_traffic_signs(rng: np.random.Generator, layout: Layout, cam: Camera, count: int, world: dict) -> None:
+    """Traffic signs on poles beside the road, of a random shape, at the depths of BDD100K's."""
+    for _ in range(count):
         shape = _choice(rng, ("circle", "triangle", "octagon", "rect_blue", "diamond", "rect_green"))
-        size = cam.px(1.3 if shape != "rect_green" else 2.2, s)
+        size_m = 0.75 if shape != "rect_green" else 2.2
         aspect = 0.6 if shape == "rect_green" else 1.0
+        s = cam.s_of_z(_depth(rng, world, "traffic sign", size_m * aspect, cam, near=7.0))
+        x = cam.x(_beside_road(layout, int(rng.choice((-1, 1))), float(rng.uniform(0.6, 2.0))), s)
+        size = cam.px(size_m, s)
         y1 = cam.y(s) - cam.px(float(rng.uniform(2.2, 3.0)), s)
         box = (x - size / 2, y1, x + size / 2, y1 + size * aspect)
         layout.things.append(Thing("traffic sign", "traffic_sign", box, s,
@@ -393,8 +458,7 @@ class Pen:
 def make_shade(timeofday: str, weather: str):
     """The colour transform of the ambient light for non-emissive surfaces."""
     gain, bias = AMBIENT[timeofday]
-    if weather == "rainy":
-        gain = tuple(g * 0.8 for g in gain)
+    gain = tuple(g * WEATHER_GAIN[weather] for g in gain)
 
     def shade(color: RGB) -> RGB:
         return tuple(int(c * g + b) for c, g, b in zip(color, gain, bias))
@@ -542,6 +606,14 @@ def draw_person(pen: Pen, t: Thing, riding: bool = False) -> None:
         pen.ellipse((cx - hr, hy - hr * 1.05, cx + hr, hy - hr * 0.1), st["hair"])
 
 
+def lamp_box(t: Thing, color: str) -> tuple[float, float, float, float]:
+    """The box of traffic light ``t``'s lamp of ``color`` (red at the top, green at the bottom)."""
+    x1, y1, x2, y2 = t.box
+    cx, cy = (x1 + x2) / 2, y1 + (y2 - y1) * (0.2 + 0.3 * list(LAMP_COLORS).index(color))
+    d = min(t.style["lamp_d"], (x2 - x1) * 0.8)
+    return (cx - d / 2, cy - d / 2, cx + d / 2, cy + d / 2)
+
+
 def draw_traffic_light(pen: Pen, t: Thing) -> None:
     x1, y1, x2, y2 = t.box
     w, h = x2 - x1, y2 - y1
@@ -556,12 +628,14 @@ def draw_traffic_light(pen: Pen, t: Thing) -> None:
     else:
         pen.line([(cx, y2), (cx, st["ground_y"])], pole, pw, solid=False)
     pen.rect((x1, y1, x2, y2), (35, 35, 30))
-    d = min(st["lamp_d"], w * 0.8)
-    for i, color in enumerate(("red", "yellow", "green")):
-        cy = y1 + h * (0.2 + 0.3 * i)
-        box = (cx - d / 2, cy - d / 2, cx + d / 2, cy + d / 2)
+    if not st["facing"]:  # its side or back: no lamp to see
+        pen.rect((x1 + w * 0.3, y1 + h * 0.05, x2 - w * 0.3, y2 - h * 0.05), (55, 55, 50))
+        return
+    for color in LAMP_COLORS:
+        box = lamp_box(t, color)
+        cy = (box[1] + box[3]) / 2
         if t.light_color == color:
-            pen.glow(cx, cy, d / 2, LAMP_COLORS[color], 0.9)
+            pen.glow(cx, cy, (box[2] - box[0]) / 2, LAMP_COLORS[color], 0.9)
             pen.rect((x1, cy - h * 0.14, x2, cy + h * 0.14), (35, 35, 30))
             pen.ellipse(box, LAMP_COLORS[color], emissive=True)
         else:
@@ -649,6 +723,20 @@ def _visibility(things: list[Thing], width: int, height: int) -> list[float]:
     return hidden
 
 
+def _lamp_hidden(things: list[Thing], k: int) -> float:
+    """Fraction of the lit lamp of the traffic light ``things[k]`` (``things`` far to near) that nearer things hide."""
+    x1, y1, x2, y2 = lamp_box(things[k], things[k].light_color)
+    occluders = [t for t in things[k + 1:] if t.box[0] < x2 and t.box[2] > x1 and t.box[1] < y2 and t.box[3] > y1]
+    if not occluders:
+        return 0.0
+    ox, oy = int(math.floor(x1)), int(math.floor(y1))
+    size = (int(math.ceil(x2)) + 1 - ox, int(math.ceil(y2)) + 1 - oy)
+    lamp = Image.new("L", size, 0)
+    ImageDraw.Draw(lamp).ellipse((x1 - ox, y1 - oy, x2 - ox, y2 - oy), fill=255)
+    lit = np.asarray(lamp, dtype=bool)
+    return float((lit & _silhouettes(occluders, (ox, oy), size)).sum()) / max(1, int(lit.sum()))
+
+
 def settle_occlusion(things: list[Thing], width: int, height: int, targets: dict[str, int] | None = None
                      ) -> list[tuple[Thing, float]]:
     """Remove things that are almost hidden or ambiguously occluded, and per category the farthest beyond its
@@ -681,10 +769,11 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
     d = ImageDraw.Draw(img)
     w, h, hz = cam.w, cam.h, cam.horizon
     night = layout.timeofday == "night"
-    city = layout.scene == "city street"
+    city, urban = layout.scene == "city street", layout.scene != "highway"
+    snow = layout.weather == "snowy"
     if not night:
         for cx, cy, r in layout.decor["clouds"]:
-            c = shade((235, 235, 240) if layout.weather == "clear" else (120, 122, 128))
+            c = shade((235, 235, 240) if layout.weather in ("clear", "partly cloudy") else (120, 122, 128))
             d.ellipse((cx - r, cy - r * 0.35, cx + r, cy + r * 0.35), fill=c)
     hills = layout.decor["hills"]  # distant hills or a skyline on the horizon
     if city:
@@ -694,13 +783,15 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
     else:
         pts = [(0, hz)] + [(w * i / (len(hills) - 1), hz - 10 - v * 45) for i, v in enumerate(hills)] + [(w, hz)]
         d.polygon(pts, fill=shade((80, 110, 80)))
-    d.rectangle((0, hz, w, h), fill=shade((150, 150, 145) if city else (95, 130, 70)))  # ground
+    ground = (225, 228, 232) if snow else (150, 150, 145) if city else (95, 130, 70)
+    d.rectangle((0, hz, w, h), fill=shade(ground))
     left, right = road_extent(layout)
     far = 400.0
-    d.polygon(cam.ground_quad(left, right, Z_BOTTOM * 0.5, far), fill=shade((78, 78, 82)))
+    road = layout.decor["road"]
+    d.polygon(cam.ground_quad(left, right, Z_BOTTOM * 0.5, far), fill=shade(road))
     if layout.cross_street_z:
-        d.polygon(cam.ground_quad(-200, 200, *layout.cross_street_z), fill=shade((78, 78, 82)))
-    if city:  # curbs
+        d.polygon(cam.ground_quad(-200, 200, *layout.cross_street_z), fill=shade(road))
+    if urban:  # curbs
         for lat in (left, right):
             d.polygon(cam.ground_quad(lat - 0.15, lat + 0.15, Z_BOTTOM * 0.5, far), fill=shade((185, 185, 180)))
     else:  # guard rails and verges
@@ -709,9 +800,9 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
             pts = [(cam.x(lat, s0), cam.y(s0) - cam.px(0.8, s0)), (cam.x(lat, s1), cam.y(s1) - cam.px(0.8, s1))]
             d.line(pts, fill=shade((170, 170, 175)), width=6)
     _draw_markings(d, layout, cam, shade)
-    if city:
+    if urban:
         _draw_buildings(d, layout, cam, shade, night)
-    else:
+    if layout.scene != "city street":
         for tree in sorted(layout.decor["trees"], key=lambda t: -t["z"]):
             s = cam.s_of_z(tree["z"])
             x, y = cam.x(_beside_road(layout, tree["side"], tree["offset"]), s), cam.y(s)
@@ -735,10 +826,10 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
 def _draw_markings(d: ImageDraw.ImageDraw, layout: Layout, cam: Camera, shade) -> None:
     white, yellow = shade((230, 230, 225)), shade((230, 190, 40))
     left, right = road_extent(layout)
-    city = layout.scene == "city street"
+    urban = layout.scene != "highway"
     boundaries = [(-LANE_M / 2 - i * LANE_M) for i in range(layout.lanes_left)] + \
                  [(LANE_M / 2 + i * LANE_M) for i in range(layout.lanes_right)]
-    center = -LANE_M / 2 if city else None  # two-way city street: double yellow left of the ego lane
+    center = -LANE_M / 2 if urban else None  # two-way street: double yellow left of the ego lane
     for lat in boundaries:
         z = Z_BOTTOM * 0.6
         while z < 120:
@@ -764,15 +855,18 @@ def _draw_markings(d: ImageDraw.ImageDraw, layout: Layout, cam: Camera, shade) -
 
 
 def _draw_buildings(d: ImageDraw.ImageDraw, layout: Layout, cam: Camera, shade, night: bool) -> None:
+    # in front of the facades: a sidewalk, or (residential) lawns
+    front = (160, 160, 155) if layout.scene == "city street" else (95, 130, 70)
+    if layout.weather == "snowy":
+        front = (225, 228, 232)
     for b in sorted(layout.decor["buildings"], key=lambda b: -b["z0"]):
-        lat, curb = _beside_road(layout, b["side"], 3.5), _beside_road(layout, b["side"], 0.0)  # facade, road edge
+        lat, curb = _beside_road(layout, b["side"], b["setback"]), _beside_road(layout, b["side"], 0.0)
         s0, s1 = cam.s_of_z(b["z0"]), cam.s_of_z(b["z1"])
         xa, xb = cam.x(lat, s0), cam.x(lat, s1)
         ya, yb = cam.y(s0), cam.y(s1)
         ha, hb = cam.px(b["height"], s0), cam.px(b["height"], s1)
         d.polygon([(xa, ya), (xb, yb), (xb, yb - hb), (xa, ya - ha)], fill=shade(b["color"]))
-        # Sidewalk in front of the facade.
-        d.polygon([(cam.x(curb, s0), ya), (cam.x(curb, s1), yb), (xb, yb), (xa, ya)], fill=shade((160, 160, 155)))
+        d.polygon([(cam.x(curb, s0), ya), (cam.x(curb, s1), yb), (xb, yb), (xa, ya)], fill=shade(front))
         floors, cols = b["floors"], b["cols"]
         for i in range(floors):
             for j in range(cols):
@@ -801,6 +895,13 @@ def _apply_weather(img: Image.Image, layout: Layout, cam: Camera) -> Image.Image
         d = ImageDraw.Draw(img)
         for x, y, ln in zip(xs, ys, lengths):
             d.line([(x, y), (x + ln * 0.25, y + ln)], fill=c, width=1)
+    elif layout.weather == "snowy":
+        rng = np.random.default_rng(layout.decor["rain_seed"])
+        xs, ys, radii = rng.uniform(0, w, 900), rng.uniform(0, h, 900), rng.uniform(0.8, 3.0, 900)  # flakes
+        c = (235, 235, 240) if layout.timeofday != "night" else (120, 120, 128)
+        d = ImageDraw.Draw(img)
+        for x, y, r in zip(xs, ys, radii):
+            d.ellipse((x - r, y - r, x + r, y + r), fill=c)
     return img
 
 
@@ -829,8 +930,10 @@ def render_layout(layout: Layout, settled: list[tuple[Thing, float]], name: str,
     canvas = ImageDraw.Draw(img)
     for thing, _ in settled:
         DRAW[thing.kind](Pen(canvas, shade), thing)
-    img = _apply_weather(img, layout, cam)
+    img = apply_camera(_apply_weather(img, layout, cam), layout.decor["camera"])
 
+    drawn = [t for t, _ in settled]
+    lamp_hidden = {id(t): _lamp_hidden(drawn, k) for k, t in enumerate(drawn) if t.light_color}
     objects = []
     for k, (t, hidden) in enumerate(sorted(settled, key=lambda th: (th[0].box[0], th[0].box[1]))):
         x1, y1, x2, y2 = t.box
@@ -838,6 +941,6 @@ def render_layout(layout: Layout, settled: list[tuple[Thing, float]], name: str,
         objects.append(SceneObject(
             id=str(k), category=t.category, box=clipped, occluded=hidden >= OCCLUDED_MIN,
             truncated=x1 < 0 or y1 < 0 or x2 > w or y2 > h,
-            light_color=t.light_color if t.category == "traffic light" else None))
+            light_color=t.light_color if lamp_hidden.get(id(t), 1.0) <= LAMP_HIDDEN_MAX else None))
     return img, Scene(name=name, weather=layout.weather, scene=layout.scene, timeofday=layout.timeofday,
                       objects=tuple(objects))

@@ -118,7 +118,7 @@ def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[i
         targets[r0:r1 + 1, c0:c1 + 1, START["box"] + k] = 1
         centre_x, centre_y = (x1 + x2) / 2 / width * columns, (y1 + y2) / 2 / height * rows  # in cells
         _spread(targets[:, :, START["centre"] + k], centre_x, centre_y, CENTRE_REGIONS)
-        if obj.light_color and not obj.occluded:  # the lights the answer rules can read
+        if rules.readable(obj):  # the lights the answer rules can read
             targets[r0:r1 + 1, c0:c1 + 1, START["light"] + LIGHT_COLORS.index(obj.light_color)] = 1
         if obj.occluded:
             targets[r0:r1 + 1, c0:c1 + 1, START["occluded"]] = 1
@@ -127,10 +127,11 @@ def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[i
         road_user = obj.category in rules.ROAD_USERS
         in_group = {"road_user": road_user, "vulnerable": obj.category in rules.VULNERABLE,
                     "occluded": road_user and obj.occluded}
+        foot_y = rules.ground_y(scene, obj) / height * rows  # in cells
         for index, group in enumerate(FOOT_GROUPS):
             if in_group[group]:
-                _splat(targets[:, :, START["foot"] + index], centre_x, y2 / height * rows, sigma)
-                _spread(targets[:, :, START["feet"] + index], centre_x, y2 / height * rows, FOOT_REGIONS)
+                _splat(targets[:, :, START["foot"] + index], centre_x, foot_y, sigma)
+                _spread(targets[:, :, START["feet"] + index], centre_x, foot_y, FOOT_REGIONS)
     for k, attribute in enumerate(rules.FRAME_ATTRIBUTES, start=START["frame"]):
         answer = rules.scene_attribute(scene, attribute)
         targets[:, :, k] = -1 if answer is None else float(answer == rules.YES)

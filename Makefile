@@ -3,6 +3,7 @@
 #   make test    create .venv, install pinned deps (+ test extras), lint (ruff, duplicate code), run the tests
 #   make scaling the accuracy-vs-compute curve (queued experiments, hours)
 #   make holdout the gap on a held-out combination of frame attributes (a queued experiment)
+#   make real ROOT=/path/to/bdd100k_val   the trained models zero-shot on real labelled frames (metrics/real_frames.json)
 #   make compare the experiments side by side: the test accuracies (VLM, blind) first, then whatever differs
 #   make gpu     the GPU recipe (recipes/gpu.yaml) as a dvc exp run: one modern GPU, at most about 15 minutes
 #   make memory  peak memory of every stage at 1,000 and 10,000 synthetic images (tens of minutes)
@@ -11,7 +12,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup repro test compare gpu bench memory scaling holdout clean
+.PHONY: setup repro test compare gpu bench memory scaling holdout real clean
 
 # A new .venv takes about 6.2 GB (PyTorch's CUDA build is 5.5 GB of it): say so before pip runs out of disk halfway.
 VENV_GB := 7
@@ -72,6 +73,12 @@ scaling: $(STAMP)
 # against the workspace's model on the same frames (after make repro), into metrics/holdout.json.
 holdout: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" PYTHONPATH=. python benchmarks/holdout_gap.py
+
+# The models of the last make repro zero-shot on a folder of real labelled frames in BDD100K's layout (ROOT): only
+# aggregates are written (metrics/real_frames.json); the frames and their labels stay where they are.
+real: $(STAMP)
+	test -n "$(ROOT)" || { echo "make real: set ROOT to a folder of labelled frames in BDD100K's layout"; exit 2; }
+	PYTHONPATH=. $(BIN)/python benchmarks/real_frames.py --root "$(ROOT)"
 
 clean:
 	rm -rf $(VENV)

@@ -26,14 +26,14 @@ def main(argv: list[str] | None = None) -> None:
     paths = RealPaths(model=Path(args.models) / "vlm.pt", blind=Path(args.models) / "blind.pt",
                       vocab=Path(args.vocab), metrics=metrics_dir / "real.json", tables=metrics_dir / "real",
                       plots=metrics_dir / "plots")
-    headline = evaluate_real(config, commands.template_options, tuple(commands.command_types), paths)
-    if not headline["measured"]:
-        print(headline["note"])
+    details = evaluate_real(config, commands.template_options, tuple(commands.command_types), paths)
+    if not details["measured"]:
+        print(details["note"])
         return
-    print(f"{headline['frames']} real frames, {headline['questions']} questions: "
-          + ", ".join(f"{model} {headline[model]['accuracy']:.1%}" for model in MODELS))
-    for t in headline["vlm"]["per_type"]:
-        print(f"  {t:14s} " + "  ".join(f"{model} {headline[model]['per_type'][t]:.1%}" for model in MODELS))
+    print(f"{details['frames']} real frames, {details['questions']} questions: "
+          + ", ".join(f"{model} {details[model]['accuracy']:.1%}" for model in MODELS))
+    for t in details["vlm"]["per_type"]:
+        print(f"  {t:14s} " + "  ".join(f"{model} {details[model]['per_type'][t]:.1%}" for model in MODELS))
 
 
 if __name__ == "__main__":

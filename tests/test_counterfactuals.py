@@ -25,9 +25,9 @@ from vlm.counterfactuals import (
 from vlm.io import read_json
 from vlm.params import ParamError, build_config
 from vlm.processor import Processor
+from vlm.scenes import render as render_module
 from vlm.scenes.edits import EDITS, SWITCHED, Pair, _things, make_pairs, render
 from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_synthetic, image_name, load_raw
-from vlm.scenes import render as render_module
 from vlm.scenes.render import RenderConfig
 
 CONFIG = RenderConfig(width=640, height=360, max_count=6)

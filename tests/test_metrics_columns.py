@@ -11,6 +11,7 @@ from dvc_graph import ROOT
 from vlm.commands.templates import COMMAND_TYPES
 from vlm.counterfactuals import headline as counterfactuals_headline
 from vlm.evaluate import split_metrics
+from vlm.real import MODELS
 from vlm.scenes.edits import EDITS
 from vlm.slices import DIMENSIONS
 
@@ -45,11 +46,13 @@ def _counterfactuals() -> dict:
 
 
 def test_dvc_exp_show_has_a_few_dozen_metric_columns_the_test_accuracies_first():
-    assert DECLARED == ["metrics/eval.json", "dvclive/vlm/metrics.json", "metrics/counterfactuals.json"]
+    assert DECLARED == ["metrics/eval.json", "dvclive/vlm/metrics.json", "metrics/real.json",
+                        "metrics/counterfactuals.json"]
     evaluation, _, _ = split_metrics(_evaluation())
     # dvclive's summary of the training (its keys: the model's losses, which the heads decide): the committed run's
     train = json.loads((ROOT / "dvclive" / "vlm" / "metrics.json").read_text(encoding="utf-8"))
-    columns = leaves(evaluation) + leaves(train) + leaves(_counterfactuals())
+    real = {"real": dict.fromkeys(MODELS, 0.5)}  # measured (real.root set): each model's accuracy on real frames
+    columns = leaves(evaluation) + leaves(train) + leaves(real) + leaves(_counterfactuals())
     assert len(columns) <= MAX_METRIC_COLUMNS, (len(columns), columns)
     assert len(set(columns)) == len(columns)
     lead = ["vlm.accuracy", *(f"vlm.per_type.{t}" for t in COMMAND_TYPES), "vlm.macro_f1", "vlm.ece",

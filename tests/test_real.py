@@ -2,6 +2,7 @@
 
 import json
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,9 @@ from vlm.inference import constrain
 from vlm.real import askable_types
 from vlm.scenes.render import RenderConfig, render_scene
 from vlm.scenes.schema import scene_to_frame
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import real_frames  # noqa: E402
 
 TYPES = ("detection", "counting", "traffic_light", "spatial", "safety", "scene")
 NAMES_2018 = {"pedestrian": "person", "motorcycle": "motor", "bicycle": "bike"}
@@ -90,13 +94,14 @@ def test_real_frames_scored_per_type_beside_the_most_common_answer(reproduced, t
     metrics = tmp_path / "metrics"
     stage.main(["--params", str(_params(tmp_path, root)), "--models", str(project / "models"),
                 "--vocab", str(project / "data/processed/vocab.json"), "--metrics", str(metrics)])
-    headline = json.loads((metrics / "real.json").read_text())
-    assert headline["measured"] and headline["frames"] == 6
     details = json.loads((metrics / "real" / "details.json").read_text())
-    assert sum(details["questions_per_type"].values()) == headline["questions"]
+    assert details["measured"] and details["frames"] == 6
+    headline = json.loads((metrics / "real.json").read_text())  # three columns of dvc exp show
+    assert headline == {"real": {model: details[model]["accuracy"] for model in ("vlm", "blind", "most_common")}}
+    assert sum(details["questions_per_type"].values()) == details["questions"]
     import pandas as pd
     table = pd.read_csv(metrics / "real" / "predictions.csv", dtype=str, keep_default_na=False)
-    assert len(table) == headline["questions"]
+    assert len(table) == details["questions"]
     # the labels decide which types are asked: safety only where occlusion is labelled (even frames), light colours
     # not on frame 2
     asked = table.groupby("image_id")["command_type"].agg(set)
@@ -107,7 +112,7 @@ def test_real_frames_scored_per_type_beside_the_most_common_answer(reproduced, t
         assert prediction in TEMPLATES[template].answers
     for t, group in table.groupby("command_type"):
         common = group["answer"].value_counts().max() / len(group)
-        assert headline["most_common"]["per_type"][t] == pytest.approx(common, abs=1e-4)
+        assert details["most_common"]["per_type"][t] == pytest.approx(common, abs=1e-4)
     assert (metrics / "plots" / "real.png").stat().st_size > 0
     assert (metrics / "plots" / "real_failures.png").stat().st_size > 0
     assert "real frames" in capsys.readouterr().out
@@ -115,8 +120,9 @@ def test_real_frames_scored_per_type_beside_the_most_common_answer(reproduced, t
 
 def test_no_root_writes_a_note_and_a_missing_folder_is_named(reproduced, tmp_path, capsys):
     project = reproduced.project.path
-    note = json.loads((project / "metrics" / "real.json").read_text())  # the tiny repro's: real.root null
-    assert note == {"measured": False, "note": note["note"]} and "real.root is null" in note["note"]
+    note = json.loads((project / "metrics" / "real.json").read_text())["real"]["note"]  # the tiny repro's: root null
+    assert "real.root is null" in note
+    assert json.loads((project / "metrics" / "real" / "details.json").read_text()) == {"measured": False, "note": note}
     args = ["--models", str(project / "models"), "--vocab", str(project / "data/processed/vocab.json"),
             "--metrics", str(tmp_path / "metrics")]
     with pytest.raises(FileNotFoundError, match="real.root: .*nowhere is not a folder"):
@@ -130,3 +136,17 @@ def test_predict_names_the_closest_phrasings_of_a_question_of_no_template(caplog
         assert question_template("Is there a cat?") is None
     assert "Is there a {category}?" in caplog.text
     assert question_template("is there a car") == "detection/present"
+
+
+def test_the_benchmark_commits_aggregates_only(reproduced, tmp_path):
+    """benchmarks/real_frames.py: the headline and per-question accuracies with the command and the models' hashes;
+    no frame name, question or answer of a frame (BDD100K's labels stay out of the repository)."""
+    project = reproduced.project.path
+    root = bdd_layout(tmp_path / "bdd")
+    out = tmp_path / "real_frames.json"
+    real_frames.main(["--root", str(root), "--models", str(project / "models"), "--out", str(out),
+                      "--vocab", str(project / "data/processed/vocab.json")])
+    result = json.loads(out.read_text())
+    assert result["measured"] and result["command"].endswith("--root /path/to/bdd100k_val")
+    assert set(result["vlm"]["per_question"]) == set(real_frames.QUESTIONS)
+    assert "real0" not in out.read_text() and str(root) not in out.read_text()

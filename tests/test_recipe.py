@@ -89,6 +89,20 @@ def test_run_starts_dvc_exp_run_only_with_every_key_checked_and_a_gpu_when_asked
     assert started[1] == started[0][:-2]
 
 
+def test_the_bdd100k_recipe_applies_and_its_params_build():
+    """recipes/bdd100k.yaml's flags are params keys DVC applies as written, and the configs they make are valid."""
+    from vlm.real import RealConfig
+    from vlm.scenes.generate import ScenesConfig
+
+    made = flags(ROOT / "recipes" / "bdd100k.yaml", ROOT / "params.yaml")
+    assert "--set-param=scenes.source=bdd100k" in made and "--set-param=real.root=data/bdd100k" in made
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    values = recipe.overrides(yaml.safe_load((ROOT / "recipes" / "bdd100k.yaml").read_text()), params, "bdd100k.yaml")
+    changed = apply(params, values, "bdd100k.yaml")
+    assert build_config(ScenesConfig, changed["scenes"], "scenes").source == "bdd100k"
+    assert build_config(RealConfig, changed["real"], "real").root == "data/bdd100k"
+
+
 def test_apply_sets_dotted_keys_and_a_missing_one_stops():
     params = {"train": {"epochs": 6, "lr": 0.002}, "runtime": {"train": {"num_workers": 0}}}
     assert apply(params, {"train.epochs": 5, "runtime.train.num_workers": 12}, "here") == {

@@ -46,7 +46,7 @@ class RealPaths:
     model: Path = Path("models/vlm.pt")
     blind: Path = Path("models/blind.pt")
     vocab: Path = Path("data/processed/vocab.json")
-    metrics: Path = Path("metrics/real.json")  # headline metrics (or the note that nothing was measured)
+    metrics: Path = Path("metrics/real.json")  # the headline: each model's accuracy (or the note: nothing measured)
     tables: Path = Path("metrics/real")  # details.json, predictions.csv
     plots: Path = Path("metrics/plots")  # real.png, real_failures.png
 
@@ -144,8 +144,9 @@ def most_common_answers(table: pd.DataFrame) -> pd.Series:
 
 def evaluate_real(config: RealConfig, options: TemplateOptions, command_types: tuple[str, ...],
                   paths: RealPaths) -> dict[str, Any]:
-    """Score both models on the frames under ``config.root``; write the headline metrics, details, predictions and
-    pictures; return the headline. With no root, write notes in their place."""
+    """Score both models on the frames under ``config.root``; write the headline (each model's accuracy: three
+    columns of ``dvc exp show``), the details (per type, per question key, calibration, what was asked), the
+    predictions and the pictures; return the details. With no root, write notes in their place."""
     if config.root is None:
         note = "nothing measured: real.root is null (set it to a folder of labelled frames in BDD100K's layout)"
         return _write_note(note, paths)
@@ -171,17 +172,15 @@ def evaluate_real(config: RealConfig, options: TemplateOptions, command_types: t
         table[f"{model}_correct"] = table[f"{model}_prediction"] == table["answer"]
 
     summary = summarize(table)
-    headline = {"measured": True, "frames": len(scenes), "questions": len(table),
-                **{model: {k: summary[model][k] for k in ("accuracy", "per_type", "ece") if k in summary[model]}
-                   for model in MODELS}}
-    details = {"frames_left_out": skipped, "questions_per_type": table["command_type"].value_counts().sort_index()
-               .astype(int).to_dict(), "answers_per_type": {t: g["answer"].value_counts().sort_index().astype(int)
-                                                            .to_dict() for t, g in table.groupby("command_type")},
-               **{model: {k: v for k, v in summary[model].items() if k not in headline[model]} for model in MODELS}}
+    details = {"measured": True, "frames": len(scenes), "questions": len(table), **summary,
+               "frames_left_out": skipped,
+               "questions_per_type": table["command_type"].value_counts().sort_index().astype(int).to_dict(),
+               "answers_per_type": {t: g["answer"].value_counts().sort_index().astype(int).to_dict()
+                                    for t, g in table.groupby("command_type")}}
     write_json(paths.tables / "details.json", details)
     with atomic_path(paths.tables / "predictions.csv") as tmp:
         table.drop(columns=["name"]).to_csv(tmp, index=False)
-    write_json(paths.metrics, headline)
+    write_json(paths.metrics, {"real": {model: summary[model]["accuracy"] for model in MODELS}})
     plots.save_figure(plots.real_figure(summary, len(scenes), CALIBRATION_BINS), paths.plots / "real.png")
     failures = table[~table["vlm_correct"]].rename(columns={"vlm_prediction": "prediction",
                                                             "vlm_probability": "probability"})
@@ -193,16 +192,16 @@ def evaluate_real(config: RealConfig, options: TemplateOptions, command_types: t
         note = "no failure: every answer is right" if config.failure_examples else \
             "no failures asked (real.failure_examples: 0)"
         plots.save_figure(plots.note_figure(note), paths.plots / "real_failures.png")
-    return headline
+    return details
 
 
 def _write_note(note: str, paths: RealPaths) -> dict[str, Any]:
-    headline = {"measured": False, "note": note}
-    write_json(paths.metrics, headline)
-    write_json(paths.tables / "details.json", headline)
+    details = {"measured": False, "note": note}
+    write_json(paths.metrics, {"real": {"note": note}})
+    write_json(paths.tables / "details.json", details)
     with atomic_path(paths.tables / "predictions.csv") as tmp:
         pd.DataFrame(columns=["image_id", "command_type", "command", "answer"]).to_csv(tmp, index=False)
     for name in ("real.png", "real_failures.png"):
         plots.save_figure(plots.note_figure(note), paths.plots / name)
-    return headline
+    return details
 

@@ -9,20 +9,22 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-BONNET_MAX = 0.08  # the bonnet covers at most this share of the frame's height
+BONNET_MAX = 0.16  # the bonnet (or the dashboard's reflection) covers at most this share of the frame's height
 
 
 def sample_camera(rng: np.random.Generator, timeofday: str) -> dict:
     """A camera's settings (structured domain randomisation: each drawn independently, the sensor noisier and the
     lamps blooming at night)."""
     night = timeofday == "night"
-    bonnet = float(rng.uniform(0.03, BONNET_MAX)) if rng.random() < 0.5 else 0.0
+    bonnet = float(rng.uniform(0.03, BONNET_MAX)) if rng.random() < 0.7 else 0.0
     shade = int(rng.integers(15, 120))
     return {
         "bonnet": bonnet,  # share of the height the ego car's bonnet covers at the centre; 0: none in view
         "bonnet_color": [int(np.clip(shade + rng.integers(-12, 13), 0, 255)) for _ in range(3)],
         "exposure": float(np.exp(rng.normal(0.0, 0.15))),  # gain on every channel
         "white_balance": [float(v) for v in np.exp(rng.normal(0.0, 0.05, 3))],  # gain per channel
+        "contrast": float(rng.uniform(0.65, 1.1)),  # a dashcam's tone curve: flatter than a render's
+        "saturation": float(rng.uniform(0.55, 1.1)),  # and its colours paler
         "shading": float(rng.uniform(0.0, 0.15)),  # amplitude of a smooth field of light and shadow
         "vignette": float(rng.uniform(0.0, 0.4)),  # darkening at the corners
         "blur": float(rng.uniform(0.0, 1.5)),  # Gaussian blur radius, pixels
@@ -52,8 +54,8 @@ def _draw_bonnet(img: Image.Image, share: float, color: list[int]) -> None:
 
 
 def apply_camera(img: Image.Image, camera: dict) -> Image.Image:
-    """``img`` as the camera of ``camera`` (:func:`sample_camera`) records it: bonnet, bloom, blur, exposure and
-    white balance, shading, vignetting, noise, JPEG compression."""
+    """``img`` as the camera of ``camera`` (:func:`sample_camera`) records it: bonnet, blur, saturation and contrast,
+    bloom, exposure and white balance, shading, vignetting, noise, JPEG compression."""
     w, h = img.size
     img = img.copy()
     if camera["bonnet"]:
@@ -61,6 +63,9 @@ def apply_camera(img: Image.Image, camera: dict) -> Image.Image:
     if camera["blur"] > 0.2:
         img = img.filter(ImageFilter.GaussianBlur(radius=camera["blur"]))
     pixels = np.asarray(img, dtype=np.float32)  # [H, W, 3]
+    luma = pixels.mean(axis=2, keepdims=True)  # [H, W, 1]
+    pixels = luma + camera["saturation"] * (pixels - luma)
+    pixels = 128.0 + camera["contrast"] * (pixels - 128.0)
     if camera["bloom"]:  # the bright parts, blurred at a quarter of the size (a wide, soft glow) and added
         small = np.asarray(img.reduce(4), dtype=np.float32)
         bright = Image.fromarray(np.clip((small - 170.0) * 3.0, 0, 255).astype(np.uint8))

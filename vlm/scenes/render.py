@@ -31,8 +31,8 @@ AMBIGUOUS = (0.04, 0.2)  # hidden fractions removed so the occluded flag is unam
 HIDDEN_MAX = 0.7  # objects hidden more than this are removed
 TRUNCATED_MIN_VISIBLE = 0.4  # objects with less of their silhouette inside the image are removed
 # Labelled objects stand MIN_Z to MAX_Z metres ahead, at the depths that give BDD100K's box sizes (_depth); an object
-# at MIN_Z ends above the bottom 9% of the frame, below the bonnet (camera.BONNET_MAX)
-MIN_Z, MAX_Z = 6.0, 150.0
+# at MIN_Z ends above the bottom 17% of the frame, where the bonnet and dashboard may be (camera.BONNET_MAX)
+MIN_Z, MAX_Z = 7.5, 150.0
 LIGHT_M = (0.45, 1.0)  # a traffic light's head, width and height; LAMP_M its lamps' diameter
 LAMP_M = 0.22
 LAMP_HIDDEN_MAX = 0.5  # a light whose lit lamp is hidden more than this is labelled without a colour
@@ -183,6 +183,7 @@ def sample_layout(rng: np.random.Generator, config: RenderConfig) -> Layout:
              "rain_seed": int(rng.integers(2**31)),
              "hills": [float(v) for v in rng.uniform(0.0, 1.0, size=8)],
              "road": _jitter(rng, (78, 78, 82), 18),
+             "clutter_seed": int(rng.integers(2**31)),  # unlabelled clutter and surface texture (_draw_clutter)
              "camera": sample_camera(rng, timeofday)}
     layout = Layout(timeofday, weather, scene, horizon, vanish_x, lanes_left, lanes_right, crosswalk_z,
                     cross_street_z, [], decor, {})
@@ -359,7 +360,7 @@ def _sample_pedestrians(rng: np.random.Generator, layout: Layout, cam: Camera, t
     n_ped = target + (target + 1) // 2  # extras for occlusion, as for cars
     layout.targets["pedestrian"] = target
     for _ in range(n_ped):
-        z = _depth(rng, world, "pedestrian", 1.75, cam, near=6.5)
+        z = _depth(rng, world, "pedestrian", 1.75, cam)
         if layout.crosswalk_z is not None and rng.random() < 0.3:  # on the crosswalk
             z = layout.crosswalk_z + float(rng.uniform(0.3, 2.7))
             lateral = float(rng.uniform(left - 1.5, right + 1.5))
@@ -821,6 +822,60 @@ def _draw_background(img: Image.Image, layout: Layout, cam: Camera, shade) -> No
         if night:
             Pen(d, shade).glow(hx, top + r, r, (255, 220, 150), 0.9)
         d.ellipse((hx - r, top, hx + r, top + r * 1.2), fill=(255, 230, 170) if night else shade((200, 200, 190)))
+    _draw_clutter(d, layout, cam, shade)
+
+
+def _draw_clutter(d: ImageDraw.ImageDraw, layout: Layout, cam: Camera, shade) -> None:
+    """Unlabelled things beside the road, far to near, under every labelled object (drawn after them, which they
+    never hide): poles, boxes and bins, bushes, bollards, fences and billboards. Real frames are full of detail
+    that is no object of the ten categories; without it a model learns that any detail is one (structured domain
+    randomisation's distractors)."""
+    rng = np.random.default_rng(layout.decor["clutter_seed"])
+    items = []
+    for _ in range(int(rng.integers(10, 60))):
+        kind = _choice(rng, ("pole", "box", "bush", "bollard", "fence", "billboard"), p=(0.3, 0.2, 0.2, 0.1, 0.1, 0.1))
+        side, z = int(rng.choice((-1, 1))), float(rng.uniform(MIN_Z, 90.0))
+        lateral = _beside_road(layout, side, float(rng.uniform(0.2, 6.0)))
+        color = tuple(int(v) for v in rng.integers(20, 235, size=3))
+        size = {"pole": (rng.uniform(0.08, 0.3), rng.uniform(2.0, 9.0)), "box": (rng.uniform(0.4, 1.6),
+                rng.uniform(0.5, 1.6)), "bush": (rng.uniform(0.8, 3.0), rng.uniform(0.5, 2.0)),
+                "bollard": (rng.uniform(0.12, 0.3), rng.uniform(0.6, 1.1)), "fence": (rng.uniform(3.0, 15.0),
+                rng.uniform(0.7, 1.3)), "billboard": (rng.uniform(2.0, 6.0), rng.uniform(1.0, 3.0))}[kind]
+        items.append((z, kind, lateral, color, tuple(float(v) for v in size), float(rng.uniform(3.0, 7.0))))
+    for z, kind, lateral, color, (width_m, height_m), lift_m in sorted(items, reverse=True):
+        s = cam.s_of_z(z)
+        x, y = cam.x(lateral, s), cam.y(s)
+        if kind == "fence":  # along the road: from z to z + its length
+            quad = [(x, y), (x, y - cam.px(height_m, s))]
+            s1 = cam.s_of_z(z + width_m)
+            x1, y1 = cam.x(lateral, s1), cam.y(s1)
+            d.polygon(quad + [(x1, y1 - cam.px(height_m, s1)), (x1, y1)], fill=shade(color))
+            continue
+        half, top = cam.px(width_m, s) / 2, y - cam.px(height_m, s)
+        if kind == "bush":
+            d.ellipse((x - half, top, x + half, y + cam.px(0.1, s)), fill=shade((color[0] // 3, 60 + color[1] // 3,
+                                                                                  color[2] // 4)))
+        elif kind == "billboard":  # a board on a post, its face in stripes of colour
+            post = y - cam.px(lift_m, s)
+            d.line([(x, y), (x, post)], fill=shade((80, 80, 85)), width=max(1, round(cam.px(0.2, s))))
+            d.rectangle((x - half, post - cam.px(height_m, s), x + half, post), fill=shade(color))
+            d.rectangle((x - half * 0.8, post - cam.px(height_m * 0.7, s), x + half * 0.3, post - cam.px(height_m * 0.4,
+                                                                                                       s)),
+                        fill=shade(tuple(255 - c for c in color)))
+        else:
+            d.rectangle((x - half, top, x + half, y), fill=shade(color))
+
+
+def _texture(img: Image.Image, seed: int) -> Image.Image:
+    """The background with a blotchy texture on every surface (asphalt, facades, grass): its light varied by up to
+    about 12% in patches of a few to tens of pixels. Labelled objects are drawn after it."""
+    w, h = img.size
+    rng = np.random.default_rng(seed)
+    fine = Image.fromarray(rng.normal(1.0, 0.06, (h // 4, w // 4)).astype(np.float32)).resize((w, h), Image.BILINEAR)
+    coarse = Image.fromarray(rng.normal(1.0, 0.06, (h // 32, w // 32)).astype(np.float32)).resize((w, h),
+                                                                                                 Image.BICUBIC)
+    gain = np.asarray(fine) * np.asarray(coarse)  # [H, W]
+    return Image.fromarray(np.clip(np.asarray(img, dtype=np.float32) * gain[..., None], 0, 255).astype(np.uint8))
 
 
 def _draw_markings(d: ImageDraw.ImageDraw, layout: Layout, cam: Camera, shade) -> None:
@@ -927,6 +982,7 @@ def render_layout(layout: Layout, settled: list[tuple[Thing, float]], name: str,
     shade = make_shade(layout.timeofday, layout.weather)
     img = _sky(w, h, layout.timeofday, layout.weather).copy()
     _draw_background(img, layout, cam, shade)
+    img = _texture(img, layout.decor["clutter_seed"])
     canvas = ImageDraw.Draw(img)
     for thing, _ in settled:
         DRAW[thing.kind](Pen(canvas, shade), thing)

@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,6 +78,15 @@ def run_stage(cmd: str, cwd: Path) -> dict:
     return {"peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "seconds": round(seconds, 1)}
 
 
+def new_project(folder: Path) -> None:
+    """A throw-away folder the stages' commands run in: the BDD100K dependency's folder and the data file the code
+    reads from the project (the renderer's statistics, a path of generate_scenes' command)."""
+    (folder / "data" / "bdd100k").mkdir(parents=True)
+    statistics = Path("vlm/scenes/bdd100k_statistics.json")
+    (folder / statistics).parent.mkdir(parents=True)
+    shutil.copy(ROOT / statistics, folder / statistics)
+
+
 def write_params(folder: Path, images: int, variant: tuple[dict, dict], epochs: int, image_size: int | None) -> None:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["scenes"]["num_images"] = images
@@ -91,8 +101,7 @@ def write_params(folder: Path, images: int, variant: tuple[dict, dict], epochs: 
 def measure(images: int, epochs: int, workdir: Path, variants: list[str], image_size: int | None) -> dict:
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     folder = workdir / f"{images}"
-    folder.mkdir()
-    (folder / "data" / "bdd100k").mkdir(parents=True)
+    new_project(folder)
     write_params(folder, images, TRAIN_VARIANTS["train"], epochs, image_size)
     results = {}
     for name in STAGES:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.bench_memory import ROOT, run_stage, training_input
+from benchmarks.bench_memory import ROOT, new_project, run_stage, training_input
 from vlm.io import read_json, write_json
 from vlm.recipe import apply, overrides
 
@@ -55,7 +55,7 @@ def measure(name: str, params: dict, images: int, count_batch: int, workdir: Pat
     """The data stages on ``images`` scenes of ``params``, then the training input's probe and the planned training
     at ``per_image`` questions per train image."""
     folder = workdir / name
-    (folder / "data" / "bdd100k").mkdir(parents=True)
+    new_project(folder)
     small = apply(copy.deepcopy(params), {"scenes.num_images": images, "train.batch_size": count_batch},
                   "recipe_compute")
     (folder / "params.yaml").write_text(yaml.safe_dump(small, sort_keys=False))

@@ -176,13 +176,13 @@ def test_bench_train_step_against_another_design(tmp_path, tiny_run):
 
 
 def test_bench_memory(tmp_path):
-    report = run_benchmark("bench_memory.py", tmp_path / "memory.json", "--sizes", "20", "24",
-                           "--variants", "train (2 ranks, HDF5)", "--image-size", "32", "--extrapolate", "240")
+    report = run_benchmark("bench_memory.py", tmp_path / "memory.json", "--sizes", "30", "36",
+                           "--variants", "train (2 ranks, HDF5)", "--image-size", "32", "--extrapolate", "360")
     _, run = report["runs"]
     assert set(report["growth"]) == set(run["stages"])
     assert report["image_size"] == run["image_size"] == 32
     extrapolated = report["extrapolated"]
-    assert extrapolated["images"] == 240 and extrapolated["from_images"] == 24
+    assert extrapolated["images"] == 360 and extrapolated["from_images"] == 36
     assert extrapolated["packed_bytes"] == 10 * sum(run["packed_bytes"].values())
     assert extrapolated["train_questions_per_epoch"] == 10 * run["train_questions_per_epoch"] > 0
     assert extrapolated["stage_seconds"]["pack_hdf5"] == round(10 * run["stages"]["pack_hdf5"]["seconds"])
@@ -191,7 +191,7 @@ def test_bench_memory(tmp_path):
     assert gpu["loader_seconds"] == pytest.approx(
         extrapolated["train_questions_per_epoch"] / probe["loader_questions_per_s"], abs=0.05)
     assert gpu["peak_tflops"] == 989.0 and 0 < gpu["arithmetic_seconds_at_peak"] < gpu["loader_seconds"]
-    assert run["images"] == 24 and run["raw_bytes"] > 0 and set(run["packed_bytes"]) == {"train", "val", "test"}
+    assert run["images"] == 36 and run["raw_bytes"] > 0 and set(run["packed_bytes"]) == {"train", "val", "test"}
     stages = {"generate_scenes", "generate_commands", "build_vocab", "pack_hdf5", "train_blind",
               "train (2 ranks, HDF5)", "evaluate", "counterfactuals"}
     assert set(run["stages"]) == stages

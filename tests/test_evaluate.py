@@ -229,9 +229,9 @@ def test_predict_on_any_image(trained, tmp_path, capsys):
                   "--vocab", str(processed / "vocab.json"), "--top", "3"])
     out = capsys.readouterr()
     line = out.out.strip()
-    assert line.startswith(f"{big}: ") and "%" in line and line.count("%") == 3
+    assert line.startswith(f"{big}: ") and line.count("%") == 2  # --top 3 of a yes/no question: its two answers
     answer = line.split(": ", 1)[1].split(" (")[0]
-    assert answer in {"yes", "no", "maybe", "red", "yellow", "green", *map(str, range(10))}
+    assert answer in {"yes", "no"}
     assert out.err == ""
 
 

@@ -353,3 +353,25 @@ def test_the_decode_row_is_the_committed_benchmark():
     bicubic = report["decode"]["128px"]["bicubic"]
     assert (f"to {report['image_widths']['128px']} x 128 bicubic (the pack stage's default) | "
             f"{bicubic['draft_speedup']:.2f}x less CPU, {bicubic['draft_psnr_db_vs_full_decode']:.1f} dB PSNR") in text
+
+
+def test_real_frames_table_is_the_committed_measurement():
+    """The real-frames table of "What you get" is metrics/real_frames.json's (`make real`)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8").split("## What you get", 1)[1].split("\n## ", 1)[0]
+    real = _json("metrics/real_frames.json")
+    rows = {}
+    for line in text.splitlines():
+        cells = [cell.strip().strip("*") for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and re.fullmatch(r"[\d,]+", cells[1]):
+            rows[cells[0]] = cells[1:]
+    expected = {kind: [f"{real['questions_per_type'][kind]:,}", f"{real['vlm']['per_type'][kind]:.3f}",
+                       f"{real['blind']['per_type'][kind]:.3f}", f"{real['most_common']['per_type'][kind]:.3f}",
+                       f"{real['vlm']['per_type'][kind] - real['most_common']['per_type'][kind]:+.3f}"]
+                for kind in real["vlm"]["per_type"]}
+    expected["overall"] = [f"{real['questions']:,}", f"{real['vlm']['accuracy']:.3f}",
+                           f"{real['blind']['accuracy']:.3f}", f"{real['most_common']['accuracy']:.3f}",
+                           f"{real['vlm']['accuracy'] - real['most_common']['accuracy']:+.3f}"]
+    assert rows == expected
+    flat = " ".join(text.split())
+    assert f"{real['frames']} BDD100K val frames" in flat
+    assert f"\"Is it night?\" {real['vlm']['per_question']['scene/night']:.2f}" in flat

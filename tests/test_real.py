@@ -147,6 +147,6 @@ def test_the_benchmark_commits_aggregates_only(reproduced, tmp_path):
     real_frames.main(["--root", str(root), "--models", str(project / "models"), "--out", str(out),
                       "--vocab", str(project / "data/processed/vocab.json")])
     result = json.loads(out.read_text())
-    assert result["measured"] and result["command"].endswith("--root /path/to/bdd100k_val")
+    assert result["frames"] == 6 and result["command"].endswith("--root /path/to/bdd100k_val")
     assert set(result["vlm"]["per_question"]) == set(real_frames.QUESTIONS)
     assert "real0" not in out.read_text() and str(root) not in out.read_text()

@@ -57,7 +57,7 @@ def compare(a: Path, b: Path) -> dict[str, object]:
     """Whether two model files are the same bytes, and by how much their weights differ if not."""
     if a.read_bytes() == b.read_bytes():
         return {"identical": True, "differing_tensors": 0, "max_abs_diff": 0.0}
-    first, second = (torch.load(path, weights_only=False)["state_dict"] for path in (a, b))
+    first, second = (torch.load(path, weights_only=True)["state_dict"] for path in (a, b))
     diffs = [(first[k].float() - second[k].float()).abs().max().item() for k in first
              if not torch.equal(first[k], second[k])]
     return {"identical": False, "differing_tensors": len(diffs), "max_abs_diff": max(diffs, default=0.0)}

@@ -94,7 +94,7 @@ def _history(out: Path) -> list[dict]:
 
 
 def _weights(out: Path) -> dict[str, torch.Tensor]:
-    return torch.load(out / "models" / "vlm.pt", weights_only=False)["state_dict"]
+    return torch.load(out / "models" / "vlm.pt", weights_only=True)["state_dict"]
 
 
 @pytest.fixture(scope="module")

@@ -278,7 +278,7 @@ def test_predict_errors_name_the_file(trained, tmp_path):
                       "--vocab", str(other_vocab)])
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         predict.main(["--checkpoint", str(tmp_path / "none.pt"), "--image", str(corrupt), "--question", "Is it night?"])
-    payload = torch.load(models / "vlm.pt", weights_only=False)
+    payload = torch.load(models / "vlm.pt", weights_only=True)
     payload["state_dict"].popitem()  # a weight lost: the file is whole, its contents are not
     torch.save(payload, tmp_path / "partial.pt")
     with pytest.raises(ValueError, match="partial.pt: its weights do not fit the model its config describes: Missing "

@@ -199,6 +199,29 @@ def test_full_disk_while_rendering_names_the_output_folder(small_disk, capsys):
     assert _files(small_disk) == []
 
 
+class _RunsCode:
+    """Pickled, it makes the unpickler call ``open(marker, "w")``: any code could stand in its place."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_with_one_line(tmp_path, capsys):
+    marker, path = tmp_path / "ran", tmp_path / "downloaded.pt"
+    torch.save({"format_version": checkpoint.FORMAT_VERSION, "state_dict": {}, "payload": _RunsCode(marker)}, path)
+    err = _one_line_error(capsys, lambda: checkpoint.read(path))
+    assert f"{path}: refused: loading this checkpoint would run code (io.open)" in err
+    assert not marker.exists()
+    resume = tmp_path / "vlm-run.pt"  # a resume checkpoint goes through the same reader
+    torch.save({"fingerprint": "run", "state": _RunsCode(marker)}, resume)
+    with pytest.raises(ValueError, match="resume checkpoint would run code"):
+        checkpoint.read_resume(resume, "run")
+    assert not marker.exists()
+
+
 def test_injected_enospc_in_a_checkpoint_write(tmp_path, monkeypatch, capsys):
     path = tmp_path / "vlm-last.pt"
     checkpoint.save(path, {"step": 1})

@@ -5,6 +5,8 @@ import hashlib
 import io
 import logging
 import os
+import pickle
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,13 +68,23 @@ def read_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:
     return saved
 
 
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else ""
+
+
 def read(path: str | os.PathLike, what: str = "checkpoint") -> dict[str, Any]:
     """Load a checkpoint dict with errors that name the file and what is wrong."""
     path = existing_file(path, what)
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+    try:  # weights_only: tensors and plain containers only; a pickled object that would run code is refused
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if unsafe:
+            raise ValueError(f"{path}: refused: loading this {what} would run code ({unsafe[1]}); only tensors and "
+                             "plain values are loaded (torch.load(weights_only=True))") from e
+        raise ValueError(f"{path}: not a readable {what} ({type(e).__name__}: {_first_line(e)})") from e
     except Exception as e:  # torch raises many types for a damaged file
-        raise ValueError(f"{path}: not a readable {what} ({type(e).__name__}: {e})") from e
+        raise ValueError(f"{path}: not a readable {what} ({type(e).__name__}: {_first_line(e)})") from e
     if not isinstance(payload, dict):
         raise ValueError(f"{path}: not a {what} (a dict was expected, got {type(payload).__name__})")
     return payload

@@ -153,7 +153,8 @@ class CpuBf16(torch.nn.Module):
 
 
 def per_matrix_muon(muon: torch.optim.Optimizer) -> None:
-    """``muon`` (a FlatMuon) stepping through ``torch.optim.Muon.step``: the same bits, a loop over the matrices."""
+    """``muon`` (a FlatMuon) stepping through ``torch.optim.Muon.step``: a loop over the matrices, each iterated in
+    bf16 (FlatMuon: the same bits in bf16; on the CPU it iterates in float32)."""
     def step(closure=None):  # pylint: disable=unused-argument
         muon.point_views()
         torch.optim.Muon.step(muon)

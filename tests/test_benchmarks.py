@@ -154,7 +154,7 @@ def test_bench_train_step_compare(tmp_path, tiny_run):
     optimizer = {name: ops["optimizer"] for name, ops in operators.items()}
     assert optimizer["per_matrix_muon"] > optimizer["baseline"] > optimizer["adamw"] > 0
     assert len({ops["forward_backward"] for ops in operators.values()}) == 1
-    assert results["per_matrix_muon"]["loss_max_abs_diff"] == 0  # the same bits
+    assert 0 < results["per_matrix_muon"]["loss_max_abs_diff"] < 1e-2  # torch's Muon in bf16, ours in float32
 
 
 @pytest.mark.xdist_group("tiny_project")

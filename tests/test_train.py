@@ -98,6 +98,24 @@ def test_training_reduces_the_loss(processed, tmp_path, saved):
         assert np.mean(losses[-quarter:]) < 0.9 * np.mean(losses[:quarter]), head
 
 
+def test_the_curves_move_at_every_step(processed, tmp_path, monkeypatch):
+    """dvclive's files are written as the run trains (what `dvc exp show`, VS Code's DVC extension and DVC Studio show
+    live): read at each optimizer step, the summary holds the step before it and the loss curve a row per step."""
+    paths = paths_for(processed, tmp_path)
+    original_step = torch.optim.AdamW.step
+    seen = []
+
+    def watching_step(self, *args, **kwargs):
+        summary, loss = paths.live / "metrics.json", paths.live / "plots" / "metrics" / "train" / "loss.tsv"
+        seen.append((json.loads(summary.read_text())["step"] if summary.exists() else 0,
+                     len(loss.read_text().splitlines()) - 1 if loss.exists() else 0))
+        return original_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", watching_step)
+    metrics = _train(tiny_train_config(), paths)
+    assert metrics["steps"] > 3 and seen == [(step, step) for step in range(metrics["steps"])]
+
+
 def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkeypatch, saved):
     straight = paths_for(processed, tmp_path / "straight")
     _train(tiny_train_config(), straight)
@@ -118,7 +136,7 @@ def test_interrupted_run_resumes_to_the_same_weights(processed, tmp_path, monkey
     killed = _last(resumed)["state"]
     assert killed["step"] == 6 and killed["seconds"] > 0
     assert not resumed.model.exists() and not resumed.metrics.exists()
-    # the curves are live: dvclive's summary (what `dvc exp show` reads) is the last checkpoint's
+    # the curves are live: dvclive's summary (what `dvc exp show` reads) is the last step's
     assert json.loads((resumed.live / "metrics.json").read_text())["step"] == 6
     monkeypatch.setattr(torch.optim.AdamW, "step", original_step)
     metrics = _train(tiny_train_config(), resumed)
@@ -194,7 +212,13 @@ def test_muon_takes_the_layer_matrices_learns_and_resumes(processed, tmp_path, m
     assert straight.model.read_bytes() == resumed.model.read_bytes()
 
 
-def test_flat_muon_steps_conv_filters_as_their_matrix():
+@pytest.fixture
+def bf16_muon(monkeypatch):
+    """FlatMuon's Newton-Schulz in bf16 on the CPU too, as torch's Muon runs it everywhere: the same bits."""
+    monkeypatch.setattr(vlm.train, "newton_schulz_dtype", lambda device: torch.bfloat16)
+
+
+def test_flat_muon_steps_conv_filters_as_their_matrix(bf16_muon):
     """FlatMuon updates a conv's [out, in, k, k] filters exactly as torch's Muon updates their [out, in * k * k]
     matrix, and still reaches them after the conv is moved to channels-last memory (up to bf16 rounding)."""
     x = torch.randn(2, 4, 6, 6, generator=torch.Generator().manual_seed(0))
@@ -222,9 +246,13 @@ def test_flat_muon_steps_conv_filters_as_their_matrix():
     assert (moved.weight.detach() - initial).abs().max() > 1e-3  # stepped, not left behind by the move
 
 
-def test_flat_muon_steps_stacked_matrices_as_torch_muon_steps_each():
+@pytest.mark.parametrize("precision", ["bf16", "cpu_float32"])
+def test_flat_muon_steps_stacked_matrices_as_torch_muon_steps_each(precision, request):
     """FlatMuon stacks the matrices of one shape (wide, tall, square, several of each) into one Newton-Schulz
-    iteration: the same bits as torch's Muon stepping each matrix on its own, over steps with momentum."""
+    iteration: the same bits as torch's Muon stepping each matrix on its own, over steps with momentum, in bf16;
+    on the CPU it iterates in float32, within bf16's rounding of torch's."""
+    if precision == "bf16":
+        request.getfixturevalue("bf16_muon")
     generator = torch.Generator().manual_seed(0)
     shapes = [(16, 16), (64, 16), (16, 16), (16, 64), (64, 16), (8, 36), (16, 16)]
     ours = [torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in shapes]
@@ -237,6 +265,11 @@ def test_flat_muon_steps_stacked_matrices_as_torch_muon_steps_each():
             reference.grad = mine.grad.clone()
         for optimizer in optimizers:
             optimizer.step()
+    if precision == "cpu_float32":
+        for mine, reference in zip(ours, theirs, strict=True):
+            torch.testing.assert_close(mine, reference, atol=2e-3, rtol=0)
+        assert any(not torch.equal(mine, reference) for mine, reference in zip(ours, theirs, strict=True))
+        return
     assert all(torch.equal(mine, reference) for mine, reference in zip(ours, theirs, strict=True))
     assert all(torch.equal(optimizers[0].state[a]["momentum_buffer"], optimizers[1].state[b]["momentum_buffer"])
                for a, b in zip(optimizers[0].param_groups[0]["params"], theirs, strict=True))

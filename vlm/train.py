@@ -30,7 +30,7 @@ from vlm.data.augment import AugmentConfig
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.h5file import PackedImageReader
 from vlm.data.loader import build_loader, set_epoch
-from vlm.device import autocast, pick_device
+from vlm.device import autocast, newton_schulz_dtype, pick_device
 from vlm.inference import perception_metrics, predict_dataset
 from vlm.io import check_writable, write_json
 from vlm.models.gemma import GemmaDecoderLayer
@@ -190,10 +190,11 @@ def as_matrix(tensor: torch.Tensor) -> torch.Tensor:
 
 def newton_schulz(updates: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
                   eps: float) -> torch.Tensor:
-    """Muon's quintic Newton-Schulz iteration on a stack of matrices ``[G, rows, columns]`` in bf16, each as
-    ``torch.optim.Muon`` treats one (scaled to a Frobenius norm of at most 1, iterated on its wide orientation)."""
+    """Muon's quintic Newton-Schulz iteration on a stack of matrices ``[G, rows, columns]``, each as
+    ``torch.optim.Muon`` treats one (scaled to a Frobenius norm of at most 1, iterated on its wide orientation), in
+    bf16 as it does on CUDA and in float32 on the CPU (``newton_schulz_dtype``)."""
     a, b, c = coefficients
-    x = updates.bfloat16()
+    x = updates.to(newton_schulz_dtype(updates.device))
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
@@ -222,8 +223,8 @@ class FlatMuon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):  # pylint: disable=unused-argument
-        """``torch.optim.Muon``'s step with the matrices of one shape stacked: the same arithmetic (the same bits on
-        the CPU, tested), a few kernels per shape instead of per matrix."""
+        """``torch.optim.Muon``'s step with the matrices of one shape stacked: the same arithmetic (the same bits at
+        the same precision, tested), a few kernels per shape instead of per matrix."""
         self.point_views()
         for group in self.param_groups:
             shapes: dict[torch.Size, list[torch.Tensor]] = {}
@@ -290,7 +291,9 @@ def compile_layers(model: torch.nn.Module) -> None:
 
 
 class Curves:
-    """The run's per-step curves through dvclive (rank 0): each history record at its step, then the summary."""
+    """The run's per-step curves through dvclive (rank 0): each history record at its step, then ``next_step``,
+    which rewrites the summary and tells DVC's VS Code extension and DVC Studio that a step ended (their live view).
+    The stages' own dvc.yaml declares the curves and the model, so dvclive writes none."""
 
     def __init__(self, folder: Path):
         self.live = Live(str(folder), dvcyaml=False, save_dvc_exp=False)  # a new run: the folder starts empty
@@ -302,8 +305,8 @@ class Curves:
             for key, value in record.items():
                 if key not in ("step", "epoch"):
                     self.live.log_metric(key, value)
+            self.live.next_step()
         self.logged = len(history)
-        self.live.make_summary()
 
 
 @dataclass
@@ -520,6 +523,8 @@ def train_epoch(run: Run, state: TrainState, progress: bool) -> None:
         state.history.append(record)
         if last_batch:  # end_epoch completes the record with the val accuracy
             break
+        if run.curves:
+            run.curves.update(state.history)
         if state.step % run.runtime.checkpoint_every == 0:
             state.seconds += time.perf_counter() - started
             started = time.perf_counter()

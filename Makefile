@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml
 		sys.exit(free < $(VENV_GB) and f"make: a new $(VENV) needs about $(VENV_GB) GB free, {free:.1f} GB here")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	$(BIN)/python -m vlm.plots_page .dvc/tmp/plots_page.html  # dvc plots' page, its scripts inlined: draws offline
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -28,9 +29,13 @@ setup: $(STAMP)
 repro: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" dvc repro
 
-# Lint (ruff, config in pyproject.toml) and no block of 6+ lines repeated in vlm/ (pylint's duplicate-code),
+# Chromium for the offline plots test (where apt may install it), lint (ruff, config in pyproject.toml) and no
+# block of 6+ lines repeated in vlm/ (pylint's duplicate-code),
 # then the tests.
 test: $(STAMP)
+	command -v chromium >/dev/null || apt-get install -y -qq chromium >/dev/null 2>&1 \
+		|| (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 \
+		|| echo "make: no Chromium (Debian's chromium package): the offline plots test is skipped"
 	$(BIN)/ruff check .
 	$(BIN)/pylint --disable=all --enable=duplicate-code --min-similarity-lines=6 --score=n vlm
 	PATH="$(abspath $(BIN)):$$PATH" python -m pytest -n 2 --dist loadgroup
@@ -75,10 +80,12 @@ holdout: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" PYTHONPATH=. python benchmarks/holdout_gap.py
 
 # The models of the last make repro zero-shot on a folder of real labelled frames in BDD100K's layout (ROOT): only
-# aggregates are written (metrics/real_frames.json); the frames and their labels stay where they are.
+# aggregates are written (metrics/real_frames.json); the frames and their labels stay where they are. Then the
+# model card (models/README.md) is written again with them.
 real: $(STAMP)
 	test -n "$(ROOT)" || { echo "make real: set ROOT to a folder of labelled frames in BDD100K's layout"; exit 2; }
 	PYTHONPATH=. $(BIN)/python benchmarks/real_frames.py --root "$(ROOT)"
+	PATH="$(abspath $(BIN)):$$PATH" dvc repro --single-item model_card
 
 clean:
 	rm -rf $(VENV)

@@ -1,0 +1,90 @@
+"""The README's result tables, written from the committed metrics (``make readme``): the synthetic test split's
+accuracy per type (``metrics/eval.json``) and the real frames' (``metrics/real_frames.json``, `make real`). Each
+table sits between ``<!-- make readme: NAME -->`` and ``<!-- /make readme -->``; the rest of the README is prose.
+``--check`` writes nothing and fails naming the tables that differ (the test suite runs it)."""
+
+import argparse
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vlm.cli import run
+from vlm.io import atomic_path, read_json
+
+BLOCK = re.compile(r"(<!-- make readme: (\w+) -->\n)(.*?)(<!-- /make readme -->)", re.S)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def results_table(metrics: Path) -> str:
+    """Test accuracy per command type, the VLM beside the blind baseline (``metrics/eval.json``)."""
+    headline, details = read_json(metrics / "eval.json"), read_json(metrics / "eval" / "details.json")
+    vlm, blind = headline["vlm"], headline["blind"]
+    rows = [[t, str(details["questions_per_type"][t]), f"{vlm['per_type'][t]:.3f}", f"{blind['per_type'][t]:.3f}",
+             f"{vlm['per_type'][t] - blind['per_type'][t]:+.3f}"] for t in vlm["per_type"]]
+    rows.append(["**overall**", str(details["questions"]), f"**{vlm['accuracy']:.3f}**", f"**{blind['accuracy']:.3f}**",
+                 f"{headline['gain_from_vision']['accuracy']:+.3f}"])
+    return _table(["command type", "questions", "VLM", "blind", "gain"], rows)
+
+
+def real_table(metrics: Path) -> str:
+    """Real frames, zero-shot: the VLM, the blind baseline and each type's most common answer
+    (``metrics/real_frames.json``, written by `make real`)."""
+    real = read_json(metrics / "real_frames.json")
+
+    def row(name: str, questions: int, scores: Callable[[str], float]) -> list[str]:
+        return [name, f"{questions:,}", *(f"{scores(m):.3f}" for m in ("vlm", "blind", "most_common")),
+                f"{scores('vlm') - scores('most_common'):+.3f}"]
+
+    rows = [row(t, real["questions_per_type"][t], lambda m, t=t: real[m]["per_type"][t])
+            for t in real["vlm"]["per_type"]]
+    overall = row("**overall**", real["questions"], lambda m: real[m]["accuracy"])
+    overall[2] = f"**{overall[2]}**"
+    rows.append(overall)
+    return (f"{real['frames']} frames, {real['questions']:,} questions (`metrics/real_frames.json`):\n\n"
+            + _table(["command type", "questions", "VLM", "blind", "most common answer", "VLM against it"], rows))
+
+
+TABLES: dict[str, Callable[[Path], str]] = {"results": results_table, "real": real_table}
+
+
+def rewrite(text: str, metrics: Path) -> str:
+    """``text`` with every marked table written anew from ``metrics``."""
+    def fill(match: re.Match) -> str:
+        name = match[2]
+        if name not in TABLES:
+            raise ValueError(f"README: no table named {name!r} (make readme writes {', '.join(TABLES)})")
+        return match[1] + TABLES[name](metrics) + match[4]
+    return BLOCK.sub(fill, text)
+
+
+def differing(text: str, metrics: Path) -> list[str]:
+    """The marked tables of ``text`` that are not what ``metrics`` gives."""
+    ours: dict[str, Any] = {m[2]: m[3] for m in BLOCK.finditer(text)}
+    theirs = {m[2]: m[3] for m in BLOCK.finditer(rewrite(text, metrics))}
+    return [name for name in ours if ours[name] != theirs[name]]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--readme", default="README.md")
+    parser.add_argument("--metrics", default="metrics")
+    parser.add_argument("--check", action="store_true", help="write nothing; fail if a table differs")
+    args = parser.parse_args(argv)
+    readme, metrics = Path(args.readme), Path(args.metrics)
+    text = readme.read_text(encoding="utf-8")
+    if args.check:
+        stale = differing(text, metrics)
+        if stale:
+            raise SystemExit(f"{readme}: the tables {', '.join(stale)} are not {metrics}'s: run make readme")
+        return
+    with atomic_path(readme) as tmp:
+        tmp.write_text(rewrite(text, metrics), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    run(main)

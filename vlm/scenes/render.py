@@ -46,23 +46,15 @@ ROAD_CROSSING = {"city street": 0.1, "residential": 0.15, "highway": 0.5}
 
 RGB = tuple[int, int, int]
 
-# Paints and clothes with their shares. On the road about three cars in four are white, black, grey or silver
-# (car-colour surveys), and most people wear dark or neutral clothes: a model that learns "a car is a saturated
-# blob" from evenly drawn paints misses the grey cars of real frames
-CAR_COLORS: dict[RGB, float] = {(235, 235, 235): 0.26, (30, 30, 32): 0.2, (150, 155, 160): 0.14, (90, 95, 100): 0.16,
-                                (170, 25, 30): 0.09, (30, 60, 150): 0.09, (40, 90, 60): 0.02, (200, 170, 40): 0.01,
-                                (110, 60, 30): 0.02, (240, 120, 20): 0.01}
-TRUCK_COLORS: dict[RGB, float] = {(240, 240, 240): 0.5, (200, 60, 40): 0.1, (60, 90, 160): 0.1, (230, 200, 60): 0.1,
-                                  (90, 90, 90): 0.2}
-BUS_COLORS: dict[RGB, float] = {(250, 190, 20): 0.25, (200, 40, 40): 0.25, (30, 90, 170): 0.25, (40, 140, 80): 0.25}
-VEHICLE_COLORS: dict[str, dict[RGB, float]] = {"car": CAR_COLORS, "truck": TRUCK_COLORS, "bus": BUS_COLORS}
+CAR_COLORS: tuple[RGB, ...] = ((235, 235, 235), (30, 30, 32), (150, 155, 160), (170, 25, 30), (30, 60, 150),
+                               (90, 95, 100), (40, 90, 60), (200, 170, 40), (110, 60, 30), (240, 120, 20))
+TRUCK_COLORS: tuple[RGB, ...] = ((240, 240, 240), (200, 60, 40), (60, 90, 160), (230, 200, 60), (90, 90, 90))
+BUS_COLORS: tuple[RGB, ...] = ((250, 190, 20), (200, 40, 40), (30, 90, 170), (40, 140, 80))
+VEHICLE_COLORS: dict[str, tuple[RGB, ...]] = {"car": CAR_COLORS, "truck": TRUCK_COLORS, "bus": BUS_COLORS}
 VEHICLE_M = {"car": (1.8, 4.4, 1.5), "truck": (2.5, 8.0, 3.4), "bus": (2.55, 11.0, 3.2)}  # width, length, height
 TWO_WHEELER_M = {"motorcycle": (2.1, 1.05, 0.65), "bicycle": (1.75, 1.0, 0.7)}  # length, height, wheel diameter
-CLOTHES: dict[RGB, float] = {(30, 30, 30): 0.3, (40, 55, 100): 0.15, (230, 230, 230): 0.12, (120, 120, 125): 0.12,
-                             (90, 60, 40): 0.08, (200, 40, 40): 0.06, (60, 140, 70): 0.03, (240, 180, 40): 0.03,
-                             (130, 60, 140): 0.03, (240, 110, 30): 0.03, (30, 150, 170): 0.05}
-TROUSERS: dict[RGB, float] = {(30, 30, 30): 0.4, (45, 60, 95): 0.3, (120, 120, 125): 0.15, (90, 60, 40): 0.1,
-                              (230, 230, 230): 0.05}
+CLOTHES: tuple[RGB, ...] = ((200, 40, 40), (40, 70, 160), (30, 30, 30), (230, 230, 230), (60, 140, 70),
+                            (240, 180, 40), (130, 60, 140), (240, 110, 30), (90, 60, 40), (30, 150, 170))
 SKIN: tuple[RGB, ...] = ((240, 200, 170), (200, 150, 110), (140, 95, 60), (90, 60, 40))
 BUILDING_COLORS: tuple[RGB, ...] = ((160, 80, 60), (200, 185, 160), (120, 120, 125), (90, 110, 130),
                                     (180, 160, 120), (140, 100, 80), (210, 210, 200))
@@ -167,12 +159,6 @@ class Camera:
 # Layout sampling (all randomness lives here)
 def _choice(rng: np.random.Generator, options, p=None):
     return options[int(rng.choice(len(options), p=p))]
-
-
-def _paint(rng: np.random.Generator, palette: dict[RGB, float]) -> RGB:
-    """A colour drawn from a palette by its shares."""
-    shares = np.array(list(palette.values()))
-    return _choice(rng, list(palette), p=shares / shares.sum())
 
 
 def sample_layout(rng: np.random.Generator, config: RenderConfig) -> Layout:
@@ -284,8 +270,8 @@ def pedestrian(rng: np.random.Generator, cam: Camera, z: float, lateral: float) 
     s = cam.s_of_z(z)
     height_m = float(rng.uniform(1.55, 1.95))
     return Thing("pedestrian", "pedestrian", cam.upright_box(lateral, s, height_m * 0.32, height_m), s,
-                 {"shirt": _jitter(rng, _paint(rng, CLOTHES), 20),
-                  "trousers": _paint(rng, TROUSERS),
+                 {"shirt": _jitter(rng, _choice(rng, CLOTHES), 20),
+                  "trousers": _choice(rng, CLOTHES[2:5] + CLOTHES[8:9]),
                   "skin": _choice(rng, SKIN), "stride": float(rng.uniform(0.0, 0.35)),
                   "bag": rng.random() < 0.3,
                   "hair": _choice(rng, ((30, 20, 10), (90, 60, 30), (200, 170, 90), (20, 20, 20)))})
@@ -319,7 +305,7 @@ def _sample_lane_vehicles(rng: np.random.Generator, layout: Layout, cam: Camera,
             lateral = lane * LANE_M + float(rng.uniform(-0.5, 0.5))  # about the lane's centre
             kind = f"{category}_{'front' if urban and lane < 0 else 'rear'}"
         box = cam.upright_box(lateral, s, width_m, height_m)
-        style = {"color": _jitter(rng, _paint(rng, VEHICLE_COLORS[category]), 16),
+        style = {"color": _jitter(rng, _choice(rng, VEHICLE_COLORS[category]), 16),
                  "lights_on": layout.timeofday != "daytime" or rng.random() < 0.3}
         layout.things.append(Thing(category, kind, box, s, style))
     return cars_crossing
@@ -338,7 +324,7 @@ def _sample_crossing_vehicles(rng: np.random.Generator, layout: Layout, cam: Cam
         x1, y2 = float(rng.uniform(-0.2 * cam.w, 1.0 * cam.w)), cam.y(s)
         box = (x1, y2 - cam.px(height_m, s), x1 + cam.px(length_m, s), y2)
         layout.things.append(Thing(category, f"{category}_side", box, s,
-                                   {"color": _jitter(rng, _paint(rng, VEHICLE_COLORS[category]), 16),
+                                   {"color": _jitter(rng, _choice(rng, VEHICLE_COLORS[category]), 16),
                                     "facing": int(rng.choice((-1, 1))), "lights_on": layout.timeofday != "daytime"}))
 
 
@@ -353,7 +339,7 @@ def _sample_two_wheelers(rng: np.random.Generator, layout: Layout, cam: Camera, 
         length, bike_h = cam.px(length_m, s), cam.px(height_m, s)
         facing = int(rng.choice((-1, 1)))
         bike = Thing(category, category, (x - length / 2, y2 - bike_h, x + length / 2, y2), s,
-                     {"color": _paint(rng, CAR_COLORS if category == "motorcycle" else CLOTHES), "facing": facing,
+                     {"color": _choice(rng, CAR_COLORS if category == "motorcycle" else CLOTHES), "facing": facing,
                       "wheel": cam.px(wheel_m, s), "lights_on": layout.timeofday != "daytime"}, group=g)
         layout.things.append(bike)
         if rng.random() < 0.5:
@@ -361,9 +347,9 @@ def _sample_two_wheelers(rng: np.random.Generator, layout: Layout, cam: Camera, 
         rx, rider_w = x + facing * length * 0.05, cam.px(0.55, s)
         rider_box = (rx - rider_w / 2, y2 - bike_h - cam.px(1.05, s) * 0.55, rx + rider_w / 2, y2 - bike_h * 0.45)
         layout.things.append(Thing("rider", "rider", rider_box, s + 1e-4,
-                                   {"shirt": _paint(rng, CLOTHES), "skin": _choice(rng, SKIN), "facing": facing,
+                                   {"shirt": _choice(rng, CLOTHES), "skin": _choice(rng, SKIN), "facing": facing,
                                     "helmet": category == "motorcycle" or rng.random() < 0.5,
-                                    "helmet_color": _paint(rng, CLOTHES)}, group=g))
+                                    "helmet_color": _choice(rng, CLOTHES)}, group=g))
 
 
 def _sample_pedestrians(rng: np.random.Generator, layout: Layout, cam: Camera, target: int, world: dict) -> None:
@@ -489,8 +475,6 @@ def draw_vehicle_end(pen: Pen, t: Thing) -> None:
     front = t.kind.endswith("front")
     dark = (25, 25, 28)
     wheel_h = h * 0.12
-    # the shadow under the body, between and around the wheels: the darkest band of a real vehicle in any light
-    pen.rect((x1 + w * 0.03, y2 - wheel_h * 1.2, x2 - w * 0.03, y2), (10, 10, 12))
     pen.rect((x1 + w * 0.06, y2 - wheel_h, x1 + w * 0.24, y2), dark)
     pen.rect((x2 - w * 0.24, y2 - wheel_h, x2 - w * 0.06, y2), dark)
     if t.category == "car":
@@ -501,7 +485,6 @@ def draw_vehicle_end(pen: Pen, t: Thing) -> None:
                      (x2 - w * 0.27, y1 + h * 0.07), (x2 - w * 0.2, body_top - h * 0.02)],
                     (60, 75, 90) if front else (45, 55, 65))
         pen.rect((x1, body_top, x2, y2 - wheel_h * 0.6), color)
-        pen.rect((x1, y2 - wheel_h * 1.5, x2, y2 - wheel_h * 0.6), (45, 45, 48))  # the bumper's black lower band
         pen.rect((x1 + w * 0.38, y2 - h * 0.33, x2 - w * 0.38, y2 - h * 0.22), (225, 225, 215))
         lamp_y = body_top + h * 0.08
     elif t.category == "truck":
@@ -535,7 +518,6 @@ def draw_vehicle_side(pen: Pen, t: Thing) -> None:
     facing = t.style["facing"]
     r = h * (0.22 if t.category == "car" else 0.17)
     glass = (50, 65, 80)
-    pen.rect((x1 + w * 0.08, y2 - r * 0.8, x2 - w * 0.08, y2), (10, 10, 12))  # the shadow under the body
     if t.category == "car":
         roof0, roof1 = (0.25, 0.78) if facing > 0 else (0.22, 0.75)
         pen.rect((x1, y1 + h * 0.42, x2, y2 - r * 0.6), color)

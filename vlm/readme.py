@@ -1,5 +1,6 @@
 """The README's result tables, written from the committed metrics (``make readme``): the synthetic test split's
-accuracy per type (``metrics/eval.json``) and the real frames' (``metrics/real_frames.json``, `make real`). Each
+accuracy per type (``metrics/eval.json``), the real frames' (``metrics/real_frames.json``, `make real`) and the
+speeds (the stages' and the training-time benchmark's). Each
 table sits between ``<!-- make readme: NAME -->`` and ``<!-- /make readme -->``; the rest of the README is prose.
 ``--check`` writes nothing and fails naming the tables that differ (the test suite runs it)."""
 
@@ -49,7 +50,39 @@ def real_table(metrics: Path) -> str:
             + _table(["command type", "questions", "VLM", "blind", "most common answer", "VLM against it"], rows))
 
 
-TABLES: dict[str, Callable[[Path], str]] = {"results": results_table, "real": real_table}
+def speed_table(metrics: Path) -> str:
+    """The committed run's stage speeds (`make repro`) and the training-time benchmark against the old defaults."""
+    scenes, pack = read_json(metrics / "scenes.json"), read_json(metrics / "pack.json")
+    loader, vlm = read_json(metrics / "dataloader.json"), read_json(metrics / "train_timing.json")
+    blind, against = read_json(metrics / "train_blind_timing.json"), read_json(metrics / "bench_train_against.json")
+    best = loader["best"]["128px"]
+    new, old = against["results"]["params"], against["results"]["baseline"]
+    rows = [
+        [f"rendering 1280x720 scenes, {scenes['workers']} processes",
+         f"{scenes['images_per_s']:.1f} images/s ({scenes['images']} in {scenes['seconds']:.1f} s)",
+         "`metrics/scenes.json` (`make repro`)"],
+        [f"packing to {pack['image_size']} px HDF5, {pack['workers']} processes",
+         f"{pack['images_per_s']:.1f} images/s",
+         "`metrics/pack.json` (`make repro`)"],
+        ["dataloader, best setting of each, images and questions only (neither loader augments nor builds the heads' "
+         "targets; the train loader with both: [memory per stage](docs/experiments.md#memory-per-stage))",
+         f"{loader['speedup']['128px']:.2f}x the textbook loader at 128 px ({best['ours']['samples_per_s']:,.0f} vs "
+         f"{best['naive']['samples_per_s']:,.0f} samples/s), {loader['speedup']['224px']:.2f}x at 224 px",
+         "`metrics/dataloader.json` (`make repro`)"],
+        ["training at the defaults", f"{vlm['questions_per_s']:.0f} questions/s (VLM, {vlm['seconds']:.0f} s), "
+         f"{blind['questions_per_s']:.0f} questions/s (blind, {blind['seconds']:.0f} s)",
+         "`metrics/train_timing.json`, `metrics/train_blind_timing.json` (`make repro`)"],
+        ["training time against the square, row-per-question AdamW defaults this work started from",
+         f"{new['training_time_ratio']:.3f}x ({new['training_steps']:,} steps against {old['training_steps']:,}, "
+         f"each step at {new['speedup']:.3f} times the old one's speed: the median of the paired rounds' ratios, "
+         f"interleaved in one process; the median steps took {new['ms_per_step']:.0f} and {old['ms_per_step']:.0f} "
+         "ms)", "`metrics/bench_train_against.json` (command in "
+         "[docs/experiments.md](docs/experiments.md#where-a-training-steps-time-goes))"],
+    ]
+    return "| what | result | file (command) |\n|---|---|---|\n" + "".join("| " + " | ".join(r) + " |\n" for r in rows)
+
+
+TABLES: dict[str, Callable[[Path], str]] = {"results": results_table, "real": real_table, "speed": speed_table}
 
 
 def rewrite(text: str, metrics: Path) -> str:

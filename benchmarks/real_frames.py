@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from vlm.checkpoint import file_sha256
-from vlm.commands.generate import TEMPLATE_KEYS, CommandsConfig
+from vlm.commands.generate import CommandsConfig
 from vlm.io import write_json
 from vlm.params import build_config, load_params, section
 from vlm.real import MODELS, RealConfig, RealPaths, evaluate_real
@@ -29,10 +29,10 @@ QUESTIONS = ("scene/night", "scene/rain", "scene/highway", "detection/present|ca
 def measure(root: str, params_path: Path, models: Path, vocab: Path, sheets: Path) -> dict:
     params = load_params(params_path)
     config = build_config(RealConfig, {**section(params, "real"), "root": root}, "real")
-    commands = build_config(CommandsConfig, section(params, "commands"), "commands", keys=TEMPLATE_KEYS)
+    commands = build_config(CommandsConfig, section(params, "commands"), "commands", keys=["types"])
     paths = RealPaths(model=models / "vlm.pt", blind=models / "blind.pt", vocab=vocab,
                       metrics=sheets / "real.json", tables=sheets, plots=sheets)
-    details = evaluate_real(config, commands.template_options, tuple(commands.command_types), paths)
+    details = evaluate_real(config, commands.asked, paths)
     if not details["measured"]:
         raise SystemExit(details["note"])
     return {"command": "python benchmarks/real_frames.py --root /path/to/bdd100k_val",

@@ -4,7 +4,7 @@ import argparse
 from pathlib import Path
 
 from vlm.cli import run
-from vlm.commands.generate import TEMPLATE_KEYS, CommandsConfig
+from vlm.commands.generate import CommandsConfig
 from vlm.counterfactuals import SCENES_KEYS, CounterfactualsConfig, CounterfactualsPaths
 from vlm.counterfactuals import run as run_counterfactuals
 from vlm.io import check_writable
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     params = load_params(args.params)
     config = build_config(CounterfactualsConfig, section(params, "counterfactuals"), "counterfactuals")
     scenes = build_config(ScenesConfig, section(params, "scenes"), "scenes", keys=SCENES_KEYS)
-    commands = build_config(CommandsConfig, section(params, "commands"), "commands", keys=TEMPLATE_KEYS)
+    commands = build_config(CommandsConfig, section(params, "commands"), "commands", keys=["types"])
     paths = CounterfactualsPaths(model=Path(args.model), data=Path(args.data), raw=Path(args.raw),
                                  metrics=Path(args.metrics), details=Path(args.details), table=Path(args.table),
                                  plot=Path(args.plot), sheet=Path(args.sheet),

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from vlm.cli import run
-from vlm.commands.generate import TEMPLATE_KEYS, CommandsConfig
+from vlm.commands.generate import CommandsConfig
 from vlm.io import check_writable
 from vlm.params import build_config, load_params, section
 from vlm.real import MODELS, RealConfig, RealPaths, evaluate_real
@@ -22,11 +22,11 @@ def main(argv: list[str] | None = None) -> None:
     check_writable(metrics_dir / "real.json", metrics_dir / "real" / "details.json", metrics_dir / "plots" / "x.png")
     params = load_params(args.params)
     config = build_config(RealConfig, section(params, "real"), "real")
-    commands = build_config(CommandsConfig, section(params, "commands"), "commands", keys=TEMPLATE_KEYS)
+    commands = build_config(CommandsConfig, section(params, "commands"), "commands", keys=["types"])
     paths = RealPaths(model=Path(args.models) / "vlm.pt", blind=Path(args.models) / "blind.pt",
                       vocab=Path(args.vocab), metrics=metrics_dir / "real.json", tables=metrics_dir / "real",
                       plots=metrics_dir / "plots")
-    details = evaluate_real(config, commands.template_options, tuple(commands.command_types), paths)
+    details = evaluate_real(config, commands.asked, paths)
     if not details["measured"]:
         print(details["note"])
         return

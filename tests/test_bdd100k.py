@@ -304,3 +304,55 @@ def test_a_linked_folder_inside_the_bdd100k_root_is_an_error(tmp_path, bdd_fixtu
     (tmp_path / "dataset-link").symlink_to(dataset)  # the root itself may be a link: DVC follows it
     config.bdd100k.root = str(tmp_path / "dataset-link")
     assert generate_scenes(config, tmp_path / "raw")["images"] == 2
+
+
+def test_real_labels_as_a_training_source_ask_only_what_they_decide(tmp_path):
+    """What real BDD100K label sets hold, through generate_scenes and generate_commands' questions: a file mixing the
+    2018 and det_20 dialects, a pedestrian signal labelled ``traffic light`` (NA), 40 cars in a frame, and a
+    hand-labelled set that colours no light of a frame and leaves occlusion unsaid: that frame gets no traffic-light
+    or safety question (it answered "maybe" to every one before)."""
+    from PIL import Image
+
+    from vlm.commands.generate import BalancedCommands, CommandsConfig
+    from vlm.scenes.generate import BDD100KConfig, ScenesConfig, generate_scenes, load_raw
+
+    def box(k):
+        return {"x1": 20.0 * (k % 60), "y1": 400.0, "x2": 20.0 * (k % 60) + 30, "y2": 430.0}
+
+    cars = [{"category": "car", "attributes": {"occluded": k % 2 == 0}, "box2d": box(k)} for k in range(40)]
+    signal = {"category": "traffic light", "attributes": {"occluded": False, "trafficLightColor": "NA"},
+              "box2d": box(41)}
+    frames = []
+    for k in range(40):
+        light = {"category": "traffic light", "attributes": {"occluded": False}, "box2d": box(42)}
+        person = {"category": "person" if k % 2 else "pedestrian", "box2d": box(43),
+                  "attributes": {"occluded": False}}  # the 2018 name in odd frames
+        if k < 20:  # hand-labelled: no light coloured, occlusion unsaid
+            del person["attributes"]["occluded"]
+        else:
+            light["attributes"]["trafficLightColor"] = "green" if k % 2 else "R"  # 2018 and det_20 colours
+        frames.append({"name": f"{k:03d}.jpg", "labels": [*cars[: k + 1], signal, light, person],
+                       "attributes": {"weather": "clear", "scene": "highway" if k % 3 else "city street",
+                                      "timeofday": "night" if k % 2 else "daytime"}})
+    (tmp_path / "images").mkdir()
+    for frame in frames:
+        Image.new("RGB", (1280, 720)).save(tmp_path / "images" / frame["name"])
+    write_json(tmp_path / "labels.json", frames)
+    config = ScenesConfig(source="bdd100k",
+                          bdd100k=BDD100KConfig(root=str(tmp_path), images="images", labels="labels.json"))
+    assert generate_scenes(config, tmp_path / "raw")["images"] == 40
+    raw = load_raw(tmp_path / "raw")
+    scenes = {s.name: s for s in raw.scenes}
+    assert sum(o.category == "car" for o in scenes["039.jpg"].objects) == 40
+    assert {o.category for o in scenes["001.jpg"].objects} == {"car", "traffic light", "pedestrian"}
+    assert [o.light_color for o in scenes["021.jpg"].objects if o.category == "traffic light"] == [None, "green"]
+    assert scenes["000.jpg"].objects[-1].occluded is None  # unsaid, and so written back to data/raw
+
+    records = BalancedCommands(raw.iter_scenes, raw.width, raw.height, CommandsConfig(questions_per_image=40))
+    records.write(tmp_path / "commands")
+    asked = [r for split in ("train", "val", "test") for r in json.loads((tmp_path / "commands" / f"{split}.json")
+                                                                         .read_text())]
+    light_or_safety = {int(r["image_id"]) for r in asked if r["command_type"] in ("traffic_light", "safety")}
+    assert light_or_safety and min(light_or_safety) >= 20
+    colours = {r["answer"] for r in asked if r["template"] == "traffic_light/color"}
+    assert colours <= {"red", "green"}  # the governing light is the coloured one, never the NA signal: no "maybe"

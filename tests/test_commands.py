@@ -6,7 +6,8 @@ import pytest
 
 from vlm.commands import generate
 from vlm.commands.generate import BalancedCommands, CommandsConfig, split_images
-from vlm.commands.templates import ACTIONS, COMMAND_TYPES, PLURALS, TEMPLATES
+from vlm.commands.templates import ACTIONS, PLURALS, TEMPLATES
+from vlm.commands.types import QUESTION_TYPES
 from vlm.data.commands import SPLITS
 from vlm.io import read_json
 from vlm.params import ParamError, build_config
@@ -56,7 +57,7 @@ def test_records_follow_the_contract(splits):
         assert records, split
         for r in records:
             assert set(r) == FIELDS
-            assert r["command_type"] in COMMAND_TYPES and r["template"] in TEMPLATES
+            assert r["command_type"] in QUESTION_TYPES and r["template"] in TEMPLATES
             assert set(r["metadata"]) == {"scene_type", "weather", "timeofday", "num_objects"}
             assert r["command"][0].isupper() and r["command"].endswith(("?", "."))
             assert "{" not in r["command"]
@@ -90,7 +91,7 @@ def test_answers_balanced_per_type(splits):
         per_type = defaultdict(Counter)
         for r in records:
             per_type[r["command_type"]][r["answer"]] += 1
-        assert set(per_type) == set(COMMAND_TYPES), split
+        assert set(per_type) == set(QUESTION_TYPES), split
         for t, answers in per_type.items():
             top, second = _top_two(answers)
             assert top <= 1.1 * second, (split, t, answers)
@@ -249,11 +250,18 @@ def test_scenes_that_change_between_reads_are_an_error(tmp_path):
     ({"splits": {"train": 0.8, "val": 0.3, "test": 0.1}}, "fractions must sum to 1"),
     ({"questions_per_image": 0}, "commands.questions_per_image: must be at least 1"),
     ({"balance_tolerance": 0.5}, "commands.balance_tolerance: must be >= 1.0"),
-    ({"command_types": ["detection", "poetry"]}, "unknown type 'poetry'"),
-    ({"counting_categories": ["unicorn"]}, "commands.counting_categories: unknown category 'unicorn'"),
-    ({"max_count": 12}, "commands.max_count: must be in 0..9"),
-    ({"more_than": [1, 2, 2]}, "commands.more_than: names a value twice: [1, 2, 2]"),
-    ({"counting_categories": ["car", "car"]}, "commands.counting_categories: names a value twice"),
+    ({"types": {"detection": {}, "poetry": {}}}, "commands.types: unknown type 'poetry'"),
+    ({"types": {}}, "commands.types: asks no question type"),
+    ({"types": {"counting": {"categories": ["unicorn"]}}},
+     "commands.types.counting.categories: unknown category 'unicorn'"),
+    ({"types": {"counting": {"max_count": 12}}}, "commands.types.counting.max_count: must be in 0..9"),
+    ({"types": {"counting": {"more_than": [1, 2, 2]}}},
+     "commands.types.counting.more_than: names a value twice: [1, 2, 2]"),
+    ({"types": {"counting": {"categories": ["car", "car"]}}},
+     "commands.types.counting.categories: names a value twice"),
+    ({"types": {"counting": {"categories": []}}}, "commands.types.counting.categories: is empty"),
+    ({"types": {"scene": {"categories": ["car"]}}}, "commands.types.scene.categories: unknown key"),
+    ({"types": {"scene": []}}, "commands.types.scene: must be a mapping of the type's options"),
     ({"questions_per_image": "many"}, "commands.questions_per_image: must be an integer"),
     ({"train_questions_per_image": 0}, "commands.train_questions_per_image: must be at least 1 or null, got 0"),
     ({"train_type_weights": {"poetry": 2}}, "commands.train_type_weights: unknown type 'poetry'"),
@@ -265,9 +273,8 @@ def test_scenes_that_change_between_reads_are_an_error(tmp_path):
     ({"holdout": None}, "commands.holdout: must be a mapping, got None"),
     ({"splits": ["train", "val", "test"]}, "commands.splits: must be a mapping, got ['train', 'val', 'test']"),
     ({"seed": -1}, "commands.seed: must be from 0 to 2..32 - 1, got -1"),
-    ({"counting_categories": []}, "commands.counting_categories: is empty while commands.command_types asks counting"),
-    ({"command_types": ["scene"], "train_type_weights": {"counting": 2}},
-     "commands.train_type_weights.counting: weights a type commands.command_types does not ask (scene)"),
+    ({"types": {"scene": {}}, "train_type_weights": {"counting": 2}},
+     "commands.train_type_weights.counting: weights a type commands.types does not ask (scene)"),
 ])
 def test_impossible_params_are_named(values, message):
     escaped = message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")
@@ -275,14 +282,15 @@ def test_impossible_params_are_named(values, message):
         build_config(CommandsConfig, values, "commands")
 
 
-def test_a_type_not_asked_may_have_no_categories():
-    config = build_config(CommandsConfig, {"command_types": ["scene", "detection"], "counting_categories": []},
-                          "commands")
-    assert config.counting_categories == [] and isinstance(build_config(CommandsConfig, {}, "commands").holdout, dict)
+def test_a_type_asked_with_no_options_takes_its_defaults():
+    config = build_config(CommandsConfig, {"types": {"scene": {}, "counting": {"max_count": 5}}}, "commands")
+    assert list(config.asked) == ["scene", "counting"]
+    assert config.asked["counting"].categories == ["car", "pedestrian"] and config.asked["counting"].max_count == 5
+    assert isinstance(build_config(CommandsConfig, {}, "commands").holdout, dict)
 
 
 def test_empty_scenes_and_a_single_type(tmp_path):
-    config = CommandsConfig(command_types=["scene"])
+    config = CommandsConfig(types={"scene": {}})
     splits = generate_commands(random_scenes(50, seed=2), config, tmp_path)
     assert {r["command_type"] for rs in splits.values() for r in rs} == {"scene"}
     empty = [Scene(f"e{i}.jpg") for i in range(30)]  # no objects, undefined attributes

@@ -12,8 +12,8 @@ import torch
 
 from vlm import counterfactuals
 from vlm.commands import rules
-from vlm.commands.generate import TEMPLATE_KEYS, BalancedCommands, CommandsConfig
-from vlm.commands.templates import COMMAND_TYPES, candidates
+from vlm.commands.generate import BalancedCommands, CommandsConfig
+from vlm.commands.types import candidates
 from vlm.counterfactuals import (
     AskedPair,
     CounterfactualsConfig,
@@ -23,7 +23,7 @@ from vlm.counterfactuals import (
     summarize,
 )
 from vlm.io import read_json
-from vlm.params import ParamError, build_config
+from vlm.params import ParamError
 from vlm.processor import Processor
 from vlm.scenes import render as render_module
 from vlm.scenes.edits import EDITS, SWITCHED, Pair, _things, make_pairs, render
@@ -150,7 +150,7 @@ def test_an_edit_touches_only_the_pixels_of_what_it_edits(drawn_pairs):
 
 
 def test_questions_must_change_exactly_where_the_rules_answer_differently(pairs):
-    options = CommandsConfig().template_options
+    options = CommandsConfig().asked
     answers = {"yes", "no", "maybe", "red", "yellow", "green", *map(str, range(10))}
     for pair in (p for p in pairs if p.edit == "mirror"):
         everything = {(c.template, frozenset(c.params))
@@ -242,15 +242,6 @@ def test_images_reach_the_model_as_the_scenes_stage_saved_them(tmp_path, monkeyp
 def test_impossible_edits_are_named(edits, message):
     with pytest.raises(ParamError, match=message):
         CounterfactualsConfig(edits=edits).validate()
-
-
-@pytest.mark.parametrize("asked", ["detection", "counting", "spatial"])
-def test_a_type_dropped_with_its_categories_passes_as_it_did_for_generate_commands(asked):
-    """``command_types`` without a type and that type's categories ``[]``, as generate_commands' own message suggests:
-    the stage reads the types too, not the default (all), which stopped it after both trainings."""
-    values = {"command_types": [t for t in COMMAND_TYPES if t != asked], f"{asked}_categories": []}
-    build_config(CommandsConfig, values, "commands")  # generate_commands
-    build_config(CommandsConfig, values, "commands", keys=TEMPLATE_KEYS)  # counterfactuals
 
 
 def test_the_stage_prints_n_a_for_a_rate_that_no_question_measured(tmp_path, monkeypatch, capsys):

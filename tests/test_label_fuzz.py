@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from vlm.commands.generate import CommandsConfig
-from vlm.commands.templates import candidates
+from vlm.commands.types import candidates
 from vlm.io import iter_json_list, read_json, write_json_list
 from vlm.scenes.bdd100k import read_labels
 from vlm.scenes.schema import (
@@ -24,7 +24,7 @@ from vlm.scenes.schema import (
     scene_to_frame,
 )
 
-OPTIONS = CommandsConfig().template_options
+OPTIONS = CommandsConfig().asked
 
 # Any JSON value, NaN and infinities included (Python's json reads and writes them).
 json_values = st.recursive(

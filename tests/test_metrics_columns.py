@@ -8,7 +8,7 @@ import json
 import yaml
 
 from dvc_graph import ROOT
-from vlm.commands.templates import COMMAND_TYPES
+from vlm.commands.types import QUESTION_TYPES
 from vlm.counterfactuals import headline as counterfactuals_headline
 from vlm.evaluate import split_metrics
 from vlm.real import MODELS
@@ -30,12 +30,12 @@ def leaves(data, prefix: str = "") -> list[str]:
 
 def _evaluation() -> dict:
     """Every metric evaluate computes, at its largest: every command type, a few values per slice dimension."""
-    model = {"accuracy": 0.5, "per_type": dict.fromkeys(COMMAND_TYPES, 0.5), "macro_f1": 0.5,
+    model = {"accuracy": 0.5, "per_type": dict.fromkeys(QUESTION_TYPES, 0.5), "macro_f1": 0.5,
              "per_answer": {"yes": 0.5, "no": 0.5}, "confusion_yes_no_maybe": {}, "ece": 0.1, "reliability": []}
     slices = {dimension: {"a": 0.5, "b": 0.5, "c": 0.5} for dimension in DIMENSIONS}
     return {"split": "test", "questions": 10, "vlm": model, "blind": model,
-            "gain_from_vision": {"accuracy": 0.0, "per_type": dict.fromkeys(COMMAND_TYPES, 0.0)},
-            "questions_per_type": dict.fromkeys(COMMAND_TYPES, 1), "slices": {"vlm": slices, "blind": slices},
+            "gain_from_vision": {"accuracy": 0.0, "per_type": dict.fromkeys(QUESTION_TYPES, 0.0)},
+            "questions_per_type": dict.fromkeys(QUESTION_TYPES, 1), "slices": {"vlm": slices, "blind": slices},
             "slice_questions": {dimension: {"a": 1, "b": 1, "c": 1} for dimension in DIMENSIONS}}
 
 
@@ -55,8 +55,8 @@ def test_dvc_exp_show_has_a_few_dozen_metric_columns_the_test_accuracies_first()
     columns = leaves(evaluation) + leaves(train) + leaves(real) + leaves(_counterfactuals())
     assert len(columns) <= MAX_METRIC_COLUMNS, (len(columns), columns)
     assert len(set(columns)) == len(columns)
-    lead = ["vlm.accuracy", *(f"vlm.per_type.{t}" for t in COMMAND_TYPES), "vlm.macro_f1", "vlm.ece",
-            "blind.accuracy", *(f"blind.per_type.{t}" for t in COMMAND_TYPES), "blind.macro_f1", "blind.ece",
+    lead = ["vlm.accuracy", *(f"vlm.per_type.{t}" for t in QUESTION_TYPES), "vlm.macro_f1", "vlm.ece",
+            "blind.accuracy", *(f"blind.per_type.{t}" for t in QUESTION_TYPES), "blind.macro_f1", "blind.ece",
             "gain_from_vision.accuracy"]
     assert sorted(columns[:len(lead)]) == sorted(lead) and columns[0] == "vlm.accuracy"
     assert columns[-len(EDITS):] == [f"consistency.{edit}" for edit in EDITS]

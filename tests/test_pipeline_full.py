@@ -2,12 +2,14 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline import DvcProject
 from test_metrics_columns import MAX_METRIC_COLUMNS, leaves
-from vlm.commands.templates import COMMAND_TYPES
+from vlm.commands.types import QUESTION_TYPES
 
 pytestmark = pytest.mark.pipeline
 
@@ -23,7 +25,7 @@ def _check_headline_metrics(project: DvcProject) -> None:
     assert not any(c.startswith("slices.") for c in columns)  # beside them: metrics/eval/slices.json
     assert {c.split(".")[0] for c in columns if "." in c} >= {"vlm", "blind", "gain_from_vision", "consistency"}
     types = [c for c in columns if c.startswith("vlm.per_type.")]
-    assert {c.removeprefix("vlm.per_type.") for c in types} <= set(COMMAND_TYPES)
+    assert {c.removeprefix("vlm.per_type.") for c in types} <= set(QUESTION_TYPES)
     lead = ["vlm.accuracy", *types, "vlm.macro_f1", "vlm.ece", "blind.accuracy"]
     assert columns[:len(lead)] == lead
     header = project.run("dvc", "exp", "show", "--csv").stdout.splitlines()[0].split(",")
@@ -79,3 +81,21 @@ def test_repro_then_experiment(reproduced, tmp_path):
     out = project.run("dvc", "exp", "run", "-S", "model.connector=qformer", "-n", "qformer").stdout
     assert "Running stage 'train'" in out and "Running stage 'evaluate'" in out
     assert "Running stage 'train_blind'" not in out and "Running stage 'pack_hdf5'" not in out
+
+
+def test_a_new_question_type_is_one_file_and_a_params_entry(reproduced, tmp_path):
+    """docs/architecture.md's worked example: a file in vlm/commands/types and its entry under commands.types; the
+    stages from generate_commands on re-run, and the new type is asked, trained, scored and drawn like the others."""
+    project = reproduced.copy(tmp_path / "project")
+    shutil.copy(Path(__file__).parent / "fixtures" / "vulnerable.py", project.path / "vlm/commands/types")
+    params = yaml.safe_load((project.path / "params.yaml").read_text())
+    params["commands"]["types"]["vulnerable"] = {}
+    (project.path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    out = project.run("dvc", "repro", "evaluate").stdout
+    for stage in ("generate_commands", "build_vocab", "pack_hdf5", "train", "train_blind", "evaluate"):
+        assert f"Running stage '{stage}'" in out, stage
+    assert "Running stage 'generate_scenes'" not in out
+    asked = project.json("metrics/commands.json")["train"]["types"]
+    assert set(asked["vulnerable"]["answers"]) == {"yes", "no"}
+    evaluation = project.json("metrics/eval.json")
+    assert 0 <= evaluation["vlm"]["per_type"]["vulnerable"] <= 1 and "vulnerable" in evaluation["blind"]["per_type"]

@@ -10,16 +10,18 @@ import pytest
 import yaml
 
 from stages import evaluate_real as stage
+from vlm.commands.generate import CommandsConfig
 from vlm.commands.templates import TEMPLATES, closest_phrasings, fitting_answers, match_template
+from vlm.commands.types import candidates
 from vlm.inference import constrain
-from vlm.real import askable_types
 from vlm.scenes.render import RenderConfig, render_scene
-from vlm.scenes.schema import scene_to_frame
+from vlm.scenes.schema import scene_from_frame, scene_to_frame
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import real_frames  # noqa: E402
 
-TYPES = ("detection", "counting", "traffic_light", "spatial", "safety", "scene")
+BOX = {"x1": 10, "y1": 10, "x2": 50, "y2": 60}
+SMALL = {"x1": 10, "y1": 10, "x2": 20, "y2": 30}
 NAMES_2018 = {"pedestrian": "person", "motorcycle": "motor", "bicycle": "bike"}
 COLOURS_2018 = {"R": "red", "G": "green", "Y": "yellow", "NA": "none"}
 
@@ -49,15 +51,26 @@ def bdd_layout(root: Path, frames: int = 6) -> Path:
     return root
 
 
-def test_askable_types_follow_what_the_labels_say():
-    car = {"category": "car", "attributes": {"occluded": False}, "box2d": {}}
-    light = {"category": "traffic light", "attributes": {"trafficLightColor": "G"}, "box2d": {}}
-    uncoloured = {"category": "traffic light", "attributes": {}, "box2d": {}}
-    assert askable_types({"labels": [car, light]}, TYPES) == TYPES
-    assert askable_types({"labels": [car, uncoloured]}, TYPES) == ("detection", "counting", "spatial", "scene")
-    assert askable_types({"labels": [{"category": "person", "attributes": {}}]}, TYPES) == \
-        ("detection", "counting", "traffic_light", "spatial", "scene")
-    assert askable_types({"labels": [car, light, uncoloured]}, ("safety",)) == ("safety",)
+def test_the_types_asked_follow_what_the_labels_say():
+    """A label set that colours no light answers no light or safety question; one that leaves a road user's occlusion
+    unsaid answers no safety question; what the labels do not say survives the det_20 round trip."""
+    car = {"category": "car", "attributes": {"occluded": False}, "box2d": BOX}
+    light = {"category": "traffic light", "attributes": {"trafficLightColor": "G"}, "box2d": BOX}
+    uncoloured = {"category": "traffic light", "attributes": {}, "box2d": SMALL}
+    large_uncoloured = {"category": "traffic light", "attributes": {}, "box2d": BOX | {"y2": 90}}
+    person = {"category": "person", "attributes": {}, "box2d": BOX}
+
+    def types(*labels):
+        scene = scene_from_frame({"name": "a.jpg", "labels": list(labels)})
+        assert scene_from_frame(scene_to_frame(scene)) == scene
+        return {c.command_type for c in candidates(scene, 1280, 720, CommandsConfig().asked)}
+
+    everything = {"counting", "detection", "safety", "spatial", "traffic_light"}  # no frame attributes: no scene
+    assert types(car, light) == everything
+    assert types(car, uncoloured) == everything - {"safety", "traffic_light"}
+    assert types(person) == everything - {"safety", "traffic_light"}  # no light to ask about; occlusion unsaid
+    assert types(car, light, uncoloured) == everything  # the coloured ones are the larger lights
+    assert types(car, light, large_uncoloured) == everything - {"safety", "traffic_light"}  # it may govern
 
 
 def test_each_template_matches_its_phrasings_loosely_and_nothing_else():

@@ -3,7 +3,8 @@
 import pytest
 
 from vlm.commands import rules
-from vlm.commands.templates import TemplateOptions, candidates
+from vlm.commands.generate import CommandsConfig
+from vlm.commands.types import candidates
 from vlm.scenes.schema import Scene, SceneObject
 
 W, H = 1280, 720
@@ -125,7 +126,10 @@ def test_scene_attributes_and_undefined():
 
 
 def test_candidates_cover_every_type_and_skip_what_cannot_be_asked():
-    options = TemplateOptions(("car", "bus"), ("car",), ("car",), (1, 3), max_count=2)
+    counting = {"categories": ["car"], "more_than": [1, 3], "max_count": 2}
+    options = CommandsConfig(types={"detection": {"categories": ["car", "bus"]}, "counting": counting,
+                                    "traffic_light": {}, "spatial": {"categories": ["car"]}, "safety": {},
+                                    "scene": {}}).asked
     s = scene(obj("car"), obj("car"), obj("car"), light("red"), weather="clear", scene="highway", timeofday="daytime")
     by_key = {c.key: c.answer for c in candidates(s, W, H, options)}
     assert by_key["detection/present|car"] == "yes" and by_key["detection/present|bus"] == "no"

@@ -3,13 +3,17 @@
 import pandas as pd
 import pytest
 
-from vlm.commands.templates import TEMPLATES, Candidate, TemplateOptions, candidates
+from vlm.commands.generate import CommandsConfig
+from vlm.commands.templates import TEMPLATES, Candidate
+from vlm.commands.types import candidates
+from vlm.commands.types.traffic_light import FAR_LIGHT
 from vlm.scenes.schema import CATEGORIES, Scene, SceneObject
-from vlm.slices import DIMENSIONS, FAR_LIGHT, object_bin, question_conditions, slice_accuracy
+from vlm.slices import DIMENSIONS, object_bin, question_conditions, slice_accuracy
 
 WIDTH, HEIGHT = 1280, 720
-OPTIONS = TemplateOptions(detection_categories=CATEGORIES, counting_categories=CATEGORIES,
-                          spatial_categories=CATEGORIES, more_than=(1, 2, 3, 12), max_count=99)
+OPTIONS = CommandsConfig(types={"detection": {"categories": list(CATEGORIES)}, "counting": {
+    "categories": list(CATEGORIES), "more_than": [1, 2, 3, 12], "max_count": 9}, "traffic_light": {},
+    "spatial": {"categories": list(CATEGORIES)}, "safety": {}, "scene": {}}).asked
 
 
 def light(height: float, color: str | None = "red", occluded: bool = False, x: float = 600) -> SceneObject:

@@ -14,7 +14,8 @@ from tqdm import tqdm
 from vlm import plots
 from vlm.checkpoint import LoadedModel, load_model
 from vlm.commands.generate import CommandsConfig
-from vlm.commands.templates import TEMPLATES, Candidate, TemplateOptions, candidates, fitting_answers
+from vlm.commands.templates import TEMPLATES, Candidate, fitting_answers
+from vlm.commands.types import candidates
 from vlm.data.commands import read_commands
 from vlm.device import pick_device
 from vlm.inference import answer_questions, constrain
@@ -49,11 +50,11 @@ class CounterfactualsConfig:
         check(len(set(self.edits)) == len(self.edits), f"{prefix}.edits", f"names an edit twice: {self.edits}")
 
 
-def pair_questions(pair: Pair, width: float, height: float, options: TemplateOptions, trained: set,
+def pair_questions(pair: Pair, width: float, height: float, asked: dict[str, Any], trained: set,
                    answers: set[str], unchanged_per_pair: int, rng: np.random.Generator) -> list[dict]:
     """The questions of one pair asked in training: all that must change, up to ``unchanged_per_pair`` that must not."""
-    before = {c.key: c for c in candidates(pair.original.scene, width, height, options)}
-    after = {c.key: c for c in candidates(pair.edited_scene, width, height, options)}
+    before = {c.key: c for c in candidates(pair.original.scene, width, height, asked)}
+    after = {c.key: c for c in candidates(pair.edited_scene, width, height, asked)}
     keys = [k for k in sorted(before.keys() & after.keys())
             if (before[k].template, frozenset(before[k].params)) in trained
             and before[k].answer in answers and after[k].answer in answers]
@@ -190,7 +191,7 @@ def run(config: CounterfactualsConfig, scenes: ScenesConfig, commands: CommandsC
     pairs, questions = [], []
     for p, pair in enumerate(make_pairs(tqdm(image_ids, desc="render", disable=not progress), scenes.seed, labels,
                                         render_config, config.edits, config.seed)):
-        questions.append(pair_questions(pair, raw.width, raw.height, commands.template_options, trained, answers,
+        questions.append(pair_questions(pair, raw.width, raw.height, commands.asked, trained, answers,
                                         config.unchanged_per_pair, rng))
         pairs.append(pictures.add(p, pair))
     predictions = answer_pairs(loaded, pairs, questions, pictures, config.batch_size, device)

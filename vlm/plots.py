@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from vlm.commands.templates import COMMAND_TYPES
+from vlm.commands.types import QUESTION_TYPES
 from vlm.io import atomic_path
 
 if TYPE_CHECKING:
@@ -18,8 +18,6 @@ if TYPE_CHECKING:
 
 Line = tuple[str, tuple[int, int, int]]  # a caption line of a tile: (text, rgb)
 
-TYPE_COLORS = {"detection": (20, 90, 170), "counting": (150, 60, 10), "traffic_light": (180, 20, 20),
-               "spatial": (20, 120, 60), "safety": (120, 20, 140), "scene": (60, 60, 60)}
 MODEL_COLORS = {"vlm": "#2b6cb0", "blind": "#a0aec0", "most_common": "#dd6b20"}
 MODEL_NAMES = {"vlm": "VLM", "blind": "blind (text only)", "most_common": "each type's most common answer"}
 RATES = ("accuracy_original", "accuracy_edited", "consistency", "changed_when_it_must", "stayed_when_it_must")
@@ -82,7 +80,8 @@ def commands_sheet(images: list[tuple[Path, list[dict]]], per_image: int = 4) ->
         questions = sorted(records, key=lambda r: r["command_type"])[:per_image]
         with Image.open(path) as image:
             image.draft("RGB", (image.width // 4, image.height // 4))
-            lines = [(f"{r['command']} {r['answer'].upper()}", TYPE_COLORS[r["command_type"]]) for r in questions]
+            lines = [(f"{r['command']} {r['answer'].upper()}", QUESTION_TYPES[r["command_type"]].color)
+                     for r in questions]
             tiles.append((image.convert("RGB"), lines))
     return contact_sheet(tiles, columns=4, max_lines=per_image)
 
@@ -130,7 +129,7 @@ def counterfactual_sheet(shown: list[tuple[Any, Any]]) -> Image.Image:
 
 def summary_figure(metrics: dict) -> Figure:
     """Per-type accuracy bars (VLM vs blind) and the VLM's yes/no/maybe confusion matrix."""
-    types = [t for t in COMMAND_TYPES if t in metrics["vlm"]["per_type"]]
+    types = [t for t in QUESTION_TYPES if t in metrics["vlm"]["per_type"]]
     fig = _figure(figsize=(12, 4.2))
     bars, conf = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.6, 1]})
     x = np.arange(len(types))
@@ -204,7 +203,7 @@ def reliability_figure(metrics: dict, bins: int) -> Figure:
 def real_figure(summary: dict, frames: int, bins: int) -> Figure:
     """Real frames: accuracy per command type of the VLM, the blind baseline and each type's most common answer, and
     the VLM's reliability diagram."""
-    types = [t for t in COMMAND_TYPES if t in summary["vlm"]["per_type"]]
+    types = [t for t in QUESTION_TYPES if t in summary["vlm"]["per_type"]]
     fig = _figure(figsize=(13, 4.2))
     bars, reliability = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.6, 1]})
     x = np.arange(len(types))

@@ -13,15 +13,15 @@ from PIL import Image
 
 from vlm import plots
 from vlm.checkpoint import LoadedModel, load_model
-from vlm.commands.rules import ROAD_USERS
-from vlm.commands.templates import TEMPLATES, TemplateOptions, candidates, fitting_answers
+from vlm.commands.templates import TEMPLATES, fitting_answers
+from vlm.commands.types import candidates
 from vlm.device import pick_device
 from vlm.evaluate import CALIBRATION_BINS, calibration, pick_examples
 from vlm.inference import answer_questions, constrain
-from vlm.io import atomic_path, read_json, write_json
+from vlm.io import atomic_path, write_json
 from vlm.params import check
 from vlm.scenes.bdd100k import match_images, read_labels
-from vlm.scenes.schema import CATEGORY_ALIASES, Scene
+from vlm.scenes.schema import Scene
 
 MODELS = ("vlm", "blind", "most_common")
 
@@ -51,36 +51,15 @@ class RealPaths:
     plots: Path = Path("metrics/plots")  # real.png, real_failures.png
 
 
-def _has_attribute(label: dict, key: str) -> bool:
-    return key.lower() in {str(k).lower() for k in (label.get("attributes") or {})}
-
-
-def _category(label: dict) -> str:
-    """A label's det_20 category (2018 names read as det_20's)."""
-    category = str(label.get("category", "")).strip().lower()
-    return CATEGORY_ALIASES.get(category, category)
-
-
-def askable_types(frame: dict, command_types: tuple[str, ...]) -> tuple[str, ...]:
-    """The command types whose answers the labels of ``frame`` decide. A traffic light's colour is known only where a
-    light carries ``trafficLightColor`` (BDD100K's det_20 labels every light; a hand-labelled set, the larger ones);
-    safety reads every road user's ``occluded`` flag and the light's colour, so it needs both labelled."""
-    labels = frame.get("labels") or []
-    lights = [label for label in labels if _category(label) == "traffic light"]
-    colour_known = not lights or any(_has_attribute(label, "trafficLightColor") for label in lights)
-    occlusion_known = all(_has_attribute(label, "occluded") for label in labels if _category(label) in ROAD_USERS)
-    return tuple(t for t in command_types
-                 if (t != "traffic_light" or colour_known) and (t != "safety" or (colour_known and occlusion_known)))
-
-
-def real_questions(scenes: list[Scene], frames: dict[str, dict], sizes: dict[str, tuple[int, int]],
-                   options: TemplateOptions, command_types: tuple[str, ...], seed: int) -> pd.DataFrame:
-    """One row per question the labels can answer: every candidate of every askable type, in a seeded phrasing."""
+def real_questions(scenes: list[Scene], sizes: dict[str, tuple[int, int]], asked: dict[str, Any],
+                   seed: int) -> pd.DataFrame:
+    """One row per question the labels can answer (a set that colours no light or leaves occlusion unsaid answers no
+    traffic-light or safety question): every candidate of the ``asked`` types, in a seeded phrasing."""
     rng = np.random.default_rng(seed)
     rows = []
     for scene in scenes:
         width, height = sizes[scene.name]
-        for c in candidates(scene, width, height, options, askable_types(frames[scene.name], command_types)):
+        for c in candidates(scene, width, height, asked):
             rows.append({"image_id": scene.image_id, "name": scene.name, "command_type": c.command_type,
                          "template": c.template, "key": c.key,
                          "command": c.text(int(rng.integers(len(TEMPLATES[c.template].phrasings)))),
@@ -89,9 +68,9 @@ def real_questions(scenes: list[Scene], frames: dict[str, dict], sizes: dict[str
     return pd.DataFrame(rows)
 
 
-def read_frames(config: RealConfig) -> tuple[list[Scene], dict[str, dict], Path, dict[str, int]]:
-    """The labelled frames under ``config.root`` whose image is there (the others are named in an error), their raw
-    label records by name, the images folder, and the frames left out as unanswerable, by reason."""
+def read_frames(config: RealConfig) -> tuple[list[Scene], Path, dict[str, int]]:
+    """The labelled frames under ``config.root`` whose image is there (the others are named in an error), the images
+    folder, and the frames left out as unanswerable, by reason."""
     root = Path(config.root)
     if not root.is_dir():
         raise FileNotFoundError(f"real.root: {root} is not a folder (a BDD100K folder: {config.images}/, "
@@ -99,9 +78,7 @@ def read_frames(config: RealConfig) -> tuple[list[Scene], dict[str, dict], Path,
     labels = root / config.labels
     scenes, skipped = read_labels(labels)
     scenes, _ = match_images(scenes, root / config.images)
-    raw = read_json(labels, what="BDD100K labels file")
-    raw = raw["frames"] if isinstance(raw, dict) else raw
-    return scenes, {frame["name"]: frame for frame in raw}, root / config.images, skipped
+    return scenes, root / config.images, skipped
 
 
 def _answers(loaded: LoadedModel, images: dict[str, torch.Tensor], table: pd.DataFrame, scenes: dict[str, Scene],
@@ -142,22 +119,21 @@ def most_common_answers(table: pd.DataFrame) -> pd.Series:
     return table["command_type"].map(common)
 
 
-def evaluate_real(config: RealConfig, options: TemplateOptions, command_types: tuple[str, ...],
-                  paths: RealPaths) -> dict[str, Any]:
+def evaluate_real(config: RealConfig, asked: dict[str, Any], paths: RealPaths) -> dict[str, Any]:
     """Score both models on the frames under ``config.root``; write the headline (each model's accuracy: three
     columns of ``dvc exp show``), the details (per type, per question key, calibration, what was asked), the
     predictions and the pictures; return the details. With no root, write notes in their place."""
     if config.root is None:
         note = "nothing measured: real.root is null (set it to a folder of labelled frames in BDD100K's layout)"
         return _write_note(note, paths)
-    scenes, frames, image_dir, skipped = read_frames(config)
+    scenes, image_dir, skipped = read_frames(config)
     check(bool(scenes), "real.root", f"{config.root}: no answerable frame with its image")
     sizes = {}
     for scene in scenes:
         with Image.open(image_dir / scene.name) as image:
             sizes[scene.name] = image.size
-    table = real_questions(scenes, frames, sizes, options, command_types, config.seed)
-    check(len(table) > 0, "real.root", f"{config.root}: its labels answer no question of {command_types}")
+    table = real_questions(scenes, sizes, asked, config.seed)
+    check(len(table) > 0, "real.root", f"{config.root}: its labels answer no question of {', '.join(asked)}")
     device = pick_device()
     vlm = load_model(paths.model, paths.vocab, device)
     blind = load_model(paths.blind, paths.vocab, device)

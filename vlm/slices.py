@@ -3,15 +3,13 @@ not apply; the dimensions: docs/architecture.md, evaluate), from the labels only
 
 import pandas as pd
 
-from vlm.commands import rules
-from vlm.commands.templates import TEMPLATES
+from vlm.commands.types import QUESTION_TYPES
 from vlm.scenes.schema import Scene
 
 OBJECT_BINS = ((0, 4), (5, 9), (10, 19), (20, None))  # labelled objects per frame, inclusive
-FAR_LIGHT = 0.05  # a governing light shorter than this fraction of the frame height is "far"
-DIMENSIONS = ("timeofday", "weather", "scene", "objects", "light", "occluded_light", "detection_category",
-              "counting_category", "spatial_sides")
-LIGHT_TYPES = ("traffic_light", "safety")  # the command types whose answer depends on the light
+# every question's conditions, then those its type adds (vlm/commands/types: a type's slice_dimensions)
+DIMENSIONS = ("timeofday", "weather", "scene", "objects",
+              *dict.fromkeys(d for t in QUESTION_TYPES.values() for d in t.slice_dimensions))
 
 
 def object_bin(count: int) -> str:
@@ -26,32 +24,12 @@ def _order(dimension: str, value: str) -> tuple:
     return (int(value.split("-")[0].rstrip("+")),) if dimension == "objects" else (0, value)
 
 
-def light_condition(scene: Scene, height: float) -> str:
-    light = rules.governing_light(scene)
-    if light is not None:
-        return "far" if light.box[3] - light.box[1] < FAR_LIGHT * height else "near"
-    return "unreadable" if rules.count(scene, "traffic light") else "no light"
-
-
-def sides(scene: Scene, category: str, width: float) -> str:
-    left, right = (rules.on_side(scene, category, side, width) == rules.YES for side in ("left", "right"))
-    return "both" if left and right else "one side" if left or right else "neither"
-
-
 def question_conditions(record: dict, scene: Scene, width: float, height: float) -> dict[str, str | None]:
     """The value of every dimension for one question record about ``scene`` (None where it does not apply)."""
-    command_type = record["command_type"]
     conditions: dict[str, str | None] = dict.fromkeys(DIMENSIONS)
     conditions.update(timeofday=scene.timeofday, weather=scene.weather, scene=scene.scene,
                       objects=object_bin(len(scene.objects)))
-    if command_type in LIGHT_TYPES:
-        occluded = any(o.category == "traffic light" and o.occluded for o in scene.objects)
-        conditions.update(light=light_condition(scene, height), occluded_light="yes" if occluded else "no")
-    if command_type in ("detection", "counting"):
-        conditions[f"{command_type}_category"] = TEMPLATES[record["template"]].parse(record["command"])["category"]
-    if command_type == "spatial":
-        category = TEMPLATES[record["template"]].parse(record["command"])["category"]
-        conditions["spatial_sides"] = sides(scene, category, width)
+    conditions.update(QUESTION_TYPES[record["command_type"]].slices(record, scene, width, height))
     return conditions
 
 

@@ -2,23 +2,27 @@
 (docs/architecture.md, generate_commands): greedy picks per image (:func:`_pick`), then rejection (:func:`_trim`)."""
 
 import contextlib
+import dataclasses
 import math
 import os
 from array import array
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from vlm.commands import rules
-from vlm.commands.templates import COMMAND_TYPES, PLURALS, TEMPLATES, Candidate, TemplateOptions, candidates
+from vlm.commands.templates import TEMPLATES, Candidate
+from vlm.commands.types import QUESTION_TYPES, candidates
 from vlm.data.commands import SPLITS
 from vlm.io import atomic_path, json_list_writer
-from vlm.params import check
+from vlm.params import build_config, check
 from vlm.scenes.generate import load_raw
-from vlm.scenes.schema import CATEGORIES, Scene
+from vlm.scenes.schema import Scene
 
 
 @dataclass
@@ -32,12 +36,9 @@ class CommandsConfig:
     train_hard_negatives: float = 0.5
     splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     balance_tolerance: float = 1.1
-    command_types: list[str] = field(default_factory=lambda: list(COMMAND_TYPES))
-    detection_categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
-    counting_categories: list[str] = field(default_factory=lambda: ["car", "pedestrian"])
-    spatial_categories: list[str] = field(default_factory=lambda: ["car", "pedestrian", "truck", "bus"])
-    more_than: list[int] = field(default_factory=lambda: [1, 3, 5, 10, 15])
-    max_count: int = 9
+    # the question types asked (vlm/commands/types, one file each), in this order, each with its options
+    types: dict = field(default_factory=lambda: {name: dataclasses.asdict(t.options())
+                                                 for name, t in QUESTION_TYPES.items()})
     # a held-out combination (CLEVR-CoGenT), e.g. {timeofday: night}: its frames are the test split and in no
     # other (train and val share the rest in proportion); {}: off, a random test split
     holdout: dict = field(default_factory=dict)
@@ -48,11 +49,17 @@ class CommandsConfig:
         per_image = self.train_questions_per_image
         check(per_image is None or per_image >= 1, f"{prefix}.train_questions_per_image",
               f"must be at least 1 or null, got {per_image}")
+        check(bool(self.types), f"{prefix}.types", f"asks no question type (known: {', '.join(QUESTION_TYPES)})")
+        for t, options in self.types.items():
+            check(t in QUESTION_TYPES, f"{prefix}.types", f"unknown type {t!r} (known: {', '.join(QUESTION_TYPES)})")
+            check(options is None or isinstance(options, Mapping), f"{prefix}.types.{t}",
+                  f"must be a mapping of the type's options ({{}}: none or their defaults), got {options!r}")
+            build_config(QUESTION_TYPES[t].options, options, f"{prefix}.types.{t}")
         for t, weight in self.train_type_weights.items():
-            check(t in COMMAND_TYPES, f"{prefix}.train_type_weights",
-                  f"unknown type {t!r} (known: {', '.join(COMMAND_TYPES)})")
-            check(t in self.command_types, f"{prefix}.train_type_weights.{t}",
-                  f"weights a type {prefix}.command_types does not ask ({', '.join(self.command_types)})")
+            check(t in QUESTION_TYPES, f"{prefix}.train_type_weights",
+                  f"unknown type {t!r} (known: {', '.join(QUESTION_TYPES)})")
+            check(t in self.types, f"{prefix}.train_type_weights.{t}",
+                  f"weights a type {prefix}.types does not ask ({', '.join(self.types)})")
             check(not isinstance(weight, bool) and isinstance(weight, (int, float)) and weight > 0,
                   f"{prefix}.train_type_weights.{t}", f"must be a positive number, got {weight!r}")
         check(set(self.splits) == set(SPLITS), f"{prefix}.splits",
@@ -66,39 +73,19 @@ class CommandsConfig:
               f"{prefix}.train_hard_negatives", f"must be a share in [0, 1], got {self.train_hard_negatives!r}")
         check(self.balance_tolerance >= 1.0, f"{prefix}.balance_tolerance",
               f"must be >= 1.0, got {self.balance_tolerance}")
-        for t in self.command_types:
-            check(t in COMMAND_TYPES, f"{prefix}.command_types",
-                  f"unknown type {t!r} (known: {', '.join(COMMAND_TYPES)})")
-        for key in ("command_types", "detection_categories", "counting_categories", "spatial_categories",
-                    "more_than"):  # a value twice would ask its questions twice as often
-            values = getattr(self, key)
-            check(len(set(values)) == len(values), f"{prefix}.{key}", f"names a value twice: {values}")
-        for key in ("detection_categories", "counting_categories", "spatial_categories"):
-            for c in getattr(self, key):
-                check(c in PLURALS, f"{prefix}.{key}", f"unknown category {c!r} (known: {', '.join(CATEGORIES)})")
-            asked = key.removesuffix("_categories")
-            check(bool(getattr(self, key)) or asked not in self.command_types, f"{prefix}.{key}",
-                  f"is empty while {prefix}.command_types asks {asked} questions: name categories, or drop {asked}")
-        check(0 <= self.max_count <= 9, f"{prefix}.max_count",
-              f"must be in 0..9 (answers are single digits), got {self.max_count}")
-        for k in self.more_than:
-            check(k >= 0, f"{prefix}.more_than", f"thresholds must be >= 0, got {k}")
         for attribute, value in self.holdout.items():
             check(attribute in HOLDOUT_ATTRIBUTES, f"{prefix}.holdout",
                   f"unknown frame attribute {attribute!r} (one of {', '.join(HOLDOUT_ATTRIBUTES)})")
             check(isinstance(value, str) and bool(value), f"{prefix}.holdout.{attribute}",
                   f"must be a value such as {HOLDOUT_ATTRIBUTES[attribute]!r}, got {value!r}")
 
-    @property
-    def template_options(self) -> TemplateOptions:
-        return TemplateOptions(tuple(self.detection_categories), tuple(self.counting_categories),
-                               tuple(self.spatial_categories), tuple(self.more_than), self.max_count)
+    @cached_property
+    def asked(self) -> dict[str, Any]:
+        """The asked types' options (each type's options dataclass), by type name, in the order asked."""
+        return {t: build_config(QUESTION_TYPES[t].options, options, f"commands.types.{t}")
+                for t, options in self.types.items()}
 
 
-# What the templates ask, read of the commands params by the stages that ask questions of their own (counterfactuals,
-# evaluate_real); command_types too: a categories list may be empty when its type is not asked, as validate checks.
-TEMPLATE_KEYS = ("command_types", "detection_categories", "counting_categories", "spatial_categories", "more_than",
-                 "max_count")
 HOLDOUT_ATTRIBUTES = {"timeofday": "night", "weather": "rainy", "scene": "highway"}  # with an example value
 
 
@@ -199,7 +186,7 @@ class BalancedCommands:
 
     def __init__(self, scenes: Callable[[], Iterable[Scene]], width: float, height: float, config: CommandsConfig):
         self._scenes, self._width, self._height, self._config = scenes, width, height, config
-        self._types = tuple(t for t in COMMAND_TYPES if t in config.command_types)
+        self._types = tuple(config.types)
         self._image_ids, self._split_of = self._assign_splits()  # ids in the scenes' order; id -> split
         self._picked, self._keep, self._names = self._balance()
 
@@ -229,7 +216,7 @@ class BalancedCommands:
                 raise ValueError(f"scenes: frame {position} changed while the questions were generated")
             split = self._split_of[scene.image_id]
             picker = pickers[split]
-            pool = candidates(scene, self._width, self._height, self._config.template_options, self._types)
+            pool = candidates(scene, self._width, self._height, self._config.asked)
             config = self._config
             per_image, weights = ((config.train_questions_per_image, config.train_type_weights) if split == "train"
                                   else (None, {}))
@@ -289,7 +276,7 @@ class BalancedCommands:
             out[split] = {
                 "images": len(self.images(split)), "questions": int(keep.sum()),
                 "types": {t: {"questions": sum(per_type[t].values()), "answers": dict(sorted(per_type[t].items()))}
-                          for t in COMMAND_TYPES if t in per_type},
+                          for t in self._types if t in per_type},
             }
         return out
 

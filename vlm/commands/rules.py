@@ -50,6 +50,19 @@ def ground_y(scene: Scene, obj: SceneObject) -> float:
     return max(under, default=obj.bottom)
 
 
+def occlusion_labelled(scene: Scene) -> bool:
+    """Whether every road user's label says if it is occluded (what :func:`safety` reads)."""
+    return all(o.occluded is not None for o in scene.objects if o.category in ROAD_USERS)
+
+
+def light_colors_labelled(scene: Scene) -> bool:
+    """Whether the labels decide the light's colour: every light's label gives its colour (NA included), or a readable
+    light is larger than each light whose label gives none (a set that colours only the larger lights)."""
+    unlabelled = [o.area for o in scene.objects if o.category == "traffic light" and not o.light_labelled]
+    light = governing_light(scene) if unlabelled else None
+    return not unlabelled or (light is not None and light.area > max(unlabelled))
+
+
 def light_color(scene: Scene) -> str:
     """'red' | 'yellow' | 'green', or 'maybe' when no light's colour can be determined."""
     light = governing_light(scene)

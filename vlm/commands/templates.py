@@ -1,5 +1,6 @@
 """Question templates: what can be asked about a scene, in several phrasings, with the answer. A template with its
-parameters is a *question key* (``counting/more_than|car|3``): answer balancing works on keys, not phrasings."""
+parameters is a *question key* (``counting/more_than|car|3``): answer balancing works on keys, not phrasings. The
+templates themselves live with their question types (vlm/commands/types), which fill :data:`TEMPLATES`."""
 
 import difflib
 import re
@@ -11,9 +12,7 @@ from functools import cached_property
 import numpy as np
 
 from vlm.commands import rules
-from vlm.scenes.schema import LIGHT_COLORS, Scene
-
-COMMAND_TYPES = ("detection", "counting", "traffic_light", "spatial", "safety", "scene")
+from vlm.scenes.schema import LIGHT_COLORS
 
 PLURALS = {"pedestrian": "pedestrians", "rider": "riders", "car": "cars", "truck": "trucks", "bus": "buses",
            "train": "trains", "motorcycle": "motorcycles", "bicycle": "bicycles",
@@ -65,34 +64,8 @@ def _pieces(phrasing: str) -> list[tuple[str, str | None]]:
             for piece in ((literal, None), ("", field)) if piece[0] or piece[1]]
 
 
-TEMPLATES = {t.id: t for t in (
-    Template("detection/present", "detection", YES_NO, (
-        "Is there a {category}?", "Is there a {category} in the image?", "Can you see a {category}?",
-        "Are there any {plural}?", "Is a {category} visible?")),
-    Template("counting/how_many", "counting", COUNTS, (
-        "How many {plural} are there?", "How many {plural} can you see?", "What is the number of {plural}?",
-        "How many {plural} are in the scene?")),
-    Template("counting/more_than", "counting", YES_NO, (
-        "Are there more than {k} {plural}?", "Can you see more than {k} {plural}?",
-        "Is the number of {plural} greater than {k}?")),
-    Template("traffic_light/color", "traffic_light", (*LIGHT_COLORS, "maybe"), (
-        "What color is the traffic light?", "What colour is the traffic light?", "What color is the light?",
-        "Which color is the signal showing?")),
-    Template("traffic_light/is_color", "traffic_light", YES_NO_MAYBE, (
-        "Is the traffic light {color}?", "Is the light {color}?", "Does the traffic light show {color}?",
-        "Is the signal {color}?")),
-    Template("spatial/on_side", "spatial", YES_NO, (
-        "Is there a {category} on the {side} side?", "Is there a {category} on the {side}?",
-        "Can you see a {category} on the {side} side of the image?", "Is a {category} visible on the {side}?")),
-    Template("safety/manoeuvre", "safety", YES_NO_MAYBE, (
-        "Can the car safely {action}?", "Is it safe to {action}?", "Can we {action} now?",
-        "Is it safe for the car to {action}?")),
-    Template("scene/night", "scene", YES_NO, ("Is it night?", "Is it nighttime?", "Was this taken at night?")),
-    Template("scene/rain", "scene", YES_NO, ("Is it raining?", "Is it rainy?", "Is the weather rainy?")),
-    Template("scene/fog", "scene", YES_NO, ("Is it foggy?", "Is there fog?", "Is the weather foggy?")),
-    Template("scene/highway", "scene", YES_NO,
-             ("Is this a highway?", "Is the car on a highway?", "Is this scene on a highway?")),
-)}
+# every template of every question type, by id: each type's file (vlm/commands/types) adds its own when imported
+TEMPLATES: dict[str, Template] = {}
 
 ACTIONS = {"left": "turn left", "straight": "go straight", "right": "turn right"}
 CATEGORY_OF_PLURAL = {plural: category for category, plural in PLURALS.items()}
@@ -101,8 +74,6 @@ MANOEUVRE_OF_ACTION = {action: manoeuvre for manoeuvre, action in ACTIONS.items(
 _FIELD_VALUES = {field: "|".join(re.escape(v) for v in sorted(values, key=len, reverse=True)) for field, values in {
     "category": PLURALS, "plural": PLURALS.values(), "color": LIGHT_COLORS, "side": rules.SIDES,
     "action": ACTIONS.values()}.items()} | {"k": "[0-9]+"}
-
-
 
 
 def match_template(command: str) -> Template | None:
@@ -156,49 +127,3 @@ class Candidate:
         if "manoeuvre" in values:
             values["action"] = ACTIONS[values["manoeuvre"]]
         return template.phrasings[phrasing % len(template.phrasings)].format(**values)
-
-
-@dataclass(frozen=True)
-class TemplateOptions:
-    detection_categories: tuple[str, ...]
-    counting_categories: tuple[str, ...]
-    spatial_categories: tuple[str, ...]
-    more_than: tuple[int, ...]
-    max_count: int
-
-
-def candidates(scene: Scene, width: float, height: float, options: TemplateOptions,
-               command_types: tuple[str, ...] = COMMAND_TYPES) -> list[Candidate]:
-    """Every question the templates can ask about ``scene``, with answers from its labels."""
-    out: list[Candidate] = []
-    types = set(command_types)
-    if "detection" in types:
-        for c in options.detection_categories:
-            out.append(Candidate("detection/present", (("category", c),), rules.is_present(scene, c)))
-    if "counting" in types:
-        for c in options.counting_categories:
-            n = rules.count(scene, c)
-            if n <= options.max_count:
-                out.append(Candidate("counting/how_many", (("category", c),), str(n)))
-            for k in options.more_than:
-                out.append(Candidate("counting/more_than", (("category", c), ("k", str(k))),
-                                     rules.YES if n > k else rules.NO))
-    if "traffic_light" in types and rules.count(scene, "traffic light"):
-        out.append(Candidate("traffic_light/color", (), rules.light_color(scene)))
-        for color in LIGHT_COLORS:
-            out.append(Candidate("traffic_light/is_color", (("color", color),), rules.light_is(scene, color)))
-    if "spatial" in types:
-        for c in options.spatial_categories:
-            for side in rules.SIDES:
-                out.append(Candidate("spatial/on_side", (("category", c), ("side", side)),
-                                     rules.on_side(scene, c, side, width)))
-    if "safety" in types:
-        for manoeuvre in rules.PATHS:
-            out.append(Candidate("safety/manoeuvre", (("manoeuvre", manoeuvre),),
-                                 rules.safety(scene, manoeuvre, width, height)))
-    if "scene" in types:
-        for attribute in rules.FRAME_ATTRIBUTES:
-            answer = rules.scene_attribute(scene, attribute)
-            if answer is not None:
-                out.append(Candidate(f"scene/{attribute}", (), answer))
-    return out

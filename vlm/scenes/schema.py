@@ -37,9 +37,10 @@ class SceneObject:
     id: str
     category: str  # one of CATEGORIES
     box: tuple[float, float, float, float]  # x1, y1, x2, y2 in pixels
-    occluded: bool = False
+    occluded: bool | None = False  # None: the label does not say (no ``occluded`` attribute)
     truncated: bool = False
     light_color: str | None = None  # "red" | "yellow" | "green" for a lit traffic light, else None
+    light_labelled: bool = True  # False for a traffic light whose label gives no colour (not even NA)
 
     @property
     def center_x(self) -> float:
@@ -117,11 +118,13 @@ def _object_from_label(label: Any, where: str) -> SceneObject | None:
     color_key = str(color_raw).strip().lower() if color_raw is not None else "na"
     if color_key not in _LIGHT_COLOR_IN:
         raise LabelError(f"{where}.attributes.trafficLightColor: unknown colour {color_raw!r}")
-    color = _LIGHT_COLOR_IN[color_key] if category == "traffic light" else None
+    light = category == "traffic light"
+    occluded = attributes.get("occluded")
     return SceneObject(id=str(label.get("id", "")), category=category, box=(x1, y1, x2, y2),
-                       occluded=_as_bool(attributes.get("occluded", False), f"{where}.attributes.occluded"),
+                       occluded=None if occluded is None else _as_bool(occluded, f"{where}.attributes.occluded"),
                        truncated=_as_bool(attributes.get("truncated", False), f"{where}.attributes.truncated"),
-                       light_color=color)
+                       light_color=_LIGHT_COLOR_IN[color_key] if light else None,
+                       light_labelled=not light or "trafficlightcolor" in attributes)
 
 
 def unanswerable(frame: dict) -> str | None:
@@ -164,11 +167,20 @@ def scene_from_frame(frame: Any, where: str = "frame") -> Scene:
                  **{key: str(attributes.get(key) or UNDEFINED).lower() for key in _ATTRIBUTE_FIELDS})
 
 
+def _label_attributes(obj: SceneObject) -> dict:
+    """A label's attributes as det_20 writes them; what the label did not say stays unsaid."""
+    attributes = {"occluded": obj.occluded, "truncated": obj.truncated,
+                  "trafficLightColor": _LIGHT_COLOR_OUT[obj.light_color]}
+    if obj.occluded is None:
+        del attributes["occluded"]
+    if not obj.light_labelled:
+        del attributes["trafficLightColor"]
+    return attributes
+
+
 def scene_to_frame(scene: Scene) -> dict:
     """Serialise a scene as a BDD100K det_20 frame (boxes rounded to 1/1000 px)."""
-    labels = [{"id": obj.id, "category": obj.category,
-               "attributes": {"occluded": obj.occluded, "truncated": obj.truncated,
-                              "trafficLightColor": _LIGHT_COLOR_OUT[obj.light_color]},
+    labels = [{"id": obj.id, "category": obj.category, "attributes": _label_attributes(obj),
                "box2d": dict(zip(("x1", "y1", "x2", "y2"), (round(v, 3) for v in obj.box)))}
               for obj in scene.objects]
     return {"name": scene.name, "attributes": {key: getattr(scene, key) for key in _ATTRIBUTE_FIELDS}, "labels": labels}

@@ -126,7 +126,7 @@ def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[i
         _splat(targets[:, :, START["heat"] + k], centre_x, centre_y, sigma)
         road_user = obj.category in rules.ROAD_USERS
         in_group = {"road_user": road_user, "vulnerable": obj.category in rules.VULNERABLE,
-                    "occluded": road_user and obj.occluded}
+                    "occluded": road_user and bool(obj.occluded)}
         foot_y = rules.ground_y(scene, obj) / height * rows  # in cells
         for index, group in enumerate(FOOT_GROUPS):
             if in_group[group]:

@@ -44,9 +44,6 @@ def test_recipe_expectation_is_the_committed_count():
     text = _gpu_path()
     compute = _json("metrics/recipe_compute.json")
     assert f"It is {compute['compute_multiple']:.0f} times the default run's training FLOPs" in text
-    recipe = (ROOT / "recipes" / "gpu.yaml").read_text(encoding="utf-8")
-    assert f"{compute['compute_multiple']:.0f} times the default run's training" in recipe
-    assert f"about {round(compute['recipe']['steps'], -1):,} steps" in recipe
     operators = compute["recipe"]["operators_per_step"], compute["default"]["operators_per_step"]
     assert "Its step dispatches {:,.0f} operators (the default's {:,.0f})".format(*operators) in text
     trend = _json("metrics/scaling.json")["targets"]["0.97"]["128px"]["multiple_needed_by_trend"]
@@ -55,10 +52,8 @@ def test_recipe_expectation_is_the_committed_count():
 
 
 def test_launch_estimate_numbers_are_the_committed_report():
-    """The GPU step predicted from its operators: docs (the GPU path's summary too) and the recipe's comment from
-    recipe_compute.json."""
+    """The GPU step predicted from its operators: docs (the GPU path's summary too) from recipe_compute.json."""
     docs = " ".join((ROOT / "docs" / "experiments.md").read_text(encoding="utf-8").split())
-    recipe_text = " ".join((ROOT / "recipes" / "gpu.yaml").read_text(encoding="utf-8").replace("#", "").split())
     compute = _json("metrics/recipe_compute.json")
     estimate = compute["gpu_launch_estimate"]
     for run in estimate["runs"]:
@@ -80,8 +75,6 @@ def test_launch_estimate_numbers_are_the_committed_report():
     assert (f"{loader:,.0f} questions/s from HDF5 at 448 x 256" in docs
             and f"up to about {round(loader * compute['recipe']['num_workers'], -2):,.0f}" in docs)
     assert f"{low:.1f}-{high:.1f} µs per operator, so it may run {rates}" in _gpu_path()
-    assert f"{low:.1f}-{high:.1f} us per operator" in recipe_text and rates in recipe_text
-    assert "its training {:.0f}-{:.0f} s".format(*recipe["training_seconds"]) in recipe_text
 
 
 def test_stacked_muon_numbers_are_the_committed_benchmark():

@@ -58,18 +58,17 @@ from torch.utils.flop_counter import FlopCounterMode
 from vlm.data.loader import set_epoch
 from vlm.device import autocast
 from vlm.io import write_json
+from vlm.optim import Optimizers, make_optimizer
 from vlm.params import build_config, load_params, runtime_section, section
 from vlm.scenes.generate import ScenesConfig
 from vlm.train import (
     VLM_TRAIN_KEYS,
-    Optimizers,
     Run,
     StepWindow,
     TrainConfig,
     TrainPaths,
     TrainRuntime,
     forward_backward,
-    make_optimizer,
     optimizer_step,
     record_pass,
     setup,
@@ -120,7 +119,7 @@ def replace_optimizer(run: Run, **options) -> None:
 def rebuild_optimizer(run: Run, optimizer: str) -> None:
     """The run's optimizer built anew as ``train.optimizer: <optimizer>``, under the same schedule."""
     run.config = dataclasses.replace(run.config, optimizer=optimizer)
-    run.optimizer = make_optimizer(run.model, run.config)
+    run.optimizer = make_optimizer(run.model, run.config.optimizer, run.config.lr, run.config.weight_decay)
     run.scheduler = torch.optim.lr_scheduler.LambdaLR(run.optimizer, run.scheduler.lr_lambdas[0])
 
 

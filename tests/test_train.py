@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+import vlm.optim
 import vlm.traffic_vlm
 import vlm.train
 from tiny_project import FRAME_SIZE, TINY_MODEL, TINY_RUNTIME, paths_for, tiny_train_config
@@ -19,8 +20,9 @@ from vlm import checkpoint
 from vlm.checkpoint import load_model
 from vlm.cli import run
 from vlm.models.paligemma import PaliGemma
+from vlm.optim import lr_factor
 from vlm.params import ParamError, build_config
-from vlm.train import NonFiniteLossError, TrainConfig, TrainRuntime, lr_factor, train
+from vlm.train import NonFiniteLossError, TrainConfig, TrainRuntime, train
 
 pytestmark = pytest.mark.xdist_group("tiny_project")  # one worker builds the shared tiny project
 
@@ -184,7 +186,7 @@ def test_muon_takes_the_layer_matrices_learns_and_resumes(processed, tmp_path, m
     uninterrupted run's model file (both optimizers' states are in the checkpoint)."""
     config = tiny_train_config(optimizer=name)
     model = vlm.train.build_vlm(vlm.traffic_vlm.VLMConfig.from_params(TINY_MODEL, 60, 32, [0.5] * 3, [0.2] * 3))
-    optimizer = vlm.train.make_optimizer(model, config)
+    optimizer = vlm.optim.make_optimizer(model, config.optimizer, config.lr, config.weight_decay)
     muon, adamw = optimizer.optimizers
     by_id = {id(p): name for name, p in model.named_parameters()}
     expected = {name for name, p in model.named_parameters() if p.dim() == 2 and ".layers." in name}
@@ -215,7 +217,7 @@ def test_muon_takes_the_layer_matrices_learns_and_resumes(processed, tmp_path, m
 @pytest.fixture
 def bf16_muon(monkeypatch):
     """FlatMuon's Newton-Schulz in bf16 on the CPU too, as torch's Muon runs it everywhere: the same bits."""
-    monkeypatch.setattr(vlm.train, "newton_schulz_dtype", lambda device: torch.bfloat16)
+    monkeypatch.setattr(vlm.optim, "newton_schulz_dtype", lambda device: torch.bfloat16)
 
 
 def test_flat_muon_steps_conv_filters_as_their_matrix(bf16_muon):
@@ -228,8 +230,8 @@ def test_flat_muon_steps_conv_filters_as_their_matrix(bf16_muon):
     moved = torch.nn.Conv2d(4, 8, 3)
     moved.load_state_dict(conv.state_dict())
     initial = conv.weight.detach().clone()
-    optimizers = [vlm.train.FlatMuon([conv.weight], **options), torch.optim.Muon([matrix], **options),
-                  vlm.train.FlatMuon([moved.weight], **options)]
+    optimizers = [vlm.optim.FlatMuon([conv.weight], **options), torch.optim.Muon([matrix], **options),
+                  vlm.optim.FlatMuon([moved.weight], **options)]
     moved.to(memory_format=torch.channels_last)
     for _ in range(3):
         for loss in (conv(x), torch.nn.functional.conv2d(x, matrix.view(8, 4, 3, 3), conv.bias), moved(x)):
@@ -258,7 +260,7 @@ def test_flat_muon_steps_stacked_matrices_as_torch_muon_steps_each(precision, re
     ours = [torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in shapes]
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     options = {"lr": 0.01, "weight_decay": 0.1, "adjust_lr_fn": "match_rms_adamw"}
-    optimizers = [vlm.train.FlatMuon(ours, **options), torch.optim.Muon(theirs, **options)]
+    optimizers = [vlm.optim.FlatMuon(ours, **options), torch.optim.Muon(theirs, **options)]
     for _ in range(3):
         for mine, reference in zip(ours, theirs, strict=True):
             mine.grad = torch.randn(mine.shape, generator=generator)

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.optim._muon import _adjust_lr as adjust_muon_lr
 from tqdm import tqdm
 
 from dvclive import Live
@@ -30,12 +29,13 @@ from vlm.data.augment import AugmentConfig
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.h5file import PackedImageReader
 from vlm.data.loader import build_loader, set_epoch
-from vlm.device import autocast, newton_schulz_dtype, pick_device
+from vlm.device import autocast, pick_device
 from vlm.inference import perception_metrics, predict_dataset
 from vlm.io import check_writable, write_json
 from vlm.models.gemma import GemmaDecoderLayer
 from vlm.models.paligemma import PaliGemma, VLMOutput
 from vlm.models.siglip import SiglipEncoderLayer
+from vlm.optim import lr_factor, make_optimizer
 from vlm.params import available_cpus, check
 from vlm.tokenizer import TrafficCommandTokenizer
 from vlm.traffic_vlm import VLMConfig, build_vlm
@@ -152,136 +152,6 @@ class Distributed:
         return self.rank == 0
 
 
-def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
-    """Linear warmup to 1, then cosine down to ``min_ratio`` at ``total_steps``."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """Fused AdamW with weight decay on matrices only, as in nanoGPT; ``optimizer: muon``: Muon on the 2-D matrices of
-    the encoder's and decoder's layers, its step scaled to AdamW's (``match_rms_adamw``, Liu et al. 2025: the same
-    ``lr`` and ``weight_decay``), AdamW on the rest, as Keller Jordan's recipe has it; ``muon_conv``: Muon also on the
-    perception's 3x3 conv filters (its 1x1 projections and output layers stay on AdamW)."""
-    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    hidden = {name for name, p in named if config.optimizer != "adamw" and p.dim() == 2 and ".layers." in name}
-    if config.optimizer == "muon_conv":  # the perception's 3x3 filter banks, each as its [out, in * 9] matrix
-        hidden |= {name for name, p in named if name.startswith("extension.") and p.dim() == 4 and p.shape[-1] > 1}
-    decay = [p for name, p in named if p.dim() >= 2 and name not in hidden]
-    no_decay = [p for _, p in named if p.dim() < 2]
-    adamw = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                               {"params": no_decay, "weight_decay": 0.0}], lr=config.lr, betas=(0.9, 0.95), fused=True)
-    if not hidden:
-        return adamw
-    muon = FlatMuon([p for name, p in named if name in hidden], lr=config.lr, weight_decay=config.weight_decay,
-                    adjust_lr_fn="match_rms_adamw")
-    return Optimizers(muon, adamw)
-
-
-def as_matrix(tensor: torch.Tensor) -> torch.Tensor:
-    """A ``[rows, -1]`` view of ``tensor``'s storage: a conv's ``[out, in, k, k]`` filters as ``[out, in * k * k]``,
-    or as ``[out, k * k * in]`` when channels-last (Newton-Schulz commutes with a permutation of the columns)."""
-    if tensor.dim() == 4 and not tensor.is_contiguous():
-        tensor = tensor.permute(0, 2, 3, 1)
-    return tensor.detach().view(tensor.shape[0], -1)
-
-
-def newton_schulz(updates: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
-                  eps: float) -> torch.Tensor:
-    """Muon's quintic Newton-Schulz iteration on a stack of matrices ``[G, rows, columns]``, each as
-    ``torch.optim.Muon`` treats one (scaled to a Frobenius norm of at most 1, iterated on its wide orientation), in
-    bf16 as it does on CUDA and in float32 on the CPU (``newton_schulz_dtype``)."""
-    a, b, c = coefficients
-    x = updates.to(newton_schulz_dtype(updates.device))
-    tall = x.size(-2) > x.size(-1)
-    if tall:
-        x = x.mT
-    x = x / x.flatten(1).norm(dim=1).clamp(min=eps)[:, None, None]
-    for _ in range(steps):
-        gram = x @ x.mT  # [G, r, r]
-        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.mT if tall else x
-
-
-class FlatMuon(torch.optim.Muon):
-    """``torch.optim.Muon`` over parameters of any rank >= 2, each updated as its ``[rows, -1]`` matrix (a conv's
-    filters as in Keller Jordan's CIFAR-10 speedrun): Muon steps matrix views of the parameters' storage, pointed
-    at it anew before each step (``.to()`` may move a parameter) and given the parameters' gradients."""
-
-    def __init__(self, params: list[torch.nn.Parameter], **kwargs):
-        self.originals = params
-        super().__init__([as_matrix(p) for p in params], **kwargs)
-
-    def point_views(self) -> None:
-        """Each matrix view at its parameter's storage and gradient."""
-        flats = [flat for group in self.param_groups for flat in group["params"]]
-        for original, flat in zip(self.originals, flats, strict=True):
-            flat.data = as_matrix(original)
-            flat.grad = None if original.grad is None else as_matrix(original.grad)
-
-    @torch.no_grad()
-    def step(self, closure=None):  # pylint: disable=unused-argument
-        """``torch.optim.Muon``'s step with the matrices of one shape stacked: the same arithmetic (the same bits at
-        the same precision, tested), a few kernels per shape instead of per matrix."""
-        self.point_views()
-        for group in self.param_groups:
-            shapes: dict[torch.Size, list[torch.Tensor]] = {}
-            for flat in group["params"]:
-                if flat.grad is not None:
-                    shapes.setdefault(flat.shape, []).append(flat)
-            for shape, same in shapes.items():
-                grads = [flat.grad for flat in same]
-                for flat in same:
-                    if "momentum_buffer" not in self.state[flat]:
-                        self.state[flat]["momentum_buffer"] = torch.zeros_like(flat.grad)
-                buffers = [self.state[flat]["momentum_buffer"] for flat in same]
-                torch._foreach_lerp_(buffers, grads, 1 - group["momentum"])
-                updates = torch._foreach_lerp(grads, buffers, group["momentum"]) if group["nesterov"] else buffers
-                orthogonal = newton_schulz(torch.stack(updates), group["ns_coefficients"], group["ns_steps"],
-                                           group["eps"])  # [G, rows, columns]
-                torch._foreach_mul_(same, 1 - group["lr"] * group["weight_decay"])
-                lr = adjust_muon_lr(group["lr"], group["adjust_lr_fn"], shape)  # torch.optim.Muon's, per shape
-                torch._foreach_add_(same, orthogonal.unbind(0), alpha=-lr)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        super().zero_grad(set_to_none)
-        for original in self.originals:
-            if set_to_none:
-                original.grad = None
-            elif original.grad is not None:
-                original.grad.zero_()
-
-
-class Optimizers(torch.optim.Optimizer):
-    """Several optimizers over disjoint parameters as one: one LR schedule over all groups, one resume state dict."""
-
-    def __init__(self, *optimizers: torch.optim.Optimizer):  # pylint: disable=super-init-not-called
-        self.optimizers = optimizers
-        self.defaults = {}
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """Every optimizer's groups, looked up each time: ``load_state_dict`` replaces an optimizer's groups."""
-        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
-
-    def step(self, closure=None):  # pylint: disable=unused-argument
-        for optimizer in self.optimizers:
-            optimizer.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for optimizer in self.optimizers:
-            optimizer.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizers": [optimizer.state_dict() for optimizer in self.optimizers]}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        for optimizer, state in zip(self.optimizers, state_dict["optimizers"], strict=True):
-            optimizer.load_state_dict(state)
-
-
 def compile_layers(model: torch.nn.Module) -> None:
     """``torch.compile`` each encoder and decoder layer in place (``nn.Module.compile``: the parameter names, so the
     checkpoints, stay), as torchtitan does; the code between them stays eager. Dynamic: question lengths vary."""
@@ -390,7 +260,7 @@ def setup(model_params: Mapping[str, Any], config: TrainConfig, paths: TrainPath
     loader = build_loader(train_set, config.batch_size, shuffle=True, num_workers=runtime.num_workers,
                           seed=config.seed, rank=dist_info.rank, world_size=dist_info.world_size)
     total_steps = planned_steps(loader, config)
-    optimizer = make_optimizer(model, config)
+    optimizer = make_optimizer(model, config.optimizer, config.lr, config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup_steps, total_steps, config.min_lr_ratio))
     ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \

@@ -147,23 +147,6 @@ def test_several_questions_per_image_and_phrasings(splits):
     assert sum(len(v) > 1 for v in phrasings.values()) >= 8
 
 
-def test_the_train_split_has_its_own_mix_and_val_and_test_stay(tmp_path, splits):
-    """commands.train_questions_per_image and train_type_weights change the train split only: val and test are
-    the very questions of the default mix."""
-    config = CommandsConfig(train_questions_per_image=12, train_type_weights={"counting": 3, "safety": 2})
-    mixed = generate_commands(random_scenes(600), config, tmp_path)
-    assert mixed["val"] == splits["val"] and mixed["test"] == splits["test"]
-    per_image = Counter(r["image_id"] for r in mixed["train"])
-    default = Counter(r["image_id"] for r in splits["train"])
-    assert np.mean(list(per_image.values())) > 1.3 * np.mean(list(default.values()))
-    share = {name: Counter(r["command_type"] for r in records) for name, records in
-             (("mixed", mixed["train"]), ("default", splits["train"]))}
-    for t, weight in (("counting", 3), ("safety", 2), ("scene", 1)):
-        ratio = (share["mixed"][t] / sum(share["mixed"].values())) / (share["default"][t] /
-                                                                      sum(share["default"].values()))
-        assert ratio > 1.3 if weight > 1 else ratio < 0.9, (t, ratio)
-
-
 def _spatial_no_present_elsewhere(records: list[dict], scenes: list[Scene]) -> float:
     """The share of spatial "no" questions whose category the image has (elsewhere than on the asked side)."""
     by_id = {scene.image_id: scene for scene in scenes}
@@ -263,9 +246,6 @@ def test_scenes_that_change_between_reads_are_an_error(tmp_path):
     ({"types": {"scene": {"categories": ["car"]}}}, "commands.types.scene.categories: unknown key"),
     ({"types": {"scene": []}}, "commands.types.scene: must be a mapping of the type's options"),
     ({"questions_per_image": "many"}, "commands.questions_per_image: must be an integer"),
-    ({"train_questions_per_image": 0}, "commands.train_questions_per_image: must be at least 1 or null, got 0"),
-    ({"train_type_weights": {"poetry": 2}}, "commands.train_type_weights: unknown type 'poetry'"),
-    ({"train_type_weights": {"counting": 0}}, "commands.train_type_weights.counting: must be a positive number"),
     ({"train_hard_negatives": 1.5}, "commands.train_hard_negatives: must be a share in .0, 1., got 1.5"),
     ({"colour": 1}, "commands.colour: unknown key"),
     ({"holdout": {"season": "winter"}}, "commands.holdout: unknown frame attribute 'season'"),
@@ -273,8 +253,6 @@ def test_scenes_that_change_between_reads_are_an_error(tmp_path):
     ({"holdout": None}, "commands.holdout: must be a mapping, got None"),
     ({"splits": ["train", "val", "test"]}, "commands.splits: must be a mapping, got ['train', 'val', 'test']"),
     ({"seed": -1}, "commands.seed: must be from 0 to 2..32 - 1, got -1"),
-    ({"types": {"scene": {}}, "train_type_weights": {"counting": 2}},
-     "commands.train_type_weights.counting: weights a type commands.types does not ask (scene)"),
 ])
 def test_impossible_params_are_named(values, message):
     escaped = message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")

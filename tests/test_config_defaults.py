@@ -63,8 +63,8 @@ def _keys(config, prefix: str) -> set[str]:
 def _yaml_keys(section: dict, prefix: str) -> set[str]:
     keys = set()
     for key, value in section.items():
-        # commands.splits, .holdout, .train_type_weights, .types: values, not sections
-        nested = isinstance(value, dict) and key not in ("splits", "holdout", "train_type_weights", "types")
+        # commands.splits, .holdout, .types: values, not sections
+        nested = isinstance(value, dict) and key not in ("splits", "holdout", "types")
         keys |= _yaml_keys(value, f"{prefix}{key}.") if nested else {prefix + key}
     return keys
 

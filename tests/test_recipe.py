@@ -36,9 +36,8 @@ def test_flags_are_params_keys_and_a_typo_stops(tmp_path):
     assert "--set-param=model.pack_questions=true" in made and "--set-param=train.batch_size=512" in made
     assert "--set-param=pack.aspect=native" in made and all(" " not in flag for flag in made)
     value = tmp_path / "value.yaml"  # a mapping that params.yaml holds as one value is one flag, which replaces it
-    value.write_text("commands:\n  train_type_weights: {counting: 2}\n  holdout: {weather: rainy}\n")
-    assert flags(value, ROOT / "params.yaml") == ["--set-param=++commands.train_type_weights={counting:2}",
-                                                  "--set-param=++commands.holdout={weather:rainy}"]
+    value.write_text("commands:\n  holdout: {weather: rainy, timeofday: night}\n")
+    assert flags(value, ROOT / "params.yaml") == ["--set-param=++commands.holdout={weather:rainy,timeofday:night}"]
     strings = tmp_path / "strings.yaml"  # strings that Hydra's grammar would read as others are quoted
     strings.write_text("pack:\n  aspect: 'null'\n  resample: \"it's 1, 2\"\n")
     assert flags(strings, ROOT / "params.yaml") == ["--set-param=pack.aspect='null'",

@@ -29,8 +29,6 @@ from vlm.scenes.schema import Scene
 class CommandsConfig:
     seed: int = 0
     questions_per_image: int = 8
-    train_questions_per_image: int | None = None  # the train split's own mix (README, params); None: the above
-    train_type_weights: dict = field(default_factory=dict)  # the train split's command type weights (unnamed: 1)
     # the share of train images whose spatial "no" questions are preferably about a category the image has elsewhere
     # (hard negatives: not on the asked side) rather than an absent one; 0 = no preference
     train_hard_negatives: float = 0.5
@@ -46,22 +44,12 @@ class CommandsConfig:
     def validate(self, prefix: str = "commands") -> None:
         check(self.questions_per_image >= 1, f"{prefix}.questions_per_image",
               f"must be at least 1, got {self.questions_per_image}")
-        per_image = self.train_questions_per_image
-        check(per_image is None or per_image >= 1, f"{prefix}.train_questions_per_image",
-              f"must be at least 1 or null, got {per_image}")
         check(bool(self.types), f"{prefix}.types", f"asks no question type (known: {', '.join(QUESTION_TYPES)})")
         for t, options in self.types.items():
             check(t in QUESTION_TYPES, f"{prefix}.types", f"unknown type {t!r} (known: {', '.join(QUESTION_TYPES)})")
             check(options is None or isinstance(options, Mapping), f"{prefix}.types.{t}",
                   f"must be a mapping of the type's options ({{}}: none or their defaults), got {options!r}")
             build_config(QUESTION_TYPES[t].options, options, f"{prefix}.types.{t}")
-        for t, weight in self.train_type_weights.items():
-            check(t in QUESTION_TYPES, f"{prefix}.train_type_weights",
-                  f"unknown type {t!r} (known: {', '.join(QUESTION_TYPES)})")
-            check(t in self.types, f"{prefix}.train_type_weights.{t}",
-                  f"weights a type {prefix}.types does not ask ({', '.join(self.types)})")
-            check(not isinstance(weight, bool) and isinstance(weight, (int, float)) and weight > 0,
-                  f"{prefix}.train_type_weights.{t}", f"must be a positive number, got {weight!r}")
         check(set(self.splits) == set(SPLITS), f"{prefix}.splits",
               f"must name exactly {', '.join(SPLITS)}, got {', '.join(self.splits)}")
         for name, frac in self.splits.items():
@@ -124,20 +112,18 @@ def hard_negatives(scene: Scene, pool: list[Candidate]) -> set[Candidate]:
 
 
 def _pick(scene_candidates: list[Candidate], n: int, key_counts, type_counts, types: tuple[str, ...],
-          rng: np.random.Generator, weights: dict[str, float], preferred: set[Candidate] = frozenset()
-          ) -> list[Candidate]:
-    """Greedy, balance-seeking choice of ``n`` distinct questions for one image, the types' shares of its slots in
-    proportion to their ``weights`` (absent: 1); of the questions as far behind in their key's answers, the
-    ``preferred`` first."""
+          rng: np.random.Generator, preferred: set[Candidate] = frozenset()) -> list[Candidate]:
+    """Greedy, balance-seeking choice of ``n`` distinct questions for one image, the types sharing its slots evenly;
+    of the questions as far behind in their key's answers, the ``preferred`` first."""
     by_type: dict[str, list[Candidate]] = defaultdict(list)
     for c in scene_candidates:
         by_type[c.command_type].append(c)
     chosen: list[Candidate] = []
     order = [str(t) for t in rng.permutation(types) if by_type[str(t)]]  # tie-break between types
     while len(chosen) < n and order:
-        # The slot goes to the type asked least so far for its weight: types that only some images can answer
-        # (traffic lights) get more of those images' slots, so every type ends up near its share.
-        t = min(order, key=lambda name: sum(type_counts[name].values()) / weights.get(name, 1))
+        # The slot goes to the type asked least so far: types that only some images can answer (traffic lights)
+        # get more of those images' slots, so every type ends up near its share.
+        t = min(order, key=lambda name: sum(type_counts[name].values()))
         pool, type_count = by_type[t], type_counts[t]
         scores = [(_deficit(key_counts[c.key], c.answer), c in preferred, _deficit(type_count, c.answer))
                   for c in pool]
@@ -218,13 +204,11 @@ class BalancedCommands:
             picker = pickers[split]
             pool = candidates(scene, self._width, self._height, self._config.asked)
             config = self._config
-            per_image, weights = ((config.train_questions_per_image, config.train_type_weights) if split == "train"
-                                  else (None, {}))
             share = config.train_hard_negatives if split == "train" else 0.0
             hard = share == 1.0 or (share > 0 and picker.rng.random() < share)  # a draw only for a share in (0, 1)
             preferred = hard_negatives(scene, pool) if hard else set()
-            chosen = _pick(pool, per_image or config.questions_per_image, picker.key_counts, picker.type_counts,
-                           self._types, picker.rng, weights, preferred)
+            chosen = _pick(pool, config.questions_per_image, picker.key_counts, picker.type_counts, self._types,
+                           picker.rng, preferred)
             for slot, c in enumerate(chosen):
                 yield split, position, scene, slot, c, int(picker.rng.integers(len(TEMPLATES[c.template].phrasings)))
 

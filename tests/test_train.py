@@ -673,3 +673,17 @@ def test_one_per_core_counts_the_cores_this_process_may_use(tmp_path, monkeypatc
         random.setstate(seeds[0])
         np.random.set_state(seeds[1])
         torch.set_rng_state(seeds[2])
+
+
+def test_muon_lr_is_torchs_step_size_to_the_bit():
+    """``vlm.optim.muon_lr`` writes out ``torch.optim.Muon``'s per-shape step size (a private function of torch's) with
+    its rounding: ``lr * 0.2 * sqrt(n)`` rounds otherwise than ``lr * (0.2 * sqrt(n))`` for 41% of a schedule's steps,
+    and the default model ended elsewhere."""
+    from torch.optim._muon import _adjust_lr
+
+    shapes = [torch.Size(s) for s in ((128, 128), (512, 128), (128, 512), (128, 1152), (16, 144), (64, 288))]
+    for step in range(0, 2400, 7):
+        lr = 0.002 * vlm.optim.lr_factor(step, 100, 2400, 0.05)
+        for shape in shapes:
+            for adjust in ("match_rms_adamw", "original", None):
+                assert vlm.optim.muon_lr(lr, adjust, shape) == _adjust_lr(lr, adjust, shape), (step, shape, adjust)

@@ -68,10 +68,12 @@ def muon_lr(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
     sqrt(max(1, rows / columns))."""
     rows, columns = shape[:2]
     if adjust_lr_fn in (None, "original"):
-        return lr * math.sqrt(max(1, rows / columns))
-    if adjust_lr_fn == "match_rms_adamw":
-        return lr * 0.2 * math.sqrt(max(rows, columns))
-    raise ValueError(f"unknown Muon lr adjustment {adjust_lr_fn!r}")
+        ratio = math.sqrt(max(1, rows / columns))
+    elif adjust_lr_fn == "match_rms_adamw":
+        ratio = 0.2 * math.sqrt(max(rows, columns))
+    else:
+        raise ValueError(f"unknown Muon lr adjustment {adjust_lr_fn!r}")
+    return lr * ratio  # the ratio first, as torch rounds it
 
 
 class FlatMuon(torch.optim.Muon):

@@ -55,11 +55,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from vlm.config import build_config
 from vlm.data.loader import set_epoch
 from vlm.device import autocast
 from vlm.io import write_json
 from vlm.optim import Optimizers, make_optimizer
-from vlm.params import build_config, load_params, runtime_section, section
+from vlm.params import load_params, runtime_section, section
 from vlm.scenes.generate import ScenesConfig
 from vlm.train import (
     VLM_TRAIN_KEYS,

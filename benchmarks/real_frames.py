@@ -18,8 +18,9 @@ from pathlib import Path
 
 from vlm.checkpoint import file_sha256
 from vlm.commands.generate import CommandsConfig
+from vlm.config import build_config
 from vlm.io import write_json
-from vlm.params import build_config, load_params, section
+from vlm.params import load_params, section
 from vlm.real import MODELS, RealConfig, RealPaths, evaluate_real
 
 QUESTIONS = ("scene/night", "scene/rain", "scene/highway", "detection/present|car", "detection/present|pedestrian",

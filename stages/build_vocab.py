@@ -10,9 +10,10 @@ import argparse
 from pathlib import Path
 
 from vlm.cli import run
+from vlm.config import build_config
 from vlm.data.commands import SPLITS, read_commands
 from vlm.io import check_writable, write_json
-from vlm.params import build_config, load_params, section
+from vlm.params import load_params, section
 from vlm.tokenizer import TrafficCommandTokenizer, VocabConfig, coverage_by_split, vocab_metrics
 
 

@@ -5,10 +5,11 @@ from pathlib import Path
 
 from vlm.cli import run
 from vlm.commands.generate import CommandsConfig
+from vlm.config import build_config
 from vlm.counterfactuals import SCENES_KEYS, CounterfactualsConfig, CounterfactualsPaths
 from vlm.counterfactuals import run as run_counterfactuals
 from vlm.io import check_writable
-from vlm.params import build_config, load_params, section
+from vlm.params import load_params, section
 from vlm.scenes.generate import ScenesConfig
 
 

@@ -4,9 +4,10 @@ import argparse
 from pathlib import Path
 
 from vlm.cli import run
+from vlm.config import build_config
 from vlm.evaluate import EvaluateConfig, EvaluatePaths, evaluate
 from vlm.io import check_writable
-from vlm.params import build_config, load_params, section
+from vlm.params import load_params, section
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from vlm.cli import run
 from vlm.commands.generate import CommandsConfig
+from vlm.config import build_config
 from vlm.io import check_writable
-from vlm.params import build_config, load_params, section
+from vlm.params import load_params, section
 from vlm.real import MODELS, RealConfig, RealPaths, evaluate_real
 
 

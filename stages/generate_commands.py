@@ -4,8 +4,9 @@ import argparse
 
 from vlm.cli import run
 from vlm.commands.generate import CommandsConfig, generate_commands
+from vlm.config import build_config
 from vlm.io import check_writable, write_json
-from vlm.params import build_config, load_params, section
+from vlm.params import load_params, section
 from vlm.plots import commands_sheet, save_image
 
 

@@ -4,8 +4,9 @@ import argparse
 from pathlib import Path
 
 from vlm.cli import run
+from vlm.config import build_config
 from vlm.io import check_writable, write_json
-from vlm.params import build_config, load_params, runtime_section, section
+from vlm.params import load_params, runtime_section, section
 from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_scenes
 
 

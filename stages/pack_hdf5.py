@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 
 from vlm.cli import run
+from vlm.config import build_config
 from vlm.data.pack import PackConfig, PackRuntime, pack_dataset
 from vlm.io import check_writable, write_json
 from vlm.models.image_size import check_image_size, check_side_multiple, image_side_multiple
-from vlm.params import build_config, load_params, runtime_section, section
+from vlm.params import load_params, runtime_section, section
 
 
 def main(argv: list[str] | None = None) -> None:

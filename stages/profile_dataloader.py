@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 
 from vlm.cli import run
+from vlm.config import build_config
 from vlm.data.profile import ProfileConfig, profile_dataloaders
 from vlm.io import check_writable, write_json
-from vlm.params import build_config, load_params, section
+from vlm.params import load_params, section
 from vlm.plots import dataloader_figure, save_figure
 from vlm.tokenizer import TrafficCommandTokenizer
 

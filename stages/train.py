@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from vlm.cli import in_repository, relaunch_distributed, run, under_torchrun
-from vlm.params import build_config, check, load_params, runtime_section, section
+from vlm.config import build_config, check
+from vlm.params import load_params, runtime_section, section
 from vlm.scenes.generate import ScenesConfig
 from vlm.train import BLIND_TRAIN_KEYS, VLM_TRAIN_KEYS, TrainConfig, TrainPaths, TrainRuntime, check_inputs, train
 

@@ -248,7 +248,7 @@ def test_a_changed_bdd100k_image_changes_the_raw_folder(tmp_path, bdd_fixture_di
 @pytest.mark.parametrize("key, value", [("images", "/datasets/bdd100k/images/100k/train"),
                                         ("labels", "../labels/det_20/det_train.json")])
 def test_bdd100k_images_and_labels_stay_inside_the_tracked_root(key, value):
-    from vlm.params import ParamError, build_config
+    from vlm.config import ParamError, build_config
     from vlm.scenes.generate import ScenesConfig
 
     with pytest.raises(ParamError, match=rf"scenes.bdd100k.{key}: must be a path inside scenes.bdd100k.root"):

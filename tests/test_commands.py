@@ -8,9 +8,9 @@ from vlm.commands import generate
 from vlm.commands.generate import BalancedCommands, CommandsConfig, split_images
 from vlm.commands.templates import ACTIONS, PLURALS, TEMPLATES
 from vlm.commands.types import QUESTION_TYPES
+from vlm.config import ParamError, build_config
 from vlm.data.commands import SPLITS
 from vlm.io import read_json
-from vlm.params import ParamError, build_config
 from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_scenes
 from vlm.scenes.schema import CATEGORIES, Scene, SceneObject
 

@@ -16,11 +16,12 @@ import pytest
 import yaml
 
 from vlm.commands.generate import CommandsConfig
+from vlm.config import ParamError, build_config
 from vlm.counterfactuals import CounterfactualsConfig
 from vlm.data.pack import PackConfig, PackRuntime
 from vlm.data.profile import ProfileConfig
 from vlm.evaluate import EvaluateConfig
-from vlm.params import ParamError, build_config, load_params
+from vlm.params import load_params
 from vlm.real import RealConfig
 from vlm.scenes.generate import ScenesConfig, ScenesRuntime
 from vlm.tokenizer import VocabConfig

@@ -14,6 +14,7 @@ from vlm import counterfactuals
 from vlm.commands import rules
 from vlm.commands.generate import BalancedCommands, CommandsConfig
 from vlm.commands.types import candidates
+from vlm.config import ParamError
 from vlm.counterfactuals import (
     AskedPair,
     CounterfactualsConfig,
@@ -23,7 +24,6 @@ from vlm.counterfactuals import (
     summarize,
 )
 from vlm.io import read_json
-from vlm.params import ParamError
 from vlm.processor import Processor
 from vlm.scenes import render as render_module
 from vlm.scenes.edits import EDITS, SWITCHED, Pair, _things, make_pairs, render

@@ -15,13 +15,14 @@ import torch
 
 from tiny_project import PACK_SIZE, SPLIT_SIZES, image_colours
 from vlm.batch import IGNORE_INDEX
-from vlm.data.augment import MAX_HUE, AugmentConfig, augment_image, sample_augment_params, swap_left_right
+from vlm.config import ParamError, build_config
+from vlm.data.augment import MAX_HUE, AugmentConfig, augment_image, sample_augment_params
 from vlm.data.collate import collate_questions
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.loader import build_loader, set_epoch
+from vlm.data.mirror import swap_left_right
 from vlm.data.sampler import GroupedBatchSampler
 from vlm.models.perception.targets import CHANNELS, TargetTransform
-from vlm.params import ParamError, build_config
 from vlm.scenes.generate import ScenesConfig
 from vlm.tokenizer import SEP
 

@@ -15,13 +15,13 @@ from tiny_project import FRAME_SIZE, TINY_MODEL, TINY_RUNTIME, paths_for, tiny_t
 from vlm import counterfactuals, predict
 from vlm.checkpoint import load_model
 from vlm.commands.generate import CommandsConfig
+from vlm.config import ParamError, build_config
 from vlm.counterfactuals import CounterfactualsConfig, CounterfactualsPaths
-from vlm.data.augment import swap_left_right
 from vlm.data.dataset import TrafficVQADataset
+from vlm.data.mirror import swap_left_right
 from vlm.evaluate import EvaluateConfig, EvaluatePaths, calibration, evaluate, summarize, yes_no_maybe_pairs
 from vlm.inference import answer_questions, perception_metrics, predict_dataset
 from vlm.models.paligemma import PaliGemma
-from vlm.params import ParamError, build_config
 from vlm.scenes.generate import ScenesConfig
 from vlm.traffic_vlm import VLMConfig
 from vlm.train import train

@@ -3,7 +3,11 @@ refusal of a model transformers' PaliGemma does not compute; a failed export lea
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +19,7 @@ from PIL import Image
 from tiny_project import TINY_MODEL
 from vlm import checkpoint, export, predict
 from vlm.cli import run
+from vlm.hub import vendor
 from vlm.processor import Processor
 from vlm.tokenizer import TrafficCommandTokenizer
 from vlm.traffic_vlm import VLMConfig, build_vlm
@@ -30,13 +35,16 @@ RECORDS = [{"command": q, "answer": a} for q, a in
            [*QUESTIONS, ("How many cars are there?", "2"), ("Can the car safely turn left?", "maybe")]]
 
 
-def write_checkpoint(path: Path, model_section: dict, train_on: list[tuple[Path, str, str]] = ()) -> Path:
+def write_checkpoint(path: Path, model_section: dict, train_on: list[tuple[Path, str, str]] = (),
+                     image_width: int | None = None) -> Path:
     """A model checkpoint of the ``model:`` section ``model_section``, as the train stage writes it, its weights
-    random or, given ``(image, question, answer)`` triples, taught those answers in a few steps."""
+    random or, given ``(image, question, answer)`` triples, taught those answers in a few steps; ``image_width``:
+    images of IMAGE_SIZE x that (H x W) from frames of that aspect, as ``pack.aspect: native`` packs them."""
     tokenizer = TrafficCommandTokenizer.build_vocab(RECORDS)
     vocab = path.with_suffix(".vocab.json")
     tokenizer.save_vocab(vocab)
-    config = VLMConfig.from_params(model_section, tokenizer.vocab_size, IMAGE_SIZE, [0.4, 0.45, 0.5], [0.2, 0.25, 0.3])
+    config = VLMConfig.from_params(model_section, tokenizer.vocab_size, IMAGE_SIZE, [0.4, 0.45, 0.5], [0.2, 0.25, 0.3],
+                                   image_width)
     torch.manual_seed(0)
     model = build_vlm(config, pretrained=False)
     if train_on:
@@ -51,6 +59,8 @@ def write_checkpoint(path: Path, model_section: dict, train_on: list[tuple[Path,
     info = {"config": config.to_dict(), "vocab": json.loads(vocab.read_text(encoding="utf-8")),
             "vocab_sha256": checkpoint.file_sha256(vocab), "answers": sorted({r["answer"] for r in RECORDS} | {"3"}),
             "image_size": IMAGE_SIZE, "resample": "bicubic", "blind": config.vision == "none"}
+    if image_width is not None:
+        info |= {"image_width": image_width, "frame_size": [image_width * 10, IMAGE_SIZE * 10]}
     checkpoint.save(path, checkpoint.model_payload(model.eval(), info, {"epoch": 3, "step": 40, "val_accuracy": 0.75}))
     return path
 
@@ -174,7 +184,7 @@ def test_refuses_a_model_that_is_not_paligemma(tmp_path, capsys, section, reason
     model = write_checkpoint(tmp_path / "model.pt", section)
     out = tmp_path / "hf"
     with pytest.raises(SystemExit) as exit_info:
-        run(lambda: export.main(["--checkpoint", str(model), "--out", str(out)]))
+        run(lambda: export.main(["--checkpoint", str(model), "--out", str(out), "--plain"]))
     assert exit_info.value.code == 1
     lines = capsys.readouterr().err.strip().splitlines()
     expected = f"error: {model}: cannot be exported as transformers' PaliGemma: {reason}"
@@ -243,3 +253,82 @@ def test_the_defaults_overrides_train_a_model_that_exports(perception):
             where = where[parent]
         where[leaf] = yaml.safe_load(value)
     assert export.departures(VLMConfig.from_params(section, 40, 128)) == []
+
+
+# The default's design (params.yaml's model), tiny: the perception, pixel shuffle, packed questions, mirror answers,
+# images twice as wide as high
+DEFAULT_DESIGN = {**TINY_MODEL, "pixel_shuffle": 2, "pack_questions": True, "mirror_answers": True,
+                  "perception": {**TINY_MODEL["perception"], "mirror_average": True}}
+REMOTE_QUESTIONS = ["Is there a bus?", "Is there a car on the left side?", "How many cars are there?",
+                    "What color is the traffic light?", "Is there a bus near the zebra?"]  # the last: no template
+# A fresh interpreter in which `import vlm` fails: transformers alone loads the folder and answers
+REMOTE_SCRIPT = """
+import json, sys
+sys.modules["vlm"] = None
+from transformers import AutoModel, AutoTokenizer
+folder, images, questions = sys.argv[1], sys.argv[2].split(","), json.loads(sys.argv[3])
+model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+print(json.dumps([[model.answer([image], question, tokenizer)[0] for image in images] for question in questions]))
+"""
+
+
+@pytest.fixture(scope="module")
+def remote_exported(tmp_path_factory, one_thread):
+    """A tiny model of the default's design, its checkpoint, two image files of other sizes, and its export."""
+    root = tmp_path_factory.mktemp("remote")
+    rng = np.random.default_rng(1)
+    images = [root / "street.jpg", root / "crossing.png"]
+    for path, size in zip(images, [(90, 160), (40, 70)]):
+        Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(path)
+    model = write_checkpoint(root / "vlm.pt", DEFAULT_DESIGN, image_width=2 * IMAGE_SIZE)
+    return model, images, export.export(model, root / "hf")
+
+
+def test_the_default_design_loads_with_transformers_alone_and_answers_as_vlm_predict(remote_exported, tmp_path):
+    """AutoModel (trust_remote_code) loads the export of a model transformers' PaliGemma does not compute, in an
+    interpreter that cannot import vlm, and gives every answer the probability vlm.predict gives it."""
+    source, images, folder = remote_exported
+    assert sorted(p.name for p in folder.iterdir()) == sorted({*export.REMOTE_FILES, *vendor.sources()})
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": "", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", REMOTE_SCRIPT, str(folder), ",".join(map(str, images)),
+                           json.dumps(REMOTE_QUESTIONS)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert "no phrasing the model was trained on" in done.stderr  # the last question's warning
+    theirs = json.loads(done.stdout.splitlines()[-1])  # after transformers' notice of custom code
+    loaded = checkpoint.load_model(source)
+    for question, answered in zip(REMOTE_QUESTIONS, theirs):
+        for image, ranked in zip(images, answered):
+            ours = predict.answer_images(loaded, [str(image)], question)[0]
+            assert [a for a, _ in ranked] == [a for a, _ in ours], question
+            np.testing.assert_allclose([p for _, p in ranked], [p for _, p in ours], rtol=0, atol=1e-6)
+    assert [a for a, _ in theirs[2][0]] in (["2", "3"], ["3", "2"])  # "how many": the numbers alone
+    assert len(theirs[-1][0]) == len(loaded.answers)  # a question of no template: every answer
+
+
+def test_the_exported_code_needs_only_what_transformers_needs():
+    """The folder's modules import each other relatively, so transformers copies every one, and import nothing
+    beyond torch, numpy, Pillow, safetensors and transformers."""
+    code = vendor.sources()
+    folder_imports = set()
+    imported = set()
+    for text in code.values():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                folder_imports.add(f"{node.module}.py")
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+    assert folder_imports == set(code) - {"modeling_traffic_vlm.py"}
+    assert imported - set(sys.stdlib_module_names) == {"PIL", "numpy", "safetensors", "torch", "transformers"}
+
+
+def test_a_model_whose_answers_need_labels_is_not_exported_with_its_code(tmp_path):
+    model = write_checkpoint(tmp_path / "oracle.pt", {**DEFAULT_DESIGN, "perception": {
+        **DEFAULT_DESIGN["perception"], "oracle": True}})
+    with pytest.raises(ValueError, match=r"oracle.pt: its decoder reads the label maps"):
+        export.export(model, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

@@ -19,13 +19,13 @@ import yaml
 from PIL import Image
 
 from tiny_project import PACK_SIZE, SPLIT_SIZES, build_project, image_colours, write_jpeg
+from vlm.config import ParamError, build_config
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.h5file import PackedImageReader
 from vlm.data.image import CorruptImageError, decode_image, letterbox, native_width
 from vlm.data.pack import PackConfig, PackRuntime, _decode_in_order
 from vlm.models.image_size import VISION, check_image_keys, image_side_multiple
 from vlm.models.paligemma import PaliGemmaConfig
-from vlm.params import ParamError, build_config
 
 
 def sha256(path: Path) -> str:

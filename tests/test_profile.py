@@ -10,12 +10,12 @@ import torch
 from PIL import Image
 
 from tiny_project import PACK_SIZE
+from vlm.config import ParamError, build_config
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.h5file import PackedImageReader
 from vlm.data.naive import NaiveTrafficVQADataset, build_naive_loader
 from vlm.data.pack import repack_resized
 from vlm.data.profile import LOADERS, ProfileConfig, profile_dataloaders
-from vlm.params import ParamError, build_config
 from vlm.plots import dataloader_figure, save_figure
 
 

@@ -10,8 +10,8 @@ import yaml
 
 from tiny_project import FRAME_SIZE, TINY_MODEL, paths_for
 from vlm import recipe
+from vlm.config import ParamError, build_config
 from vlm.data.h5file import PackedImageReader
-from vlm.params import ParamError, build_config
 from vlm.recipe import apply, flags
 from vlm.train import TrainConfig, TrainRuntime, train
 

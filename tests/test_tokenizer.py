@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlm.params import ParamError
+from vlm.config import ParamError
 from vlm.tokenizer import (
     CONTRACT_ANSWER_WORDS,
     FIRST_WORD_ID,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from test_tokenizer import realistic_commands
-from vlm.params import ParamError
+from vlm.config import ParamError
 from vlm.tokenizer import TrafficCommandTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,9 +19,9 @@ from tiny_project import FRAME_SIZE, TINY_MODEL, TINY_RUNTIME, paths_for, tiny_t
 from vlm import checkpoint
 from vlm.checkpoint import load_model
 from vlm.cli import run
+from vlm.config import ParamError, build_config
 from vlm.models.paligemma import PaliGemma
 from vlm.optim import lr_factor
-from vlm.params import ParamError, build_config
 from vlm.train import NonFiniteLossError, TrainConfig, TrainRuntime, train
 
 pytestmark = pytest.mark.xdist_group("tiny_project")  # one worker builds the shared tiny project

@@ -16,11 +16,11 @@ from vlm.checkpoint import LoadedModel, load_model
 from vlm.commands.generate import CommandsConfig
 from vlm.commands.templates import TEMPLATES, Candidate, fitting_answers
 from vlm.commands.types import candidates
+from vlm.config import check
 from vlm.data.commands import read_commands
 from vlm.device import pick_device
 from vlm.inference import answer_questions, constrain
 from vlm.io import atomic_path, write_json
-from vlm.params import check
 from vlm.processor import Processor
 from vlm.scenes.edits import EDITS, Pair, make_pairs
 from vlm.scenes.generate import ScenesConfig, load_raw

@@ -13,11 +13,11 @@ from sklearn.metrics import confusion_matrix, f1_score
 from vlm import plots
 from vlm.checkpoint import LoadedModel, load_model
 from vlm.commands.templates import fitting_answers
+from vlm.config import check
 from vlm.data.dataset import TrafficVQADataset
 from vlm.device import pick_device
 from vlm.inference import constrain, predict_dataset
 from vlm.io import atomic_path, write_json
-from vlm.params import check
 from vlm.scenes.generate import load_raw
 from vlm.scenes.schema import Scene
 from vlm.slices import conditions_table, slice_accuracy

@@ -1,7 +1,9 @@
-"""Export a trained model for transformers: a folder that ``PaliGemmaForConditionalGeneration`` and ``AutoProcessor``
-(or ``AutoTokenizer`` alone) load without this project's code (:data:`FILES`):
-``python -m vlm.export --checkpoint models/vlm.pt --out models/hf``. Only the plain design exports: the export stops at
-any of :func:`departures`, naming what to change (the token layout's mapping: docs/architecture.md, the model)."""
+"""Export a trained model for transformers: ``python -m vlm.export --checkpoint models/vlm.pt --out models/hf``.
+A model of PaliGemma's plain design becomes a folder that ``PaliGemmaForConditionalGeneration`` and ``AutoProcessor``
+(or ``AutoTokenizer`` alone) load (:data:`FILES`; the token layout's mapping: docs/architecture.md, the model). Any
+other (:func:`departures`: the default's perception, pixel shuffle, packed questions, mirror answers, 224 x 128 px)
+becomes a folder with its own code, which ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` loads with
+transformers alone (:mod:`vlm.hub`); ``--plain`` refuses it instead, naming what to change."""
 
 import argparse
 import json
@@ -17,7 +19,9 @@ from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_to
 
 from vlm.checkpoint import LoadedModel, load_model
 from vlm.cli import run
+from vlm.commands.templates import TEMPLATES
 from vlm.data.image import RESAMPLE
+from vlm.hub import vendor
 from vlm.io import atomic_path
 from vlm.tokenizer import (
     ANSWER_TOKEN_WORDS,
@@ -43,6 +47,7 @@ _PUNCTUATION = "".join("\\" + mark for mark in PUNCTUATION)
 TOKEN_PATTERN = f"[{_PUNCTUATION}]|[^\\s\\x1c-\\x1f{_PUNCTUATION}]+"
 FILES = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
          "processor_config.json", "README.md")
+REMOTE_FILES = ("model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "README.md")  # and code
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,15 @@ def check_exportable(config: VLMConfig, source: str | Path) -> None:
     if overrides:
         message += ". Train one that can with: dvc exp run " + " ".join(f"-S {shlex.quote(o)}" for o in overrides)
     raise ValueError(message)
+
+
+def check_answers_from_images(config: VLMConfig, source: str | Path) -> None:
+    """Refuse, in one line, a model whose answers need more than an image and a question to export with its code."""
+    if config.vision == "none":
+        raise ValueError(f"{source}: {departures(config)[0].reason}")
+    if config.perception.oracle:
+        raise ValueError(f"{source}: its decoder reads the label maps (model.perception.oracle, a probe), which an "
+                         f"image alone does not give; export a model trained without it")
 
 
 def hf_config(config: VLMConfig) -> dict[str, Any]:
@@ -160,21 +174,37 @@ def generation_config(loaded: LoadedModel) -> dict[str, Any]:
             "max_new_tokens": max(len(ids) for ids in loaded.candidates())}
 
 
-def model_card(loaded: LoadedModel, source: str, folder: str) -> str:
-    """README.md (text: vlm/templates/model_card.md): the training data, sizes, params, metrics, how to ask it."""
+def remote_config(loaded: LoadedModel) -> dict[str, Any]:
+    """config.json of the remote-code export (vlm/hub/configuration_traffic_vlm.py): the model's config, its answers
+    and their token ids, each template's phrasings and answers, and how an image file becomes its pixels."""
+    templates = [{"id": t.id, "patterns": [p.pattern for p in t.loose_patterns], "phrasings": list(t.phrasings),
+                  "answers": list(t.answers)} for t in TEMPLATES.values()]
+    image = {"height": loaded.image_size, "width": loaded.image_width, "resample": loaded.resample,
+             "aspect": loaded.processor.aspect}
+    return {"architectures": ["TrafficVLMForQuestionAnswering"], "model_type": "traffic_vlm",
+            "auto_map": {"AutoConfig": "configuration_traffic_vlm.TrafficVLMConfig",
+                         "AutoModel": "modeling_traffic_vlm.TrafficVLMForQuestionAnswering"},
+            "vlm": loaded.model.config.to_dict(), "answers": loaded.answers, "candidates": loaded.candidates(),
+            "templates": templates, "image": image, "bos_token_id": SOS, "eos_token_id": EOS, "pad_token_id": PAD,
+            "tie_word_embeddings": True, "dtype": "float32"}
+
+
+def model_card(loaded: LoadedModel, source: str, folder: str, template: str = "model_card.md") -> str:
+    """README.md (text: vlm/templates/``template``): the training data, sizes, params, metrics, how to ask it."""
     config, payload = loaded.model.config, loaded.checkpoint
     statistics = payload["vocab"].get("statistics", {})
     metrics = "\n".join(f"| {key} | {_number(value)} |" for key, value in payload.get("metrics", {}).items())
     started = [f"the {part} from `{path}`" for part, path in (("encoder", config.vision_checkpoint),
                                                                ("decoder", config.decoder_checkpoint)) if path]
-    template = resources.files("vlm").joinpath("templates", "model_card.md").read_text(encoding="utf-8")
-    return template.format(
+    text = resources.files("vlm").joinpath("templates", template).read_text(encoding="utf-8")
+    return text.format(
         start="starting " + " and ".join(started) if started else "from scratch", source=source, folder=folder,
         questions=statistics.get("num_commands", "?"), coverage=statistics.get("coverage_pct", "?"),
         num_answers=len(loaded.answers), answers=", ".join(loaded.answers), loaded=loaded, config=config,
         mean=_numbers(config.image_mean), std=_numbers(config.image_std), siglip=config.siglip, gemma=config.gemma,
         parameters=sum(p.numel() for p in loaded.model.parameters()),  # the tied LM head once
-        config_json=json.dumps(config.to_dict(), indent=2), metrics=metrics)
+        config_json=json.dumps(config.to_dict(), indent=2), metrics=metrics,
+        width=loaded.image_width or loaded.image_size, reasons="; ".join(d.reason for d in departures(config)))
 
 
 def _number(value: Any) -> str:
@@ -185,26 +215,40 @@ def _numbers(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:.3f}" for v in values) + "]"
 
 
-def export(checkpoint: str | Path, out: str | Path) -> Path:
+def export(checkpoint: str | Path, out: str | Path, plain: bool = False) -> Path:
     """Write the transformers folder of the model ``checkpoint`` at ``out`` (whole or not at all) and return it:
-    ``out`` may be a new folder or an earlier export (replaced); a folder holding anything else is refused."""
+    PaliGemma's (:data:`FILES`) for the plain design, else one with the model's code (``--plain``: refused). ``out``
+    may be a new folder or an earlier export (replaced); a folder holding anything else is refused."""
     out = Path(out)
-    if out.exists() and not (out.is_dir() and {p.name for p in out.iterdir()} <= set(FILES)):
+    code = vendor.sources()
+    if out.exists() and not (out.is_dir() and {p.name for p in out.iterdir()} <= {*FILES, *REMOTE_FILES, *code}):
         raise FileExistsError(f"--out {out}: exists and is not an earlier export (which holds only "
-                              f"{', '.join(FILES)}); give a new folder")
+                              f"{', '.join(FILES)}, or {', '.join(REMOTE_FILES)} and the model's code); give a new "
+                              f"folder")
     loaded = load_model(checkpoint)
-    check_exportable(loaded.model.config, checkpoint)
-    state = {key: tensor.contiguous() for key, tensor in loaded.model.state_dict().items()
+    if plain:
+        check_exportable(loaded.model.config, checkpoint)
+    remote = bool(departures(loaded.model.config))
+    if remote:
+        check_answers_from_images(loaded.model.config, checkpoint)
+    state = {("vlm." if remote else "") + key: tensor.contiguous() for key, tensor in loaded.model.state_dict().items()
              if key != "language_model.lm_head.weight"}  # tied to language_model.model.embed_tokens
-    texts = {"config.json": hf_config(loaded.model.config), "generation_config.json": generation_config(loaded),
-             "tokenizer_config.json": tokenizer_config(), "processor_config.json": processor_config(loaded)}
+    if remote:
+        texts = {"config.json": remote_config(loaded), "tokenizer_config.json": tokenizer_config()}
+        card = model_card(loaded, str(checkpoint), str(out), "remote_model_card.md")
+    else:
+        texts = {"config.json": hf_config(loaded.model.config), "generation_config.json": generation_config(loaded),
+                 "tokenizer_config.json": tokenizer_config(), "processor_config.json": processor_config(loaded)}
+        card, code = model_card(loaded, str(checkpoint), str(out)), {}
     with atomic_path(out) as tmp:
         tmp.mkdir()
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
         for name, content in texts.items():
             (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        for name, text in code.items():
+            (tmp / name).write_text(text, encoding="utf-8")
         hf_tokenizer(loaded.tokenizer.vocab).save(str(tmp / "tokenizer.json"))
-        (tmp / "README.md").write_text(model_card(loaded, str(checkpoint), str(out)), encoding="utf-8")
+        (tmp / "README.md").write_text(card, encoding="utf-8")
     return out
 
 
@@ -212,8 +256,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vlm.export", description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default="models/vlm.pt", help="the trained model (vlm/checkpoint.py)")
     parser.add_argument("--out", type=Path, required=True, help="the folder to write (new, or an earlier export)")
+    parser.add_argument("--plain", action="store_true",
+                        help="refuse a model transformers' PaliGemma does not compute, instead of exporting its code")
     args = parser.parse_args(argv)
-    print(f"wrote {export(args.checkpoint, args.out)}")
+    print(f"wrote {export(args.checkpoint, args.out, args.plain)}")
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 import numpy as np
 import torch
 
-from vlm.data.augment import swap_left_right
 from vlm.data.collate import collate_questions
 from vlm.data.dataset import TrafficVQADataset
+from vlm.data.mirror import swap_left_right
 from vlm.data.sampler import GroupedBatchSampler
 from vlm.models.perception import head_metrics
 from vlm.processor import Processor

@@ -15,11 +15,11 @@ from vlm import plots
 from vlm.checkpoint import LoadedModel, load_model
 from vlm.commands.templates import TEMPLATES, fitting_answers
 from vlm.commands.types import candidates
+from vlm.config import check
 from vlm.device import pick_device
 from vlm.evaluate import CALIBRATION_BINS, calibration, pick_examples
 from vlm.inference import answer_questions, constrain
 from vlm.io import atomic_path, write_json
-from vlm.params import check
 from vlm.scenes.bdd100k import match_images, read_labels
 from vlm.scenes.schema import Scene
 

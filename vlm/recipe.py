@@ -23,7 +23,8 @@ from typing import Any
 from ruamel.yaml import YAMLError
 
 from vlm.cli import run
-from vlm.params import ParamError, check, parse_yaml
+from vlm.config import ParamError, check
+from vlm.params import parse_yaml
 
 HYDRA_WORDS = {"true", "false", "null", "nan", "inf"}  # words Hydra's grammar reads as other than strings
 

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from vlm.config import check
 from vlm.data.commands import check_commands
 from vlm.io import read_json, write_json
-from vlm.params import check
 
 if TYPE_CHECKING:
     import torch

@@ -3,9 +3,9 @@
 
 from dataclasses import dataclass, field
 
+from vlm.config import check
 from vlm.models.paligemma import PaliGemma, PaliGemmaConfig, load_pretrained
 from vlm.models.perception import PerceptionConfig, TrafficPerception
-from vlm.params import check
 
 
 @dataclass

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from dvclive import Live
 from vlm import checkpoint
 from vlm.batch import Batch
+from vlm.config import check
 from vlm.data.augment import AugmentConfig
 from vlm.data.dataset import TrafficVQADataset
 from vlm.data.h5file import PackedImageReader
@@ -36,7 +37,7 @@ from vlm.models.gemma import GemmaDecoderLayer
 from vlm.models.paligemma import PaliGemma, VLMOutput
 from vlm.models.siglip import SiglipEncoderLayer
 from vlm.optim import lr_factor, make_optimizer
-from vlm.params import available_cpus, check
+from vlm.params import available_cpus
 from vlm.tokenizer import TrafficCommandTokenizer
 from vlm.traffic_vlm import VLMConfig, build_vlm
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vlm.config import ParamError
 from vlm.models.gemma import GemmaConfig, GemmaForCausalLM, GemmaRMSNorm, KVCache, prefix_lm_mask
-from vlm.params import ParamError
 
 SMALL = dict(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
 

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from vlm.batch import Batch
+from vlm.config import ParamError
 from vlm.models.paligemma import PaliGemma, PaliGemmaConfig, load_pretrained
 from vlm.models.siglip import SiglipVisionConfig, SiglipVisionModel
-from vlm.params import ParamError
 from vlm.train import compile_layers
 
 VOCAB_SIZE, EOS, YES, NO = 40, 3, 4, 5  # as in conftest.tiny_config and the tokenizer contract

@@ -10,6 +10,7 @@ from dataclasses import fields, replace
 import pytest
 import torch
 
+from vlm.config import ParamError
 from vlm.models.paligemma import PaliGemma
 from vlm.models.perception import PerceptionConfig, TrafficPerception, head_metrics
 from vlm.models.perception.heads import HEADS, AuxiliaryHead
@@ -19,7 +20,6 @@ from vlm.models.perception.heads.grounding import FRAME_LOSS_WEIGHT, NUM_THRESHO
 from vlm.models.perception.stem import PYRAMID_WIDTH, StemPyramid
 from vlm.models.perception.targets import CHANNELS, GROUPS, channels
 from vlm.models.siglip import SiglipVisionConfig
-from vlm.params import ParamError
 from vlm.traffic_vlm import VLMConfig, build_vlm
 
 NUM_PATCH = len(GROUPS["box"] + GROUPS["centre"] + GROUPS["light"] + GROUPS["occluded"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vlm.config import ParamError
 from vlm.models.qformer import QFormerConfig, QFormerConnector
-from vlm.params import ParamError
 
 CONFIG = dict(num_query_tokens=4, hidden_size=16, num_hidden_layers=4, num_attention_heads=2, intermediate_size=32,
               cross_attention_freq=2)

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from vlm.config import ParamError
 from vlm.models.siglip import SiglipVisionConfig, SiglipVisionModel, load_pretrained_siglip
-from vlm.params import ParamError
 
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
 

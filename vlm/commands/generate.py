@@ -18,9 +18,9 @@ import numpy as np
 from vlm.commands import rules
 from vlm.commands.templates import TEMPLATES, Candidate
 from vlm.commands.types import QUESTION_TYPES, candidates
+from vlm.config import build_config, check
 from vlm.data.commands import SPLITS
 from vlm.io import atomic_path, json_list_writer
-from vlm.params import build_config, check
 from vlm.scenes.generate import load_raw
 from vlm.scenes.schema import Scene
 

@@ -39,7 +39,7 @@ class Template:
                      for phrasing in self.phrasings)
 
     @cached_property
-    def _loose_patterns(self) -> tuple[re.Pattern, ...]:
+    def loose_patterns(self) -> tuple[re.Pattern, ...]:
         """:attr:`_patterns` for :func:`match_template`: any case, no question mark at the end."""
         return tuple(re.compile(p.pattern.removesuffix(re.escape("?")), re.IGNORECASE) for p in self._patterns)
 
@@ -81,7 +81,7 @@ def match_template(command: str) -> Template | None:
     None."""
     text = " ".join(command.split()).rstrip("?").rstrip()
     return next((template for template in TEMPLATES.values()
-                 if any(pattern.fullmatch(text) for pattern in template._loose_patterns)), None)
+                 if any(pattern.fullmatch(text) for pattern in template.loose_patterns)), None)
 
 
 def closest_phrasings(command: str, n: int = 3) -> list[str]:

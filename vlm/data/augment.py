@@ -1,15 +1,15 @@
 """Training augmentation (docs/architecture.md, data path): an image's draw comes from a generator seeded by ``(seed,
-epoch, image_row)``, so 0 or N DataLoader workers yield identical batches; a flip swaps "left" and "right" in text."""
+epoch, image_row)``, so 0 or N DataLoader workers yield identical batches; a flip swaps "left" and "right" in the text
+(:mod:`vlm.data.mirror`)."""
 
 import contextlib
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from vlm.params import check
+from vlm.config import check
 
 MAX_HUE = 0.02  # fraction of the hue circle (±7 degrees): red/yellow/green stay apart
 
@@ -107,21 +107,3 @@ def augment_image(image: torch.Tensor, params: AugmentParams) -> torch.Tensor:
     if params.hue != 0.0:
         image = F.adjust_hue(image, params.hue)
     return image.contiguous()
-
-
-_SIDE_WORD = re.compile(r"\b(left|right)(most)?\b(?! of way)", re.IGNORECASE)  # "right of way" is no side
-
-
-def _swapped_side(match: re.Match) -> str:
-    word = match.group(1)
-    other = "right" if word.lower() == "left" else "left"
-    if word.isupper():
-        other = other.upper()
-    elif word[0].isupper():
-        other = other.capitalize()
-    return other + (match.group(2) or "")
-
-
-def swap_left_right(text: str) -> str:
-    """The text describing the mirrored scene: "left" <-> "right", case kept."""
-    return _SIDE_WORD.sub(_swapped_side, text)

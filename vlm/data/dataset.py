@@ -17,11 +17,11 @@ from vlm.data.augment import (
     augment_image,
     sample_augment_params,
     single_threaded_torch,
-    swap_left_right,
     transforms,
 )
 from vlm.data.commands import read_commands
 from vlm.data.h5file import PackedImageReader
+from vlm.data.mirror import swap_left_right
 from vlm.processor import QATokenizer
 
 _RECORD_FIELDS = ("question_id", "image_id", "command", "answer", "command_type", "metadata")

@@ -18,11 +18,12 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from vlm.config import check
 from vlm.data.commands import SPLITS, read_commands
 from vlm.data.h5file import PackedImageReader, PackedImageWriter
 from vlm.data.image import RESAMPLE, CorruptImageError, decode_image, native_width
 from vlm.io import atomic_path, read_json
-from vlm.params import available_cpus, check
+from vlm.params import available_cpus
 
 
 @dataclass

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from vlm.batch import Batch
+from vlm.config import check
 from vlm.data.collate import collate_questions
 from vlm.data.commands import read_commands
 from vlm.data.dataset import QATokenizer, TrafficVQADataset
@@ -23,7 +24,6 @@ from vlm.data.h5file import PackedImageReader
 from vlm.data.naive import NaiveTrafficVQADataset, build_naive_loader
 from vlm.data.pack import repack_resized
 from vlm.data.sampler import GroupedBatchSampler
-from vlm.params import check
 
 LOADERS = ("naive", "ours_hdf5", "ours_ram")
 TARGET_SPEEDUP = 10.0

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from vlm.config import ParamError, check
 from vlm.models.pretrained import pretrained_config
 from vlm.models.siglip import SiglipVisionConfig, siglip_config_from_pretrained
-from vlm.params import ParamError, check
 
 PIXEL_SHUFFLE = 1  # PaliGemma's: one image token per patch (PaliGemmaConfig.pixel_shuffle's default)
 VISION = ("siglip", "none")  # PaliGemmaConfig.vision's values

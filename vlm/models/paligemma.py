@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlm.batch import IGNORE_INDEX, Batch
+from vlm.config import build_config, check
 from vlm.models.connector import LinearConnector
 from vlm.models.extension import VisionExtension
 from vlm.models.gemma import (
@@ -36,7 +37,6 @@ from vlm.models.siglip import (
     load_pretrained_siglip,
     siglip_config_from_pretrained,
 )
-from vlm.params import build_config, check
 
 _FROM_DATA = {  # fields of the model config that come from the data, never from params.yaml
     ("gemma", "vocab_size"): "the vocabulary size (data/processed/vocab.json)",

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from vlm.params import ParamError, check
+from vlm.config import ParamError, check
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # a sharded checkpoint's (PaliGemma-3B's, Gemma-2B's) map of each tensor to its shard file

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlm.config import check
 from vlm.models.attention import init_weights
-from vlm.params import check
 
 
 @dataclass

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlm.config import check
 from vlm.models.attention import attention, init_weights
 from vlm.models.pretrained import load_strict, read_config, sub_model_tensors, weights_files
-from vlm.params import check
 
 
 @dataclass

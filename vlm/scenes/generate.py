@@ -19,8 +19,9 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from vlm.config import check
 from vlm.io import atomic_path, existing_file, iter_json_list, read_json, write_json_list
-from vlm.params import available_cpus, check
+from vlm.params import available_cpus
 from vlm.scenes.bdd100k import match_images, read_labels
 from vlm.scenes.render import RenderConfig, render_scene
 from vlm.scenes.schema import Scene, scene_from_frame, scene_to_frame

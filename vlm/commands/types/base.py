@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlm.commands.templates import TEMPLATES, Candidate, Template
-from vlm.params import check
+from vlm.config import check
 from vlm.scenes.schema import CATEGORIES, Scene
 
 Slices = Callable[[dict, Scene, float, float], dict[str, str]]  # (question record, its scene, width, height)

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from vlm.commands import rules
 from vlm.commands.templates import COUNTS, YES_NO, Candidate, Template
 from vlm.commands.types.base import CategoryOptions, QuestionType, register
-from vlm.params import check
+from vlm.config import check
 
 HOW_MANY = Template("counting/how_many", "counting", COUNTS, (
     "How many {plural} are there?", "How many {plural} can you see?", "What is the number of {plural}?",

@@ -10,12 +10,12 @@ from numbers import Real
 import torch
 from torch import nn
 
+from vlm.config import check
 from vlm.models.extension import ExtensionOutput, VisionExtension
 from vlm.models.perception.heads import HEADS, AuxiliaryHead
 from vlm.models.perception.stem import PYRAMID_WIDTH, ConvStem, StemPyramid
 from vlm.models.perception.targets import TargetTransform
 from vlm.models.siglip import SiglipVisionConfig
-from vlm.params import check
 
 
 @dataclass

@@ -12,7 +12,18 @@ from itertools import accumulate, chain
 import numpy as np
 import torch
 
-from vlm.commands import rules
+from vlm.commands.rules import (
+    FRAME_ATTRIBUTES,
+    PATH_MIN_Y,
+    PATHS,
+    ROAD_USERS,
+    SIDES,
+    VULNERABLE,
+    YES,
+    ground_y,
+    readable,
+    scene_attribute,
+)
 from vlm.scenes.schema import CATEGORIES, LIGHT_COLORS, Scene, scene_from_frame
 
 FOOT_GROUPS = ("road_user", "vulnerable", "occluded")
@@ -24,14 +35,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "heat": tuple(f"heat/{c}" for c in CATEGORIES),  # CenterNet's centre heatmap (_splat), the maximum where they meet
     "foot": tuple(f"foot/{g}" for g in FOOT_GROUPS),  # the same around bottom-centres, where the safety rule looks
     "feet": tuple(f"feet/{g}" for g in FOOT_GROUPS),  # those bottom-centres per cell, shared as the centres are
-    "frame": tuple(f"frame/{a}" for a in rules.FRAME_ATTRIBUTES),  # the scene answer 1 / 0 (-1: undefined), every cell
+    "frame": tuple(f"frame/{a}" for a in FRAME_ATTRIBUTES),  # the scene answer 1 / 0 (-1: undefined), every cell
 }
 CHANNELS = tuple(chain.from_iterable(GROUPS.values()))
 START = dict(zip(GROUPS, accumulate((len(g) for g in GROUPS.values()), initial=0)))  # group -> first channel
 # Regions (x from, x to, y from; fractions of the image) objects are counted in: centres in the image and its thirds
 # ("on the left side"), footpoints in the near part of each manoeuvre's path (the safety rule's bands).
-CENTRE_REGIONS = ((0.0, 1.0, 0.0), *((lo, hi, 0.0) for lo, hi in rules.SIDES.values()))
-FOOT_REGIONS = tuple((lo, hi, rules.PATH_MIN_Y) for lo, hi in rules.PATHS.values())
+CENTRE_REGIONS = ((0.0, 1.0, 0.0), *((lo, hi, 0.0) for lo, hi in SIDES.values()))
+FOOT_REGIONS = tuple((lo, hi, PATH_MIN_Y) for lo, hi in PATHS.values())
 
 
 def channels(*groups: str) -> slice:
@@ -118,23 +129,23 @@ def scene_targets(scene: Scene, width: float, height: float, grid: int | tuple[i
         targets[r0:r1 + 1, c0:c1 + 1, START["box"] + k] = 1
         centre_x, centre_y = (x1 + x2) / 2 / width * columns, (y1 + y2) / 2 / height * rows  # in cells
         _spread(targets[:, :, START["centre"] + k], centre_x, centre_y, CENTRE_REGIONS)
-        if rules.readable(obj):  # the lights the answer rules can read
+        if readable(obj):  # the lights the answer rules can read
             targets[r0:r1 + 1, c0:c1 + 1, START["light"] + LIGHT_COLORS.index(obj.light_color)] = 1
         if obj.occluded:
             targets[r0:r1 + 1, c0:c1 + 1, START["occluded"]] = 1
         sigma = max(0.5, min((x2 - x1) / width * columns, (y2 - y1) / height * rows) / 6)  # in cells
         _splat(targets[:, :, START["heat"] + k], centre_x, centre_y, sigma)
-        road_user = obj.category in rules.ROAD_USERS
-        in_group = {"road_user": road_user, "vulnerable": obj.category in rules.VULNERABLE,
+        road_user = obj.category in ROAD_USERS
+        in_group = {"road_user": road_user, "vulnerable": obj.category in VULNERABLE,
                     "occluded": road_user and bool(obj.occluded)}
-        foot_y = rules.ground_y(scene, obj) / height * rows  # in cells
+        foot_y = ground_y(scene, obj) / height * rows  # in cells
         for index, group in enumerate(FOOT_GROUPS):
             if in_group[group]:
                 _splat(targets[:, :, START["foot"] + index], centre_x, foot_y, sigma)
                 _spread(targets[:, :, START["feet"] + index], centre_x, foot_y, FOOT_REGIONS)
-    for k, attribute in enumerate(rules.FRAME_ATTRIBUTES, start=START["frame"]):
-        answer = rules.scene_attribute(scene, attribute)
-        targets[:, :, k] = -1 if answer is None else float(answer == rules.YES)
+    for k, attribute in enumerate(FRAME_ATTRIBUTES, start=START["frame"]):
+        answer = scene_attribute(scene, attribute)
+        targets[:, :, k] = -1 if answer is None else float(answer == YES)
     return targets.reshape(rows * columns, -1)
 
 

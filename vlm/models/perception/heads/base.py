@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
+from vlm.config import check
 from vlm.models.siglip import SiglipVisionConfig
-from vlm.params import check
 
 if TYPE_CHECKING:
     from vlm.models.perception import PerceptionConfig

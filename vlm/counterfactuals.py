@@ -28,7 +28,7 @@ from vlm.scenes.schema import Scene
 
 FIELDS = ("image_id", "command", "template")  # what is read of a commands record
 # what :func:`run` reads of the scenes and commands params (dvc.yaml declares exactly these)
-SCENES_KEYS = ("seed", "width", "height", "max_count", "min_absent", "jpeg_quality")
+SCENES_KEYS = ("seed", "width", "height", "max_count", "jpeg_quality")
 
 
 @dataclass

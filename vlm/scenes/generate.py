@@ -47,7 +47,6 @@ class ScenesConfig:
     height: int = 720
     jpeg_quality: int = 90
     max_count: int = 40
-    min_absent: float = 0.1
     bdd100k: BDD100KConfig = field(default_factory=BDD100KConfig)
 
     def validate(self, prefix: str = "scenes") -> None:
@@ -56,7 +55,6 @@ class ScenesConfig:
               f"must be at least 64 pixels, got {self.width}x{self.height}")
         check(1 <= self.jpeg_quality <= 100, f"{prefix}.jpeg_quality", f"must be in 1..100, got {self.jpeg_quality}")
         check(1 <= self.max_count <= 60, f"{prefix}.max_count", f"must be in 1..60, got {self.max_count}")
-        check(0 <= self.min_absent < 1, f"{prefix}.min_absent", f"must be in [0, 1), got {self.min_absent}")
         check(self.bdd100k.max_images is None or self.bdd100k.max_images >= 1, f"{prefix}.bdd100k.max_images",
               f"must be at least 1 or null, got {self.bdd100k.max_images}")
         for key in ("images", "labels"):
@@ -67,8 +65,7 @@ class ScenesConfig:
 
     @property
     def render_config(self) -> RenderConfig:
-        return RenderConfig(width=self.width, height=self.height, max_count=self.max_count,
-                            min_absent=self.min_absent)
+        return RenderConfig(width=self.width, height=self.height, max_count=self.max_count)
 
 
 @dataclass

@@ -94,7 +94,6 @@ class RenderConfig:
     width: int
     height: int
     max_count: int  # most objects of a category in one scene (their counts are drawn from BDD100K's, capped here)
-    min_absent: float = 0.0  # least share of scenes without a category (BDD100K's when larger; see _count)
     statistics: Path = statistics.PACKAGED  # BDD100K's statistics, which the world is drawn from
 
 
@@ -189,8 +188,7 @@ def sample_layout(rng: np.random.Generator, config: RenderConfig) -> Layout:
     layout = Layout(timeofday, weather, scene, horizon, vanish_x, lanes_left, lanes_right, crosswalk_z,
                     cross_street_z, [], decor, {})
     # every labelled object, each step drawing from rng in a fixed order, so the seed fixes every object
-    counts = {category: _count(rng, world, scene, category, config.max_count, config.min_absent)
-              for category in COUNTED}
+    counts = {category: _count(rng, world, scene, category, config.max_count) for category in COUNTED}
     cars_crossing = _sample_lane_vehicles(rng, layout, cam, counts, world)
     _sample_crossing_vehicles(rng, layout, cam, cars_crossing)
     _sample_two_wheelers(rng, layout, cam, counts, world)
@@ -206,15 +204,10 @@ def _share(rng: np.random.Generator, shares: dict[str, float], drawn: tuple[str,
     return drawn[int(rng.choice(len(drawn), p=p / p.sum()))]
 
 
-def _count(rng: np.random.Generator, world: dict, scene: str, category: str, cap: int, min_absent: float) -> int:
-    """How many objects of ``category`` a frame of ``scene`` holds: drawn from BDD100K's frames, at most ``cap``; none
-    in at least ``min_absent`` of the frames (the other counts keep their proportions). The questions are balanced per
-    key, so a category BDD100K's frames nearly always hold (cars: 99%) is otherwise asked about in 1% of them."""
+def _count(rng: np.random.Generator, world: dict, scene: str, category: str, cap: int) -> int:
+    """How many objects of ``category`` a frame of ``scene`` holds: drawn from BDD100K's frames, at most ``cap``."""
     p = np.asarray(world["objects_per_frame"][scene][category], dtype=np.float64)
-    p = p / p.sum()
-    if p[0] < min_absent:
-        p = np.concatenate([[min_absent], p[1:] * (1.0 - min_absent) / p[1:].sum()])
-    return min(int(rng.choice(len(p), p=p)), cap)
+    return min(int(rng.choice(len(p), p=p / p.sum())), cap)
 
 
 def _depth(rng: np.random.Generator, world: dict, category: str, height_m: float, cam: Camera,

@@ -1,8 +1,9 @@
 """Who gets "Is there a <category>?" wrong on real frames, the perception or the decoder: for every presence question
-the labels of a folder of real frames (BDD100K's layout) answer, the counts head's expected count of the category in
-the whole image says "yes" at 0.5 or more, and the decoder answers (as ``vlm.predict``: the answer set, the mirror
-image). Writes per category and label the share of questions each gets right, and the decoder's share where the
-perception is right: where that is low, the decoder does not read what the perception sees.
+the labels of a folder of real frames (BDD100K's layout) answer, each perception head says "yes" at 0.5 or more (the
+counts head: its expected count of the category in the whole image; the grounding head: its highest box probability
+of the category over the patches), and the decoder answers (as ``vlm.predict``: the answer set, the mirror image).
+Writes per head, category and label the share of questions each gets right, and the decoder's share where the head is
+right: where that is low, the decoder does not read what the perception sees.
 
     PYTHONPATH=. .venv/bin/python benchmarks/real_perception.py --root /path/to/bdd100k_val \
         --out metrics/real_perception.json   # after make repro
@@ -33,21 +34,27 @@ from vlm.real import RealConfig, read_frames, real_questions
 TEMPLATE = "detection/present"
 
 
-def whole_image_counts(loaded, images: dict[str, torch.Tensor], batch_size: int) -> dict[str, dict[str, float]]:
-    """image id -> category -> the counts head's expected count over the whole image."""
-    head = loaded.model.extension.heads["counts"]
-    names = CHANNELS[head.centres] + CHANNELS[head.feet]  # the density channels, in order
+def presence(loaded, images: dict[str, torch.Tensor], batch_size: int) -> dict[str, dict[str, dict[str, float]]]:
+    """head -> image id -> category -> the head's evidence of the category: the counts head's expected count over the
+    whole image, the grounding head's highest box probability over the patches."""
+    heads = loaded.model.extension.heads
+    counts, grounding = heads["counts"], heads["grounding"]
+    density_names = CHANNELS[counts.centres] + CHANNELS[counts.feet]  # the density channels, in order
+    box_names = CHANNELS[grounding.patch_channels]
     ids = list(images)
-    counts = {}
+    found: dict[str, dict[str, dict[str, float]]] = {"counts": {}, "grounding": {}}
     for start in range(0, len(ids), batch_size):
         chunk = ids[start:start + batch_size]
         with torch.no_grad():
-            logits = image_head_logits(loaded.model, torch.stack([images[i] for i in chunk]))["counts"]
-            sums = head.region_sums(head.density(logits))[:, :, 0].numpy()  # [N, C]: region 0 is the whole image
+            logits = image_head_logits(loaded.model, torch.stack([images[i] for i in chunk]))
+            sums = counts.region_sums(counts.density(logits["counts"]))[:, :, 0].numpy()  # [N, C]: the whole image
+            boxes = logits["grounding"].float().sigmoid().amax(1).numpy()  # [N, C]: the most probable patch
         for row, image_id in enumerate(chunk):
-            counts[image_id] = {name.removeprefix("centre/"): float(sums[row, c])
-                                for c, name in enumerate(names) if name.startswith("centre/")}
-    return counts
+            found["counts"][image_id] = {name.removeprefix("centre/"): float(sums[row, c])
+                                         for c, name in enumerate(density_names) if name.startswith("centre/")}
+            found["grounding"][image_id] = {name.removeprefix("box/"): float(boxes[row, c])
+                                            for c, name in enumerate(box_names) if name.startswith("box/")}
+    return found
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -60,8 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     loaded = load_model(args.model, args.vocab)
-    if loaded.model.extension is None or "counts" not in loaded.model.extension.heads:
-        sys.exit(f"error: {args.model}: has no counts head (model.perception.heads.counts)")
+    if loaded.model.extension is None or not {"counts", "grounding"} <= set(loaded.model.extension.heads):
+        sys.exit(f"error: {args.model}: needs the counts and grounding heads (model.perception.heads)")
     params = load_params(args.params)
     config = build_config(RealConfig, {**section(params, "real"), "root": args.root}, "real")
     asked = build_config(CommandsConfig, section(params, "commands"), "commands", keys=["types"]).asked
@@ -77,17 +84,19 @@ def main(argv: list[str] | None = None) -> None:
                              loaded.candidates(), args.batch_size, torch.device("cpu"))  # [Q, C]
     probs = constrain(probs, fitting_answers(list(table["template"]), loaded.answers))
     table["decoder"] = np.asarray(loaded.answers, dtype=object)[probs.argmax(1)]
-    counts = whole_image_counts(loaded, images, args.batch_size)
+    evidence = presence(loaded, images, args.batch_size)
     table["category"] = [TEMPLATES[TEMPLATE].parse(command)["category"] for command in table["command"]]
-    says_yes = np.array([counts[i][c] >= 0.5 for i, c in zip(table["image_id"], table["category"])])
-    table["perception_right"] = says_yes == (table["answer"] == "yes")
     table["decoder_right"] = table["decoder"] == table["answer"]
     table["labels"] = table["answer"]
     report = {"command": "PYTHONPATH=. .venv/bin/python benchmarks/real_perception.py --root /path/to/bdd100k_val "
                          f"--out {args.out}", "model_sha256": file_sha256(args.model), "frames": len(scenes),
-              "questions": len(table), "per_category": summary(table)}
-    for row in report["per_category"]:
-        print(json.dumps(row))
+              "questions": len(table)}
+    for head, found in evidence.items():
+        says_yes = np.array([found[i][c] >= 0.5 for i, c in zip(table["image_id"], table["category"])])
+        table["perception_right"] = says_yes == (table["answer"] == "yes")
+        report[head] = summary(table)
+        for row in report[head]:
+            print(head, json.dumps(row))
     args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 

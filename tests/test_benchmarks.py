@@ -529,3 +529,22 @@ def test_spatial_errors(tmp_path, tiny_project, tiny_model):
     assert {row["labels"] for row in report["val"]} <= {"yes", "no, absent", "no, elsewhere"}
     for row in report["val"]:
         assert all(0 <= row[k] <= 1 for k in ("perception_right", "decoder_right"))
+
+
+@pytest.mark.xdist_group("tiny_project")
+def test_real_perception_sets_each_heads_presence_beside_the_decoders_answer(tmp_path, tiny_project, tiny_model):
+    """benchmarks/real_perception.py on frames in BDD100K's layout: every presence question the labels answer, per
+    head (counts, grounding), category and label, the head's and the decoder's shares right."""
+    from test_real import bdd_layout
+
+    root = bdd_layout(tmp_path / "bdd", frames=3)
+    report = run_benchmark("real_perception.py", tmp_path / "perception.json", "--root", str(root),
+                           "--model", str(tiny_model), "--vocab", str(tiny_project.processed / "vocab.json"))
+    assert report["frames"] == 3 and report["questions"] > 0
+    for head in ("counts", "grounding"):
+        assert sum(row["questions"] for row in report[head]) == report["questions"]
+        assert {row["labels"] for row in report[head]} <= {"yes", "no"}
+        for row in report[head]:
+            assert 0 <= row["perception_right"] <= 1 and 0 <= row["decoder_right"] <= 1
+    assert [(r["category"], r["decoder_right"]) for r in report["counts"]] == \
+        [(r["category"], r["decoder_right"]) for r in report["grounding"]]  # one decoder, two heads

@@ -56,8 +56,6 @@ def test_perception_off_is_the_plain_core(config, make_batch):
     ({"heads": {"grounding": -1.0}}, r"model.perception.heads.grounding: must be a loss weight >= 0"),
     ({"heads": {"nope": 1.0}}, r"model.perception.heads.nope: unknown head \(known: "),
     ({"to_decoder": True}, "model.perception.to_decoder: needs a head"),
-    ({"heads": {"grounding": 1.0}, "heads_only": True},
-     r"model.perception.heads_only: leaves the decoder the heads' outputs alone: needs model.perception.to_decoder"),
     ({"heads": {"grounding": 1.0}, "mirror_average": True},
      r"model.perception.mirror_average: needs a head that averages over the mirror image \(counts\)"),
     ({"heads": {"grounding": 1.0, "centres": 1.0}}, "model.perception.heads.centres: needs a conv stem of at least 3"),
@@ -201,22 +199,6 @@ def test_to_decoder_gives_the_connector_the_maps_and_one_token_their_totals(conf
     assert (codes[:, :2] > 0.8).all() and (codes[:, 2:] < 0.2).all()
     model.train()(batch).losses["answer"].backward()  # the answers reach the grounding head through the maps
     assert head.linear.weight.grad.abs().sum() > 0
-
-
-def test_heads_only_gives_the_connector_the_maps_alone(config, make_batch):
-    """``heads_only``: the connector's tokens are the heads' maps per patch projected, SigLIP's features left out;
-    the answers still train the encoder, through the heads."""
-    model = build(config, heads={"grounding": 1.0}, to_decoder=True, heads_only=True).eval()
-    head = model.extension.heads["grounding"]
-    assert model.multi_modal_projector.linear.in_features == head.patch_width
-    batch = make_batch(model.config)
-    tokens, _ = model.encode_images(batch.images)
-    maps, _ = head.decoder_features(head(vision(model, batch.images)[0], None))
-    torch.testing.assert_close(tokens[:, :model.config.num_image_tokens], model.multi_modal_projector(maps))
-    model.train()(batch).losses["answer"].backward()
-    assert model.vision_tower.embeddings.patch_embedding.weight.grad.abs().sum() > 0
-    with pytest.raises(ParamError, match="model.perception.heads_only: needs a head whose maps the patches carry"):
-        build(config, stem_channels=STEM, heads={"counts": 1.0}, to_decoder=True, heads_only=True)
 
 
 def test_centres_add_heatmaps_their_focal_loss_and_peak_counts(config, make_batch):

@@ -20,7 +20,6 @@ class VisionExtension(nn.Module):
     num_tokens: int = 0
     loss_weights: dict[str, float]  # the weight of each loss forward() returns, in training's weighted sum
     reads_targets: bool = False  # it reads Batch.targets when answering too (a probe), not only for its losses
-    replaces_features: bool = False  # the connector reads its patch features alone, not SigLIP's beside them
 
     def targets(self, image_size: int | tuple[int, int], frame_size: tuple[float, float]) -> Any:
         """The transform that builds each image's ``Batch.targets`` from the label frame stored with it (boxes in

@@ -156,9 +156,8 @@ class PaliGemma(nn.Module):
         self.config = config
         if config.vision == "siglip":
             self.vision_tower = SiglipVisionModel(config.siglip)
-            # the connector reads the patch features, and beside them (or instead) the extension's per-patch features
-            connector_in = (0 if extension is not None and extension.replaces_features else config.siglip.hidden_size) \
-                + (extension.patch_width if extension is not None else 0)
+            # the connector reads the patch features, and beside them the extension's per-patch features
+            connector_in = config.siglip.hidden_size + (extension.patch_width if extension is not None else 0)
             if config.connector == "linear":
                 self.multi_modal_projector = LinearConnector(connector_in, config.gemma.hidden_size,
                                                              config.siglip.grid, config.pixel_shuffle)
@@ -195,9 +194,7 @@ class PaliGemma(nn.Module):
         residual, state = self.extension.adapt(pixel_values)
         features = self.vision_tower(pixel_values, patch_residual=residual).last_hidden_state  # [N, P, Dv]
         extra = self.extension(features, state, targets)
-        read = extra.patch_features if self.extension.replaces_features else \
-            torch.cat([features, extra.patch_features], dim=-1)  # [N, P, Dv + patch_width] (or patch_width)
-        tokens = self.multi_modal_projector(read)  # [N, T', D]
+        tokens = self.multi_modal_projector(torch.cat([features, extra.patch_features], dim=-1))  # [N, T', D]
         return torch.cat([tokens, extra.tokens], dim=1), extra.losses
 
     @property

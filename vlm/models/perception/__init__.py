@@ -24,9 +24,6 @@ class PerceptionConfig:
     heads: dict[str, float] = field(default_factory=dict)  # head name -> weight of its loss in training; 0 = off
     fine_stride: int = 4  # image pixels per cell of the stem's fine map that the centres and counts heads read
     to_decoder: bool = False  # the decoder reads the heads' maps per patch and their summaries as one more token
-    # the decoder reads the heads' outputs alone, not SigLIP's patch features: what it sees is the label space the
-    # heads learn (boxes, centres, lights, counts, frame attributes), not the rendered look
-    heads_only: bool = False
     # probe: the decoder reads the label maps, not the heads' predictions (which still learn): perfect perception
     oracle: bool = False
     # in evaluation, the heads that allow it (the counts head) predict the mean of the image's maps and its mirror
@@ -59,8 +56,6 @@ class PerceptionConfig:
                   f"{prefix}.heads.{name}", f"must be a loss weight >= 0 (0 = off), got {weight!r}")
         check(not self.to_decoder or self.active_heads, f"{prefix}.to_decoder",
               f"needs a head ({prefix}.heads: {', '.join(HEADS)})")
-        check(not self.heads_only or self.to_decoder, f"{prefix}.heads_only",
-              f"leaves the decoder the heads' outputs alone: needs {prefix}.to_decoder: true")
         check(not self.oracle or self.to_decoder, f"{prefix}.oracle",
               f"replaces what the decoder reads of the heads: needs {prefix}.to_decoder: true")
         check(not self.mirror_average or any(HEADS[name].mirror_averaged for name in self.active_heads),
@@ -82,11 +77,8 @@ class TrafficPerception(VisionExtension):
         self.heads = nn.ModuleDict({name: HEADS[name](config, vision) for name in config.active_heads})
         self.loss_weights = {name: float(config.heads[name]) for name in config.active_heads}
         self.reads_targets = config.oracle
-        self.replaces_features = config.heads_only
         heads = list(self.heads.values()) if config.to_decoder else []
         self.patch_width = sum(head.patch_width for head in heads)
-        check(not config.heads_only or self.patch_width > 0, "model.perception.heads_only",
-              "needs a head whose maps the patches carry (grounding): the decoder would read no patch at all")
         num_token_features = sum(head.num_token_features for head in heads)
         self.token_projector = nn.Linear(num_token_features, text_hidden_size) if num_token_features else None
         self.head_tokens = nn.ModuleDict({head.name: HeadTokens(*head.token_shape, text_hidden_size)

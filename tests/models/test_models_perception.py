@@ -412,3 +412,26 @@ def test_the_oracle_probe_reads_the_label_maps_not_the_heads(config, make_batch,
         model.answer(batch, [[3], [4]])
     with pytest.raises(ParamError, match="model.perception.oracle: .* needs model.perception.to_decoder: true"):
         PerceptionConfig(heads={"grounding": 1.0}, oracle=True).validate()
+
+
+def test_label_maps_in_training_are_read_in_training_and_the_heads_when_answering(config, make_batch, perturb):
+    """``label_maps_in_training``: training's image tokens come from ``Batch.targets`` whatever the heads predict (as
+    the oracle's); answering, from the heads' predictions, with no targets needed."""
+    model = build(config, stem_channels=STEM, heads={"grounding": 1.0, "centres": 0.1, "counts": 1.0},
+                  to_decoder=True, label_maps_in_training=True)
+    assert not model.extension.reads_targets  # answering needs no label maps
+    batch = make_batch(model.config)
+    rows, columns = model.extension.heads["counts"].grid
+    targets = torch.zeros(batch.images.shape[0], rows * columns, len(CHANNELS))
+    targets[0, 0, CHANNELS.index("centre/car")] = 1.0
+    patches = model.config.num_image_tokens  # the heads' own tokens come after the connector's
+    model.train()
+    trained = model.encode_images(batch.images, targets)[0][:, patches:]
+    answered = model.eval().encode_images(batch.images)[0][:, patches:]
+    perturb(model.extension.heads, std=1.0)
+    torch.testing.assert_close(model.train().encode_images(batch.images, targets)[0][:, patches:], trained)
+    assert not torch.allclose(model.eval().encode_images(batch.images)[0][:, patches:], answered)
+    with pytest.raises(ValueError, match="model.perception.label_maps_in_training: .* no targets"):
+        model.train().encode_images(batch.images)
+    with pytest.raises(ParamError, match="model.perception.label_maps_in_training: .* needs model.perception.to_dec"):
+        PerceptionConfig(heads={"grounding": 1.0}, label_maps_in_training=True).validate()

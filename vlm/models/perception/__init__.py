@@ -26,6 +26,9 @@ class PerceptionConfig:
     to_decoder: bool = False  # the decoder reads the heads' maps per patch and their summaries as one more token
     # probe: the decoder reads the label maps, not the heads' predictions (which still learn): perfect perception
     oracle: bool = False
+    # in training the decoder reads the label maps, as the oracle does; answering, the heads' predictions: it learns
+    # what each map means from exact maps, and on real frames trusts what the heads see (docs/experiments.md)
+    label_maps_in_training: bool = False
     # in evaluation, the heads that allow it (the counts head) predict the mean of the image's maps and its mirror
     # image's, mirrored back: one more pass of the stem and the fine map per image, none in training
     mirror_average: bool = False
@@ -56,6 +59,8 @@ class PerceptionConfig:
                   f"{prefix}.heads.{name}", f"must be a loss weight >= 0 (0 = off), got {weight!r}")
         check(not self.to_decoder or self.active_heads, f"{prefix}.to_decoder",
               f"needs a head ({prefix}.heads: {', '.join(HEADS)})")
+        check(not self.label_maps_in_training or self.to_decoder, f"{prefix}.label_maps_in_training",
+              f"replaces what the decoder reads of the heads in training: needs {prefix}.to_decoder: true")
         check(not self.oracle or self.to_decoder, f"{prefix}.oracle",
               f"replaces what the decoder reads of the heads: needs {prefix}.to_decoder: true")
         check(not self.mirror_average or any(HEADS[name].mirror_averaged for name in self.active_heads),
@@ -126,11 +131,14 @@ class TrafficPerception(VisionExtension):
         head)."""
         num, patches, _ = patch_features.shape
         logits = self.head_logits(patch_features, state)
-        read = logits  # what the decoder reads: the predictions, or with ``oracle`` the labels' maps
-        if self.config.oracle:
+        # what the decoder reads: the predictions, or the labels' maps (``oracle``; in training with
+        # ``label_maps_in_training``)
+        read = logits
+        if self.config.oracle or (self.config.label_maps_in_training and self.training):
             if targets is None:
-                raise ValueError("model.perception.oracle: the decoder reads the label maps, and this batch has no "
-                                 "targets (Batch.targets)")
+                key = "oracle" if self.config.oracle else "label_maps_in_training"
+                raise ValueError(f"model.perception.{key}: the decoder reads the label maps, and this batch has no "
+                                 f"targets (Batch.targets)")
             read = {name: head.oracle(targets).to(patch_features.dtype) for name, head in self.heads.items()}
         maps, summaries = [], []
         if self.config.to_decoder:

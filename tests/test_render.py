@@ -177,21 +177,3 @@ def test_objects_take_life_size_from_bdd100k_statistics(scenes):
         assert abs(np.median(heights) / real - 1) < 0.35, (category, np.median(heights), real)
     cars = [sum(o.category == "car" for o in s.objects) for _, s in scenes]
     assert abs(np.median(cars) - 9) <= 3, np.median(cars)
-
-
-def test_near_cars_take_bdd100k_size_tail(scenes):
-    """BDD100K's near cars are rendered: the rendered cars' 95th-percentile box height is within 25% of BDD100K's
-    (a floor at 7.5 m ahead left out everything above its 93rd percentile)."""
-    world = statistics.load()
-    heights = [o.box[3] - o.box[1] for _, s in scenes for o in s.objects if o.category == "car"]
-    real = world["box_height"]["car"][world["quantiles"].index(0.95)] * H / world["frame_size"][1]
-    assert abs(np.percentile(heights, 95) / real - 1) < 0.25, (np.percentile(heights, 95), real)
-
-
-def test_the_bonnet_stays_below_every_labelled_object():
-    """A near car's bottom lowers the drawn bonnet to below it; with nothing that low, the drawn share stands."""
-    near = render.Thing("car", "car_rear", (500.0, 400.0, 700.0, 0.95 * H), 0.9)
-    far = render.Thing("car", "car_rear", (600.0, 380.0, 640.0, 0.6 * H), 0.3)
-    assert render.bonnet_share(0.16, [(near, 0.0), (far, 0.0)], H) == pytest.approx(0.05)
-    assert render.bonnet_share(0.16, [(far, 0.0)], H) == 0.16
-    assert render.bonnet_share(0.0, [(near, 0.0)], H) == 0.0

@@ -1,7 +1,7 @@
 """The dashcam a rendered frame is seen through: its bonnet, optics and sensor (docs/architecture.md,
 generate_scenes). :func:`sample_camera` draws a camera's settings from a generator with the rest of the layout;
 :func:`apply_camera` turns a drawn frame into what that camera records. Nothing here moves or hides a labelled
-object: the bonnet stays below the nearest object's bottom (render.bonnet_share), so the labels stay exact."""
+object: the bonnet stays below the nearest object's bottom (render.MIN_Z), so the labels stay exact."""
 
 import io
 from functools import lru_cache

@@ -30,10 +30,9 @@ OCCLUDED_MIN = 0.2  # hidden fraction from which an object is labelled occluded
 AMBIGUOUS = (0.04, 0.2)  # hidden fractions removed so the occluded flag is unambiguous
 HIDDEN_MAX = 0.7  # objects hidden more than this are removed
 TRUNCATED_MIN_VISIBLE = 0.4  # objects with less of their silhouette inside the image are removed
-# Labelled objects stand MIN_Z to MAX_Z metres ahead, at the depths that give BDD100K's box sizes (_depth): at MIN_Z a
-# car is 205 px high, BDD100K's 95th percentile (more than half of its frames hold a car over 200 px wide). An object
-# at MIN_Z ends about 5% above the frame's bottom; the bonnet stays below every labelled object (bonnet_share)
-MIN_Z, MAX_Z = 5.5, 150.0
+# Labelled objects stand MIN_Z to MAX_Z metres ahead, at the depths that give BDD100K's box sizes (_depth); an object
+# at MIN_Z ends above the bottom 17% of the frame, where the bonnet and dashboard may be (camera.BONNET_MAX)
+MIN_Z, MAX_Z = 7.5, 150.0
 LIGHT_M = (0.45, 1.0)  # a traffic light's head, width and height; LAMP_M its lamps' diameter
 LAMP_M = 0.22
 LAMP_HIDDEN_MAX = 0.5  # a light whose lit lamp is hidden more than this is labelled without a colour
@@ -741,16 +740,15 @@ def _lamp_hidden(things: list[Thing], k: int) -> float:
 
 def settle_occlusion(things: list[Thing], width: int, height: int, targets: dict[str, int] | None = None
                      ) -> list[tuple[Thing, float]]:
-    """Remove things that are almost hidden or ambiguously occluded, and per category those beyond its ``targets``
-    cap, spread evenly over their depths; return (thing, hidden fraction)."""
+    """Remove things that are almost hidden or ambiguously occluded, and per category the farthest beyond its
+    ``targets`` cap; return (thing, hidden fraction)."""
     things = sorted(things, key=lambda t: t.depth)
     while True:
         hidden = _visibility(things, width, height)
         drop = {id(t) for t, f in zip(things, hidden) if f > HIDDEN_MAX or AMBIGUOUS[0] < f < AMBIGUOUS[1]}
         for category, cap in (targets or {}).items():
             kept = [t for t in things if t.category == category and id(t) not in drop]  # far to near
-            surplus = max(0, len(kept) - cap)  # spread over the depths: the kept ones keep the drawn sizes
-            drop |= {id(kept[int(k)]) for k in np.linspace(0, len(kept) - 1, surplus).round()} if surplus else set()
+            drop |= {id(t) for t in kept[:max(0, len(kept) - cap)]}
         # A rider never survives without its bike and vice versa.
         dropped_groups = {t.group for t in things if id(t) in drop and t.group >= 0}
         drop |= {id(t) for t in things if t.group in dropped_groups and t.group >= 0}
@@ -976,13 +974,6 @@ def with_visibility(things: list[Thing], width: int, height: int) -> list[tuple[
     return list(zip(things, _visibility(things, width, height)))
 
 
-def bonnet_share(drawn: float, settled: list[tuple[Thing, float]], height: int) -> float:
-    """The share of the height the ego car's bonnet covers: the camera's ``drawn`` share, lowered so that its top stays
-    below every labelled object's bottom (a near car's included), so no label holds pixels the bonnet hides."""
-    lowest = max((thing.box[3] for thing, _ in settled), default=0.0)
-    return min(drawn, max(0.0, 1.0 - lowest / height))
-
-
 def render_layout(layout: Layout, settled: list[tuple[Thing, float]], name: str, config: RenderConfig
                   ) -> tuple[Image.Image, Scene]:
     """Paint ``layout`` with the ``settled`` things (far to near, with hidden fractions); return image and labels."""
@@ -995,8 +986,7 @@ def render_layout(layout: Layout, settled: list[tuple[Thing, float]], name: str,
     canvas = ImageDraw.Draw(img)
     for thing, _ in settled:
         DRAW[thing.kind](Pen(canvas, shade), thing)
-    camera = {**layout.decor["camera"], "bonnet": bonnet_share(layout.decor["camera"]["bonnet"], settled, h)}
-    img = apply_camera(_apply_weather(img, layout, cam), camera)
+    img = apply_camera(_apply_weather(img, layout, cam), layout.decor["camera"])
 
     drawn = [t for t, _ in settled]
     lamp_hidden = {id(t): _lamp_hidden(drawn, k) for k, t in enumerate(drawn) if t.light_color}

@@ -62,7 +62,7 @@ def departures(config: VLMConfig) -> list[Departure]:
     perception = config.perception
     perception_off = (*(f"model.perception.heads.{name}=0" for name in perception.active_heads),
                       *(["model.perception.to_decoder=false"] if perception.to_decoder else []),
-                      *(["model.perception.label_maps_in_training=0"] if perception.label_maps_in_training else []),
+                      *(["model.perception.label_maps_in_training=false"] if perception.label_maps_in_training else []),
                       *(["model.perception.stem_channels=[]"] if perception.stem_channels else []),
                       *(["model.perception.mirror_average=false"] if perception.mirror_average else []),
                       *(["model.perception.oracle=false"] if perception.oracle else []))

@@ -26,10 +26,9 @@ class PerceptionConfig:
     to_decoder: bool = False  # the decoder reads the heads' maps per patch and their summaries as one more token
     # probe: the decoder reads the label maps, not the heads' predictions (which still learn): perfect perception
     oracle: bool = False
-    # the share of training images whose decoder reads the label maps, as the oracle does (the rest, and every image
-    # answered, read the heads' predictions): from exact maps it learns what each map means, and on real frames
-    # trusts what the heads see; from the heads' maps, how far to trust them (docs/experiments.md). 0 = none
-    label_maps_in_training: float = 0.0
+    # in training the decoder reads the label maps, as the oracle does; answering, the heads' predictions: it learns
+    # what each map means from exact maps, and on real frames trusts what the heads see (docs/experiments.md)
+    label_maps_in_training: bool = False
     # in evaluation, the heads that allow it (the counts head) predict the mean of the image's maps and its mirror
     # image's, mirrored back: one more pass of the stem and the fine map per image, none in training
     mirror_average: bool = False
@@ -60,9 +59,6 @@ class PerceptionConfig:
                   f"{prefix}.heads.{name}", f"must be a loss weight >= 0 (0 = off), got {weight!r}")
         check(not self.to_decoder or self.active_heads, f"{prefix}.to_decoder",
               f"needs a head ({prefix}.heads: {', '.join(HEADS)})")
-        check(isinstance(self.label_maps_in_training, Real) and not isinstance(self.label_maps_in_training, bool)
-              and 0.0 <= self.label_maps_in_training <= 1.0, f"{prefix}.label_maps_in_training",
-              f"must be a share of the training images in [0, 1], got {self.label_maps_in_training!r}")
         check(not self.label_maps_in_training or self.to_decoder, f"{prefix}.label_maps_in_training",
               f"replaces what the decoder reads of the heads in training: needs {prefix}.to_decoder: true")
         check(not self.oracle or self.to_decoder, f"{prefix}.oracle",
@@ -135,22 +131,15 @@ class TrafficPerception(VisionExtension):
         head)."""
         num, patches, _ = patch_features.shape
         logits = self.head_logits(patch_features, state)
-        # what the decoder reads: the predictions, or the labels' maps (``oracle``; in training, for a share
-        # ``label_maps_in_training`` of the images)
+        # what the decoder reads: the predictions, or the labels' maps (``oracle``; in training with
+        # ``label_maps_in_training``)
         read = logits
-        share = 1.0 if self.config.oracle else self.config.label_maps_in_training if self.training else 0.0
-        if share:
+        if self.config.oracle or (self.config.label_maps_in_training and self.training):
             if targets is None:
                 key = "oracle" if self.config.oracle else "label_maps_in_training"
                 raise ValueError(f"model.perception.{key}: the decoder reads the label maps, and this batch has no "
                                  f"targets (Batch.targets)")
-            exact = {name: head.oracle(targets).to(patch_features.dtype) for name, head in self.heads.items()}
-            if share == 1.0:
-                read = exact
-            else:
-                chosen = torch.rand(num, device=patch_features.device) < share  # [N]: these read the label maps
-                read = {name: torch.where(chosen.view(num, *[1] * (logits[name].dim() - 1)), exact[name],
-                                          logits[name]) for name in logits}
+            read = {name: head.oracle(targets).to(patch_features.dtype) for name, head in self.heads.items()}
         maps, summaries = [], []
         if self.config.to_decoder:
             for name, head in self.heads.items():

@@ -25,8 +25,8 @@ from vlm.counterfactuals import (
 )
 from vlm.io import read_json
 from vlm.processor import Processor
+from vlm.scene_edits import EDITS, SWITCHED, Pair, _things, make_pairs, render
 from vlm.scenes import render as render_module
-from vlm.scenes.edits import EDITS, SWITCHED, Pair, _things, make_pairs, render
 from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_synthetic, image_name, load_raw
 from vlm.scenes.render import RenderConfig
 

@@ -12,7 +12,7 @@ from vlm.commands.types import QUESTION_TYPES
 from vlm.counterfactuals import headline as counterfactuals_headline
 from vlm.evaluate import split_metrics
 from vlm.real import MODELS
-from vlm.scenes.edits import EDITS
+from vlm.scene_edits import EDITS
 from vlm.slices import DIMENSIONS
 
 MAX_METRIC_COLUMNS = 40  # metric columns of `dvc exp show`: what a person compares at a glance

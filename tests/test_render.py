@@ -156,7 +156,7 @@ def test_a_light_is_read_from_its_lit_lamp_not_its_housing():
 
 
 def test_night_to_day_turns_the_vehicles_lamps_off():
-    from vlm.scenes import edits
+    from vlm import scene_edits as edits
 
     originals = (edits.render(np.random.SeedSequence([5, i]), "x.jpg", DEFAULTS) for i in range(60))
     original = next(r for r in originals if r.layout.timeofday == "night"

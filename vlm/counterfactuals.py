@@ -22,7 +22,7 @@ from vlm.device import pick_device
 from vlm.inference import answer_questions, constrain
 from vlm.io import atomic_path, write_json
 from vlm.processor import Processor
-from vlm.scenes.edits import EDITS, Pair, make_pairs
+from vlm.scene_edits import EDITS, Pair, make_pairs
 from vlm.scenes.generate import ScenesConfig, load_raw
 from vlm.scenes.schema import Scene
 

@@ -116,23 +116,10 @@ def test_training_step_numbers_are_the_committed_benchmark():
             assert f"| {row['ms']:.1f} |" in line and f"| {row['share']:.1%} |" in line, row["part"]
 
 
-def _weakest_slice() -> tuple[str, str, float]:
-    slices = _json("metrics/eval/slices.json")
-    return min(((d, v, acc) for d, values in slices["vlm"].items() for v, acc in values.items()),
-               key=lambda item: item[2])
-
-
-def test_evaluation_paragraph_is_the_committed_evaluation():
-    """The calibration and weakest slice of "What you get", and the counterfactuals table of docs/experiments.md,
-    are the committed files'."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8").split("## What you get", 1)[1].split("\n## ", 1)[0]
+def test_the_counterfactuals_table_is_the_committed_summary():
+    """docs/experiments.md's counterfactuals table is the committed run's summary."""
     experiments = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
-    headline = _json("metrics/eval.json")
     counterfactuals = _json("metrics/counterfactuals/summary.json")["counterfactuals"]
-    dimension, value, acc = _weakest_slice()
-    for number in (f"ECE {headline['vlm']['ece']:.3f}", f"{headline['blind']['ece']:.3f} for the blind baseline",
-                   f"`{dimension}` = `{value}`, {acc:.3f}"):
-        assert number in text, number
     for edit, rates in counterfactuals.items():
         assert f"| {edit} | {rates['pairs']} | {rates['consistency']:.3f} | {rates['changed_when_it_must']:.3f} | " \
                f"{rates['stayed_when_it_must']:.3f} |" in experiments, edit

@@ -1,6 +1,6 @@
 """The README's result tables, written from the committed metrics (``make readme``): the synthetic test split's
-accuracy per type (``metrics/eval.json``), the real frames' (``metrics/real_frames.json``, `make real`) and the
-speeds (the stages' and the training-time benchmark's). Each
+accuracy per type (``metrics/eval.json``) and its weakest condition and calibration, the real frames' accuracy
+(``metrics/real_frames.json``, `make real`) and the speeds (the stages' and the training-time benchmark's). Each
 table sits between ``<!-- make readme: NAME -->`` and ``<!-- /make readme -->``; the rest of the README is prose.
 ``--check`` writes nothing and fails naming the tables that differ (the test suite runs it)."""
 
@@ -50,6 +50,17 @@ def real_table(metrics: Path) -> str:
             + _table(["command type", "questions", "VLM", "blind", "most common answer", "VLM against it"], rows))
 
 
+def evaluation_summary(metrics: Path) -> str:
+    """The weakest condition of the test split (``metrics/eval/slices.json``) and both models' calibration."""
+    headline, slices = read_json(metrics / "eval.json"), read_json(metrics / "eval" / "slices.json")
+    accuracy, dimension, value = min(((acc, d, v) for d, values in slices["vlm"].items() for v, acc in values.items()),
+                                     key=lambda item: item[0])
+    return (f"By condition (`metrics/eval/slices.json`) the weakest slice is `{dimension}` = `{value}`, "
+            f"{accuracy:.3f}.\n"
+            f"The expected calibration error is ECE {headline['vlm']['ece']:.3f} for the VLM and "
+            f"{headline['blind']['ece']:.3f} for the blind baseline (`metrics/eval.json`).\n")
+
+
 def speed_table(metrics: Path) -> str:
     """The committed run's stage speeds (`make repro`) and the training-time benchmark against the old defaults."""
     scenes, pack = read_json(metrics / "scenes.json"), read_json(metrics / "pack.json")
@@ -82,7 +93,8 @@ def speed_table(metrics: Path) -> str:
     return "| what | result | file (command) |\n|---|---|---|\n" + "".join("| " + " | ".join(r) + " |\n" for r in rows)
 
 
-TABLES: dict[str, Callable[[Path], str]] = {"results": results_table, "real": real_table, "speed": speed_table}
+TABLES: dict[str, Callable[[Path], str]] = {"results": results_table, "summary": evaluation_summary,
+                                            "real": real_table, "speed": speed_table}
 
 
 def rewrite(text: str, metrics: Path) -> str:

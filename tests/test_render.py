@@ -177,3 +177,11 @@ def test_objects_take_life_size_from_bdd100k_statistics(scenes):
         assert abs(np.median(heights) / real - 1) < 0.35, (category, np.median(heights), real)
     cars = [sum(o.category == "car" for o in s.objects) for _, s in scenes]
     assert abs(np.median(cars) - 9) <= 3, np.median(cars)
+
+
+def test_night_skies_are_not_blue_whatever_the_weather():
+    """A dashcam's night sky is near black with a warm city glow, clear or not: a blue clear night would make a grey
+    one (a real night's) read as rain or fog."""
+    for (timeofday, weather), colours in render.SKY.items():
+        if timeofday == "night":
+            assert all(blue <= red for red, _, blue in colours), (weather, colours)

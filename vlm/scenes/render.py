@@ -72,15 +72,15 @@ SKY = {  # (top, horizon) colours
     ("dawn/dusk", "clear"): ((55, 60, 115), (250, 150, 85)),
     ("dawn/dusk", "rainy"): ((60, 60, 75), (150, 120, 110)),
     ("dawn/dusk", "foggy"): ((130, 120, 125), (200, 170, 150)),
-    ("night", "clear"): ((4, 6, 18), (28, 32, 55)),
-    ("night", "rainy"): ((10, 10, 14), (35, 36, 42)),
-    ("night", "foggy"): ((30, 30, 34), (60, 60, 66)),
+    ("night", "clear"): ((9, 8, 8), (38, 33, 30)),  # a dashcam's night sky: near black, a warm city glow low down
+    ("night", "rainy"): ((14, 13, 13), (44, 40, 38)),  # clouds give back the city's light: as warm, brighter
+    ("night", "foggy"): ((30, 29, 28), (62, 59, 57)),
     ("daytime", "overcast"): ((150, 155, 165), (195, 198, 202)),
     ("dawn/dusk", "overcast"): ((90, 88, 100), (175, 150, 140)),
-    ("night", "overcast"): ((14, 14, 20), (48, 44, 46)),
+    ("night", "overcast"): ((14, 13, 13), (48, 43, 40)),
     ("daytime", "snowy"): ((170, 175, 182), (215, 218, 222)),
     ("dawn/dusk", "snowy"): ((110, 108, 118), (190, 175, 170)),
-    ("night", "snowy"): ((20, 20, 26), (60, 58, 62)),
+    ("night", "snowy"): ((21, 20, 20), (60, 57, 56)),
 }
 SKY.update({(time, "partly cloudy"): SKY[(time, "clear")] for time in TIMES_OF_DAY})
 # the light on non-emissive surfaces: weather's gain on AMBIENT's

@@ -7,10 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from vlm.scenes import render, statistics
-from vlm.scenes.camera import apply_camera, sample_camera
 from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_synthetic, load_raw
 from vlm.scenes.render import render_scene, sample_layout, settle_occlusion
 from vlm.scenes.schema import CATEGORIES, scene_from_frame, scene_to_frame
@@ -169,15 +167,14 @@ def test_night_to_day_turns_the_vehicles_lamps_off():
 
 
 def test_objects_take_life_size_from_bdd100k_statistics(scenes):
-    """The rendered boxes' median heights are within 40% of BDD100K's (the committed statistics), cars per frame
-    within 3 of BDD100K's median of 9. The cars' median stands about 35% above BDD100K's: far cars, the small ones,
-    are hidden and removed more often than near ones."""
+    """The rendered boxes' median heights are within 35% of BDD100K's (the committed statistics), cars per frame
+    within 3 of BDD100K's median of 9."""
     world = statistics.load()
     middle = world["quantiles"].index(0.5)
     for category in ("car", "pedestrian", "traffic light", "traffic sign"):
         heights = [o.box[3] - o.box[1] for _, s in scenes for o in s.objects if o.category == category]
         real = world["box_height"][category][middle]
-        assert abs(np.median(heights) / real - 1) < 0.4, (category, np.median(heights), real)
+        assert abs(np.median(heights) / real - 1) < 0.35, (category, np.median(heights), real)
     cars = [sum(o.category == "car" for o in s.objects) for _, s in scenes]
     assert abs(np.median(cars) - 9) <= 3, np.median(cars)
 
@@ -188,29 +185,3 @@ def test_night_skies_are_not_blue_whatever_the_weather():
     for (timeofday, weather), colours in render.SKY.items():
         if timeofday == "night":
             assert all(blue <= red for red, _, blue in colours), (weather, colours)
-
-
-def test_trams_cross_some_city_streets_labelled_train():
-    """Trains are rare in BDD100K (0.1% of frames) but asked about: a tram crosses some cross streets, so that
-    "Is there a train?" has both answers in training; its label is a train's box."""
-    config = render.RenderConfig(width=640, height=360, max_count=6)
-    seeds = [seed for seed in range(200) if any(t.category == "train" for t in
-                                               sample_layout(np.random.default_rng(seed), config).things)]
-    assert 3 <= len(seeds) <= 30, len(seeds)
-    labelled = [render_scene(seed, "x.jpg", config)[1] for seed in seeds]
-    trains = [o for scene in labelled for o in scene.objects if o.category == "train"]
-    assert trains and all(scene.scene == "city street" for scene in labelled)
-    assert all(o.box[2] - o.box[0] > o.box[3] - o.box[1] for o in trains)  # long and low, seen from the side
-
-
-def test_the_tone_curve_keeps_a_night_dark():
-    """A dashcam's flatter tone curve pivots at the frame's own level: a dark frame stays as dark (before, the pivot
-    at mid-grey lifted a night's blacks by up to 45 levels, nights 50% brighter than BDD100K's)."""
-    camera = {**sample_camera(np.random.default_rng(0), "night"), "bonnet": 0.0, "blur": 0.0, "bloom": 0.0,
-              "contrast": 0.65, "saturation": 1.0, "exposure": 1.0, "white_balance": [1.0, 1.0, 1.0], "shading": 0.0,
-              "vignette": 0.0, "noise": 0.0, "jpeg": 95}
-    night = Image.new("RGB", (64, 36), (12, 12, 12))
-    night.paste((40, 40, 40), (0, 0, 32, 36))
-    recorded = np.asarray(apply_camera(night, camera), dtype=np.float32)
-    assert abs(recorded.mean() - 26.0) < 2.0
-    assert recorded[:, :32].mean() > recorded[:, 32:].mean() + 15  # flatter, not flat

@@ -52,12 +52,6 @@ TRUCK_COLORS: tuple[RGB, ...] = ((240, 240, 240), (200, 60, 40), (60, 90, 160), 
 BUS_COLORS: tuple[RGB, ...] = ((250, 190, 20), (200, 40, 40), (30, 90, 170), (40, 140, 80))
 VEHICLE_COLORS: dict[str, tuple[RGB, ...]] = {"car": CAR_COLORS, "truck": TRUCK_COLORS, "bus": BUS_COLORS}
 VEHICLE_M = {"car": (1.8, 4.4, 1.5), "truck": (2.5, 8.0, 3.4), "bus": (2.55, 11.0, 3.2)}  # width, length, height
-TRAM_M = (20.0, 3.4)  # length, height: an articulated tram of three sections
-TRAM_COLORS: tuple[RGB, ...] = ((235, 235, 230), (230, 200, 40), (190, 40, 40), (40, 90, 160), (70, 140, 90))
-# the share of cross streets a tram crosses; a tram whose occlusion is ambiguous is removed as any object is, so about
-# 1.5% of the frames keep one: above BDD100K's 0.1% with a train, so that "Is there a train?" is asked in training at
-# all (balanced per question, a question whose answer is always no is never asked)
-TRAM_SHARE = 0.15
 TWO_WHEELER_M = {"motorcycle": (2.1, 1.05, 0.65), "bicycle": (1.75, 1.0, 0.7)}  # length, height, wheel diameter
 CLOTHES: tuple[RGB, ...] = ((200, 40, 40), (40, 70, 160), (30, 30, 30), (230, 230, 230), (60, 140, 70),
                             (240, 180, 40), (130, 60, 140), (240, 110, 30), (90, 60, 40), (30, 150, 170))
@@ -324,22 +318,14 @@ def _sample_crossing_vehicles(rng: np.random.Generator, layout: Layout, cam: Cam
     z_near, z_far = layout.cross_street_z
     crossing = (["car"] * cars_crossing + (["bus"] if rng.random() < 0.15 else [])
                 + (["truck"] if rng.random() < 0.15 else []))
-    # the tram draws from a stream of its own, so that adding it changes nothing else of the scene
-    tram_rng = np.random.default_rng([layout.decor["clutter_seed"], 1])
-    trams = ["train"] if tram_rng.random() < TRAM_SHARE else []
-    for category, draw in [(c, rng) for c in crossing] + [(c, tram_rng) for c in trams]:
-        s = cam.s_of_z(float(draw.uniform(z_near + 1.0, z_far - 1.0)))
-        length_m, height_m = TRAM_M if category == "train" else VEHICLE_M[category][1:]
-        length = cam.px(length_m, s)
-        # a tram (about as long as the frame is wide) centred in view, anything shorter anywhere along the street
-        x1 = float(draw.uniform(0.35, 0.65) * cam.w - length / 2 if category == "train"
-                   else draw.uniform(-0.2 * cam.w, cam.w))
-        y2 = cam.y(s)
-        box = (x1, y2 - cam.px(height_m, s), x1 + length, y2)
-        colors = TRAM_COLORS if category == "train" else VEHICLE_COLORS[category]
+    for category in crossing:
+        s = cam.s_of_z(float(rng.uniform(z_near + 1.0, z_far - 1.0)))
+        _, length_m, height_m = VEHICLE_M[category]
+        x1, y2 = float(rng.uniform(-0.2 * cam.w, 1.0 * cam.w)), cam.y(s)
+        box = (x1, y2 - cam.px(height_m, s), x1 + cam.px(length_m, s), y2)
         layout.things.append(Thing(category, f"{category}_side", box, s,
-                                   {"color": _jitter(draw, _choice(draw, colors), 16),
-                                    "facing": int(draw.choice((-1, 1))), "lights_on": layout.timeofday != "daytime"}))
+                                   {"color": _jitter(rng, _choice(rng, VEHICLE_COLORS[category]), 16),
+                                    "facing": int(rng.choice((-1, 1))), "lights_on": layout.timeofday != "daytime"}))
 
 
 def _sample_two_wheelers(rng: np.random.Generator, layout: Layout, cam: Camera, counts: dict[str, int],
@@ -563,30 +549,6 @@ def draw_vehicle_side(pen: Pen, t: Thing) -> None:
         pen.ellipse((hx - h * 0.06, hy - h * 0.04, hx + h * 0.06, hy + h * 0.04), (255, 250, 220), emissive=True)
 
 
-def draw_tram(pen: Pen, t: Thing) -> None:
-    """A tram crossing at the intersection, seen from the side: three sections of windows under a pantograph, on
-    small bogies rather than a car's wheels."""
-    x1, y1, x2, y2 = t.box
-    w, h = x2 - x1, y2 - y1
-    top = y1 + h * 0.12  # the roof; the pantograph stands above it
-    pen.rect((x1, top, x2, y2 - h * 0.08), t.style["color"])
-    pen.rect((x1, y2 - h * 0.3, x2, y2 - h * 0.24), (50, 50, 55))  # the skirt's stripe
-    glass = (50, 65, 80)
-    for k in range(3):
-        s0, s1 = x1 + w * k / 3, x1 + w * (k + 1) / 3
-        pen.rect((s1 - w * 0.004, top, s1 + w * 0.004, y2 - h * 0.08), (40, 40, 44))  # the joint between sections
-        for i in range(5):
-            wx = s0 + (s1 - s0) * (0.06 + i * 0.18)
-            pen.rect((wx, top + h * 0.12, wx + (s1 - s0) * 0.14, top + h * 0.45), glass)
-    mid = x1 + w * 0.5
-    pen.polygon([(mid - w * 0.05, top), (mid, y1), (mid + w * 0.05, top)], (60, 60, 64))  # pantograph
-    for bx in (x1 + w * 0.12, x1 + w * 0.5, x2 - w * 0.12):  # bogies
-        pen.rect((bx - w * 0.03, y2 - h * 0.1, bx + w * 0.03, y2), (25, 25, 28))
-    if t.style["lights_on"]:
-        hx, hy = x2 - w * 0.005 if t.style["facing"] > 0 else x1 + w * 0.005, y2 - h * 0.4
-        pen.glow(hx, hy, h * 0.08, (255, 250, 220), 0.8)
-
-
 def draw_two_wheeler(pen: Pen, t: Thing) -> None:
     x1, y1, x2, y2 = t.box
     w = x2 - x1
@@ -716,7 +678,7 @@ def draw_traffic_sign(pen: Pen, t: Thing) -> None:
 DRAW = {
     **{f"{vehicle}_{view}": draw_vehicle_end for vehicle in VEHICLE_M for view in ("rear", "front")},
     **{f"{vehicle}_side": draw_vehicle_side for vehicle in VEHICLE_M},
-    "train_side": draw_tram, "motorcycle": draw_two_wheeler, "bicycle": draw_two_wheeler,
+    "motorcycle": draw_two_wheeler, "bicycle": draw_two_wheeler,
     "pedestrian": draw_person, "rider": lambda pen, t: draw_person(pen, t, riding=True),
     "traffic_light": draw_traffic_light, "traffic_sign": draw_traffic_sign,
 }

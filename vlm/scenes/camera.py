@@ -65,8 +65,7 @@ def apply_camera(img: Image.Image, camera: dict) -> Image.Image:
     pixels = np.asarray(img, dtype=np.float32)  # [H, W, 3]
     luma = pixels.mean(axis=2, keepdims=True)  # [H, W, 1]
     pixels = luma + camera["saturation"] * (pixels - luma)
-    pivot = float(luma.mean())  # a flatter tone curve about the frame's own level: a night stays dark
-    pixels = pivot + camera["contrast"] * (pixels - pivot)
+    pixels = 128.0 + camera["contrast"] * (pixels - 128.0)
     if camera["bloom"]:  # the bright parts, blurred at a quarter of the size (a wide, soft glow) and added
         small = np.asarray(img.reduce(4), dtype=np.float32)
         bright = Image.fromarray(np.clip((small - 170.0) * 3.0, 0, 255).astype(np.uint8))

@@ -1,4 +1,4 @@
-"""Counterfactual consistency: change one thing in a test scene (:mod:`vlm.scenes.edits`), and check that the model's
+"""Counterfactual consistency: change one thing in a test scene (:mod:`vlm.scene_edits`), and check that the model's
 answers change exactly where the answer rules say they must (docs/architecture.md, counterfactuals)."""
 
 import dataclasses

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from vlm.scenes import render, statistics
 from vlm.scenes.generate import ScenesConfig, ScenesRuntime, generate_synthetic, load_raw
@@ -186,19 +185,3 @@ def test_night_skies_are_not_blue_whatever_the_weather():
     for (timeofday, weather), colours in render.SKY.items():
         if timeofday == "night":
             assert all(blue <= red for red, _, blue in colours), (weather, colours)
-
-
-def test_a_wet_road_mirrors_what_shines_above_it_and_only_the_road():
-    """Rain as a dashcam records it: below a bright lamp the wet road shines, away from it the asphalt is darker
-    than dry; pixels off the road (the labelled objects' among them) are untouched."""
-    dry = np.full((80, 120, 3), 60, np.uint8)
-    dry[36:40, 20:28] = 250  # a lamp just above the road, whose top row is 40
-    road = np.zeros((80, 120), bool)
-    road[40:, :] = True
-    road[60:, 100:] = False  # an object on the road
-    wet = np.asarray(render.wet_road(Image.fromarray(dry), road, horizon=40.0, darken=0.8, sheen=0.0, decay=0.9),
-                     dtype=np.float32)
-    assert wet[44:56, 20:28].mean() > dry[44:56, 20:28].mean() + 20  # the lamp's reflection
-    assert wet[44:56, 60:90].mean() < dry[44:56, 60:90].mean() - 5  # wet asphalt, away from any light
-    assert (wet[~road] == dry[~road]).all()
-

@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFilter
+from PIL import Image, ImageDraw
 
 from vlm.scenes import statistics
 from vlm.scenes.camera import apply_camera, sample_camera
@@ -35,7 +35,6 @@ TRUNCATED_MIN_VISIBLE = 0.4  # objects with less of their silhouette inside the 
 MIN_Z, MAX_Z = 7.5, 150.0
 LIGHT_M = (0.45, 1.0)  # a traffic light's head, width and height; LAMP_M its lamps' diameter
 LAMP_M = 0.22
-RAIN_STREAKS_MAX = 300  # falling streaks a rainy frame may show (drawn faint: the road and the glass show the rain)
 LAMP_HIDDEN_MAX = 0.5  # a light whose lit lamp is hidden more than this is labelled without a colour
 # What the renderer draws of BDD100K's frame attributes (their shares: vlm/scenes/bdd100k_statistics.json)
 TIMES_OF_DAY = ("daytime", "night", "dawn/dusk")
@@ -935,7 +934,7 @@ def _draw_buildings(d: ImageDraw.ImageDraw, layout: Layout, cam: Camera, shade, 
                 d.polygon(quad, fill=(255, 210, 120) if lit else shade((40, 50, 60)))
 
 
-def _apply_weather(img: Image.Image, layout: Layout, cam: Camera, things: list[Thing]) -> Image.Image:
+def _apply_weather(img: Image.Image, layout: Layout, cam: Camera) -> Image.Image:
     w, h = cam.w, cam.h
     if layout.weather == "foggy":
         fog_rgb = {"daytime": (205, 208, 210), "dawn/dusk": (195, 175, 160), "night": (70, 70, 76)}[layout.timeofday]
@@ -945,7 +944,12 @@ def _apply_weather(img: Image.Image, layout: Layout, cam: Camera, things: list[T
         mask = Image.fromarray((np.clip(alpha, 0, 1) * 255).astype(np.uint8)[:, None]).resize((w, h), Image.NEAREST)
         img = Image.composite(Image.new("RGB", (w, h), fog_rgb), img, mask)
     elif layout.weather == "rainy":
-        img = _rain(img, layout, cam, things)
+        rng = np.random.default_rng(layout.decor["rain_seed"])
+        xs, ys, lengths = rng.uniform(-100, w, 700), rng.uniform(-50, h, 700), rng.uniform(15, 45, 700)  # 700 streaks
+        c = (150, 155, 165) if layout.timeofday != "night" else (80, 85, 95)
+        d = ImageDraw.Draw(img)
+        for x, y, ln in zip(xs, ys, lengths):
+            d.line([(x, y), (x + ln * 0.25, y + ln)], fill=c, width=1)
     elif layout.weather == "snowy":
         rng = np.random.default_rng(layout.decor["rain_seed"])
         xs, ys, radii = rng.uniform(0, w, 900), rng.uniform(0, h, 900), rng.uniform(0.8, 3.0, 900)  # flakes
@@ -954,66 +958,6 @@ def _apply_weather(img: Image.Image, layout: Layout, cam: Camera, things: list[T
         for x, y, r in zip(xs, ys, radii):
             d.ellipse((x - r, y - r, x + r, y + r), fill=c)
     return img
-
-
-def _rain(img: Image.Image, layout: Layout, cam: Camera, things: list[Thing]) -> Image.Image:
-    """Rain as a dashcam records it: a wet road that mirrors what is above it, drops on the windscreen and a few
-    faint streaks (a dashcam rarely resolves falling rain: BDD100K's rainy frames show it on the road and the glass)."""
-    rng = np.random.default_rng(layout.decor["rain_seed"])
-    w, h = img.size
-    road = Image.new("L", (w, h), 0)
-    left, right = road_extent(layout)
-    ImageDraw.Draw(road).polygon(cam.ground_quad(left, right, Z_BOTTOM * 0.5, 400.0), fill=255)
-    if layout.cross_street_z:
-        ImageDraw.Draw(road).polygon(cam.ground_quad(-200, 200, *layout.cross_street_z), fill=255)
-    road = np.asarray(road, dtype=bool) & ~_silhouettes(things, (0, 0), (w, h))  # the labelled objects stay dry
-    img = wet_road(img, road, cam.horizon, darken=float(rng.uniform(0.7, 0.9)), sheen=float(rng.uniform(0.1, 0.3)),
-                   decay=float(rng.uniform(0.88, 0.96)))
-    img = _windscreen_drops(img, rng)
-    streaked = img.copy()
-    d = ImageDraw.Draw(streaked)
-    c = (150, 155, 165) if layout.timeofday != "night" else (80, 85, 95)
-    for _ in range(int(rng.integers(0, RAIN_STREAKS_MAX))):
-        x, y, ln = rng.uniform(-100, w), rng.uniform(-50, h), rng.uniform(15, 45)
-        d.line([(x, y), (x + ln * 0.25, y + ln)], fill=c, width=1)
-    return Image.blend(img, streaked, float(rng.uniform(0.2, 0.6)))
-
-
-def wet_road(img: Image.Image, road: np.ndarray, horizon: float, darken: float, sheen: float, decay: float
-             ) -> Image.Image:
-    """``img`` with the pixels of ``road`` (bool ``[H, W]``) wet: darker asphalt, the frame mirrored about the
-    horizon at ``sheen``, and what shines (lamps, lit windows, tail lights, white paint) smeared down the columns
-    below it, each row keeping ``decay`` of the one above: the long reflections of a wet road at night."""
-    w, h = img.size
-    small = np.asarray(img.reduce(4), dtype=np.float32)  # [H/4, W/4, 3]: soft, and four times fewer rows to smear
-    bright = np.clip(small - 120.0, 0.0, None)
-    smear, acc = np.empty_like(bright), np.zeros_like(bright[0])
-    for y, row in enumerate(bright):
-        acc = acc * decay + row
-        smear[y] = acc
-    rows = np.arange(small.shape[0])
-    mirrored = small[np.clip(2 * round(horizon / 4) - rows, 0, small.shape[0] - 1)]  # row horizon + d shows horizon - d
-    reflection = sheen * mirrored + 4.0 * (1.0 - decay) * smear
-    reflection = np.asarray(Image.fromarray(np.clip(reflection, 0, 255).astype(np.uint8)).resize((w, h),
-                                                                                                 Image.BILINEAR))
-    pixels = np.asarray(img, dtype=np.float32)
-    wet = darken * pixels + reflection
-    return Image.fromarray(np.where(road[..., None], np.clip(wet, 0, 255), pixels).astype(np.uint8))
-
-
-def _windscreen_drops(img: Image.Image, rng: np.random.Generator) -> Image.Image:
-    """Drops on the windscreen: small soft discs through which the frame is seen blurred and a little brighter."""
-    w, h = img.size
-    mask = Image.new("L", (w, h), 0)
-    d = ImageDraw.Draw(mask)
-    n = int(rng.integers(50, 400))
-    for x, y, r, a in zip(rng.uniform(0, w, n), rng.uniform(0, h, n), rng.uniform(1.5, 7.0, n),
-                          rng.integers(120, 231, n)):
-        d.ellipse((x - r, y - 0.9 * r, x + r, y + 0.9 * r), fill=int(a))
-    lens = Image.fromarray(np.clip(np.asarray(img.filter(ImageFilter.GaussianBlur(radius=6)), dtype=np.float32)
-                                   * 1.1 + 12.0, 0, 255).astype(np.uint8))
-    return Image.composite(lens, img, mask.filter(ImageFilter.GaussianBlur(radius=1.0)))
-
 
 
 # Public entry point
@@ -1042,7 +986,7 @@ def render_layout(layout: Layout, settled: list[tuple[Thing, float]], name: str,
     canvas = ImageDraw.Draw(img)
     for thing, _ in settled:
         DRAW[thing.kind](Pen(canvas, shade), thing)
-    img = apply_camera(_apply_weather(img, layout, cam, [t for t, _ in settled]), layout.decor["camera"])
+    img = apply_camera(_apply_weather(img, layout, cam), layout.decor["camera"])
 
     drawn = [t for t, _ in settled]
     lamp_hidden = {id(t): _lamp_hidden(drawn, k) for k, t in enumerate(drawn) if t.light_color}

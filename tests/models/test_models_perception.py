@@ -16,7 +16,7 @@ from vlm.models.perception import PerceptionConfig, TrafficPerception, head_metr
 from vlm.models.perception.heads import HEADS, AuxiliaryHead
 from vlm.models.perception.heads.centres import NUM_COUNT_THRESHOLDS
 from vlm.models.perception.heads.counts import MAX_LOG_COUNT, WINDOW
-from vlm.models.perception.heads.grounding import FRAME_LOSS_WEIGHT, NUM_THRESHOLDS
+from vlm.models.perception.heads.grounding import FRAME_LOSS_WEIGHT, LIGHT_POSITIVE_WEIGHT, NUM_THRESHOLDS
 from vlm.models.perception.stem import PYRAMID_WIDTH, StemPyramid
 from vlm.models.perception.targets import CHANNELS, GROUPS, channels
 from vlm.models.siglip import SiglipVisionConfig
@@ -137,8 +137,10 @@ def test_grounding_loss_is_its_own_entry_and_trains_the_encoder(config, make_bat
     logits = model.extension.heads["grounding"](vision(model, batch.images)[0], None)  # [N, P, C_head]
     patch, patch_targets = logits[..., :NUM_PATCH], targets[..., :NUM_PATCH]
     is_count = torch.tensor([name in GROUPS["centre"] for name in CHANNELS[:NUM_PATCH]])
+    is_light = torch.tensor([name in GROUPS["light"] for name in CHANNELS[:NUM_PATCH]])
+    weight = torch.where(is_light, LIGHT_POSITIVE_WEIGHT, 1.0)[~is_count]  # a lit patch weighs more than an unlit one
     binary = torch.nn.functional.binary_cross_entropy_with_logits(patch[..., ~is_count], patch_targets[..., ~is_count],
-                                                                  reduction="sum")
+                                                                  reduction="sum", pos_weight=weight)
     counts = (patch[..., is_count].exp() - patch_targets[..., is_count] * patch[..., is_count]).sum()
     frame_logits = logits[..., NUM_PATCH:]
     assert torch.equal(frame_logits, frame_logits[:, :1].expand_as(frame_logits))  # one prediction per image
@@ -233,6 +235,28 @@ def test_centres_add_heatmaps_their_focal_loss_and_peak_counts(config, make_batc
     _, codes = centres.decoder_features(torch.logit(prob.view(1, 64, -1)))
     codes = codes.view(len(HEAT_CHANNELS), 3, -1)
     assert codes.shape[-1] == NUM_COUNT_THRESHOLDS and codes[car, 0].tolist()[:4] == [1, 1, 1, 0]
+
+
+
+def test_the_lights_read_the_fine_map_each_patch_its_highest_cell(config, make_batch):
+    """A lit lamp is a pixel or two of a patch: with a fine head on, the grounding head's light logits add a
+    3 x 3 convolution of the stem's fine map, its highest cell in each patch: one fine cell moves the lights of the
+    patches within a cell of it, and nothing else."""
+    model = build(config, stem_channels=STEM, heads={"grounding": 1.0, "centres": 0.1})
+    grounding = model.extension.heads["grounding"]
+    features, fine = vision(model, make_batch(model.config).images)
+    lights = channels("light")
+    with torch.no_grad():
+        grounding.fine_lights.bias.fill_(-5.0)
+        base = grounding(features, fine)
+        brighter = fine.clone()
+        brighter[0, :, 2, 3] += 100.0  # one cell of image 0's 8 x 8 fine map (2 x 2 cells a patch of 4 x 4)
+        moved = grounding(features, brighter)
+    changed = (moved - base).abs().sum(-1) > 0  # [N, P]
+    # cells rows 1-3, columns 2-4: patch rows 0-1, columns 1-2
+    assert changed[0].nonzero().flatten().tolist() == [1, 2, 5, 6] and not changed[1:].any()
+    assert torch.equal(moved[..., :lights.start], base[..., :lights.start])  # the other channels: the patches alone
+    assert build(config, stem_channels=STEM, heads={"grounding": 1.0}).extension.heads["grounding"].fine_lights is None
 
 
 def test_the_perception_is_an_extension_of_the_core():

@@ -6,13 +6,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlm.models.perception.heads.base import NONE, SURE, AuxiliaryHead
+from vlm.models.perception.heads.base import HEADS, NONE, SURE, AuxiliaryHead
+from vlm.models.perception.stem import PYRAMID_WIDTH
 from vlm.models.perception.targets import CHANNELS, GROUPS, channels, grid_shape
 from vlm.models.siglip import SiglipVisionConfig
 
 NUM_THRESHOLDS = 10  # totals thermometer-coded at 0.5, 1.5, ..., 9.5
 MAX_LOG_COUNT = 4.0  # count logits are log-rates: clamped before exp in the maps (at most e^4 ~ 55 per patch)
 FRAME_LOSS_WEIGHT = 0.1  # to the patch loss's scale: else it pulls the encoder off the objects (docs/experiments.md)
+# A lit light is in about one patch in a hundred: its loss weighs a lit patch this many times an unlit one, so that
+# the probability of a lit light seen is near 1, as in the exact label maps the decoder learns to read
+LIGHT_POSITIVE_WEIGHT = 20.0
 
 
 class GroundingHead(AuxiliaryHead):
@@ -32,6 +36,14 @@ class GroundingHead(AuxiliaryHead):
         self.frame = nn.Linear(vision.hidden_size, len(head_channels) - num_patch)
         lights = channels("light")
         self.lights = slice(lights.start - self.patch_channels.start, lights.stop - self.patch_channels.start)
+        # A lit lamp is a pixel or two of a 16-pixel patch: where the stem's fine map is there (a head reads it), the
+        # lights' logits add what a 3x3 convolution sees in it, its highest cell in each patch
+        self.fine_lights = nn.Conv2d(PYRAMID_WIDTH, len(GROUPS["light"]), kernel_size=3, padding=1) \
+            if any(HEADS[name].reads_fine for name in config.active_heads) else None
+        self.fine_per_patch = vision.patch_size // config.fine_stride
+        positive_weight = torch.ones(num_patch)
+        positive_weight[self.lights] = LIGHT_POSITIVE_WEIGHT
+        self.register_buffer("positive_weight", positive_weight, persistent=False)  # [C_patch]
         self.token_shape = (len(GROUPS["light"]), 2)  # per colour: its highest probability and its total
         is_count = torch.tensor([name in GROUPS["centre"] for name in head_channels])
         self.register_buffer("is_count", is_count, persistent=False)  # [C_head]
@@ -42,8 +54,13 @@ class GroundingHead(AuxiliaryHead):
         return self.linear.out_features
 
     def forward(self, features: torch.Tensor, fine_features: torch.Tensor | None = None) -> torch.Tensor:
-        """Patch features ``[N, P, Dv]`` -> logits ``[N, P, C_head]``: patch channels (counts as log-rates), frame."""
+        """Patch features ``[N, P, Dv]`` (and the fine map ``[N, W_f, H/f, W/f]``) -> logits ``[N, P, C_head]``: patch
+        channels (counts as log-rates), frame."""
         patches = self.linear(features)  # [N, P, C_patch]
+        if self.fine_lights is not None and fine_features is not None:
+            fine = F.max_pool2d(self.fine_lights(fine_features), self.fine_per_patch)  # [N, 3, gh, gw]
+            light = patches[..., self.lights] + fine.flatten(2).transpose(1, 2).to(patches.dtype)  # [N, P, 3]
+            patches = torch.cat([patches[..., :self.lights.start], light, patches[..., self.lights.stop:]], dim=-1)
         frame = self.frame(features.mean(dim=1))  # [N, F]
         return torch.cat([patches, frame[:, None].expand(-1, features.shape[1], -1)], dim=-1)
 
@@ -54,7 +71,8 @@ class GroundingHead(AuxiliaryHead):
         patch_logits = logits[..., :self.num_patch]  # [N, P, C_patch]
         patch_targets = self.patch_targets(targets, self.grid)  # [N, P, C_patch]
         is_count = self.is_count[:self.num_patch]
-        binary = F.binary_cross_entropy_with_logits(patch_logits, patch_targets.clamp(max=1.0), reduction="none")
+        binary = F.binary_cross_entropy_with_logits(patch_logits, patch_targets.clamp(max=1.0), reduction="none",
+                                                    pos_weight=self.positive_weight)
         counts = F.poisson_nll_loss(patch_logits, patch_targets, log_input=True, full=False, reduction="none")
         frame_logits, frame_targets = logits[:, 0, self.num_patch:], targets[:, 0, self.frame_channels]  # [N, F]
         known = frame_targets >= 0

@@ -16,7 +16,7 @@ from vlm.models.perception import PerceptionConfig, TrafficPerception, head_metr
 from vlm.models.perception.heads import HEADS, AuxiliaryHead
 from vlm.models.perception.heads.centres import NUM_COUNT_THRESHOLDS
 from vlm.models.perception.heads.counts import MAX_LOG_COUNT, WINDOW
-from vlm.models.perception.heads.grounding import FRAME_LOSS_WEIGHT, LIGHT_POSITIVE_WEIGHT, NUM_THRESHOLDS
+from vlm.models.perception.heads.grounding import FRAME_LOSS_WEIGHT, NUM_THRESHOLDS
 from vlm.models.perception.stem import PYRAMID_WIDTH, StemPyramid
 from vlm.models.perception.targets import CHANNELS, GROUPS, channels
 from vlm.models.siglip import SiglipVisionConfig
@@ -137,10 +137,8 @@ def test_grounding_loss_is_its_own_entry_and_trains_the_encoder(config, make_bat
     logits = model.extension.heads["grounding"](vision(model, batch.images)[0], None)  # [N, P, C_head]
     patch, patch_targets = logits[..., :NUM_PATCH], targets[..., :NUM_PATCH]
     is_count = torch.tensor([name in GROUPS["centre"] for name in CHANNELS[:NUM_PATCH]])
-    is_light = torch.tensor([name in GROUPS["light"] for name in CHANNELS[:NUM_PATCH]])
-    weight = torch.where(is_light, LIGHT_POSITIVE_WEIGHT, 1.0)[~is_count]  # a lit patch weighs more than an unlit one
     binary = torch.nn.functional.binary_cross_entropy_with_logits(patch[..., ~is_count], patch_targets[..., ~is_count],
-                                                                  reduction="sum", pos_weight=weight)
+                                                                  reduction="sum")
     counts = (patch[..., is_count].exp() - patch_targets[..., is_count] * patch[..., is_count]).sum()
     frame_logits = logits[..., NUM_PATCH:]
     assert torch.equal(frame_logits, frame_logits[:, :1].expand_as(frame_logits))  # one prediction per image

@@ -14,9 +14,6 @@ from vlm.models.siglip import SiglipVisionConfig
 NUM_THRESHOLDS = 10  # totals thermometer-coded at 0.5, 1.5, ..., 9.5
 MAX_LOG_COUNT = 4.0  # count logits are log-rates: clamped before exp in the maps (at most e^4 ~ 55 per patch)
 FRAME_LOSS_WEIGHT = 0.1  # to the patch loss's scale: else it pulls the encoder off the objects (docs/experiments.md)
-# A lit light is in about one patch in a hundred: its loss weighs a lit patch this many times an unlit one, so that
-# the probability of a lit light seen is near 1, as in the exact label maps the decoder learns to read
-LIGHT_POSITIVE_WEIGHT = 20.0
 
 
 class GroundingHead(AuxiliaryHead):
@@ -41,9 +38,6 @@ class GroundingHead(AuxiliaryHead):
         self.fine_lights = nn.Conv2d(PYRAMID_WIDTH, len(GROUPS["light"]), kernel_size=3, padding=1) \
             if any(HEADS[name].reads_fine for name in config.active_heads) else None
         self.fine_per_patch = vision.patch_size // config.fine_stride
-        positive_weight = torch.ones(num_patch)
-        positive_weight[self.lights] = LIGHT_POSITIVE_WEIGHT
-        self.register_buffer("positive_weight", positive_weight, persistent=False)  # [C_patch]
         self.token_shape = (len(GROUPS["light"]), 2)  # per colour: its highest probability and its total
         is_count = torch.tensor([name in GROUPS["centre"] for name in head_channels])
         self.register_buffer("is_count", is_count, persistent=False)  # [C_head]
@@ -71,8 +65,7 @@ class GroundingHead(AuxiliaryHead):
         patch_logits = logits[..., :self.num_patch]  # [N, P, C_patch]
         patch_targets = self.patch_targets(targets, self.grid)  # [N, P, C_patch]
         is_count = self.is_count[:self.num_patch]
-        binary = F.binary_cross_entropy_with_logits(patch_logits, patch_targets.clamp(max=1.0), reduction="none",
-                                                    pos_weight=self.positive_weight)
+        binary = F.binary_cross_entropy_with_logits(patch_logits, patch_targets.clamp(max=1.0), reduction="none")
         counts = F.poisson_nll_loss(patch_logits, patch_targets, log_input=True, full=False, reduction="none")
         frame_logits, frame_targets = logits[:, 0, self.num_patch:], targets[:, 0, self.frame_channels]  # [N, F]
         known = frame_targets >= 0

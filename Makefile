@@ -4,7 +4,7 @@
 #   make scaling the accuracy-vs-compute curve (queued experiments, hours)
 #   make holdout the gap on a held-out combination of frame attributes (a queued experiment)
 #   make real ROOT=/path/to/bdd100k_val   the trained models zero-shot on real labelled frames (metrics/real_frames.json)
-#   make readme  the README's result tables from metrics/
+#   make readme  the result tables of README.md and docs/experiments.md from metrics/
 #   make compare the experiments side by side: the test accuracies (VLM, blind) first, then whatever differs
 #   make gpu     the GPU recipe (recipes/gpu.yaml) as a dvc exp run: one modern GPU, at most about 15 minutes
 #   make memory  peak memory of every stage at 1,000 and 10,000 synthetic images (tens of minutes)
@@ -43,7 +43,7 @@ test: $(STAMP)
 
 # Every VLM/blind test accuracy, macro-F1 and ECE column stays (--keep) even where equal; other metrics and params
 # show only where the experiments differ (--only-changed); the code and data hash columns go (--drop); best first.
-# The README's result tables written from metrics/ (vlm/readme.py; a test checks the README is what it writes)
+# The result tables of README.md and docs/experiments.md written from metrics/ (vlm/readme.py; a test checks them)
 readme: $(STAMP)
 	$(BIN)/python -m vlm.readme
 

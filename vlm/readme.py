@@ -1,8 +1,9 @@
-"""The README's result tables, written from the committed metrics (``make readme``): the synthetic test split's
-accuracy per type (``metrics/eval.json``) and its weakest condition and calibration, the real frames' accuracy
-(``metrics/real_frames.json``, `make real`) and the speeds (the stages' and the training-time benchmark's). Each
-table sits between ``<!-- make readme: NAME -->`` and ``<!-- /make readme -->``; the rest of the README is prose.
-``--check`` writes nothing and fails naming the tables that differ (the test suite runs it)."""
+"""The result tables of the README and docs/experiments.md, written from the committed metrics (``make readme``): the
+synthetic test split's accuracy per type (``metrics/eval.json``) and its weakest condition and calibration, the real
+frames' accuracy (``metrics/real_frames.json``, `make real`), the speeds (the stages' and the training-time
+benchmark's) and the counterfactuals' consistency per edit. Each table sits between ``<!-- make readme: NAME -->``
+and ``<!-- /make readme -->``; the rest is prose. ``--check`` writes nothing and fails naming the tables that differ
+(the test suite runs it)."""
 
 import argparse
 import re
@@ -93,8 +94,19 @@ def speed_table(metrics: Path) -> str:
     return "| what | result | file (command) |\n|---|---|---|\n" + "".join("| " + " | ".join(r) + " |\n" for r in rows)
 
 
+def counterfactuals_table(metrics: Path) -> str:
+    """Per edit of the ``counterfactuals`` stage, how often the answers follow it
+    (``metrics/counterfactuals/summary.json``)."""
+    edits = read_json(metrics / "counterfactuals" / "summary.json")["counterfactuals"]
+    return _table(["edit", "pairs", "right on both", "changed when it must", "stayed when it must"],
+                  [[edit, str(r["pairs"]), f"{r['consistency']:.3f}", f"{r['changed_when_it_must']:.3f}",
+                    f"{r['stayed_when_it_must']:.3f}"] for edit, r in edits.items()])
+
+
 TABLES: dict[str, Callable[[Path], str]] = {"results": results_table, "summary": evaluation_summary,
-                                            "real": real_table, "speed": speed_table}
+                                            "real": real_table, "speed": speed_table,
+                                            "counterfactuals": counterfactuals_table}
+DOCUMENTS = ("README.md", "docs/experiments.md")  # the files whose tables make readme writes
 
 
 def rewrite(text: str, metrics: Path) -> str:
@@ -102,7 +114,7 @@ def rewrite(text: str, metrics: Path) -> str:
     def fill(match: re.Match) -> str:
         name = match[2]
         if name not in TABLES:
-            raise ValueError(f"README: no table named {name!r} (make readme writes {', '.join(TABLES)})")
+            raise ValueError(f"no table named {name!r} (make readme writes {', '.join(TABLES)})")
         return match[1] + TABLES[name](metrics) + match[4]
     return BLOCK.sub(fill, text)
 
@@ -116,19 +128,20 @@ def differing(text: str, metrics: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--readme", default="README.md")
+    parser.add_argument("documents", nargs="*", default=DOCUMENTS, help="the files to write the tables of")
     parser.add_argument("--metrics", default="metrics")
     parser.add_argument("--check", action="store_true", help="write nothing; fail if a table differs")
     args = parser.parse_args(argv)
-    readme, metrics = Path(args.readme), Path(args.metrics)
-    text = readme.read_text(encoding="utf-8")
-    if args.check:
-        stale = differing(text, metrics)
-        if stale:
-            raise SystemExit(f"{readme}: the tables {', '.join(stale)} are not {metrics}'s: run make readme")
-        return
-    with atomic_path(readme) as tmp:
-        tmp.write_text(rewrite(text, metrics), encoding="utf-8")
+    metrics = Path(args.metrics)
+    for document in map(Path, args.documents):
+        text = document.read_text(encoding="utf-8")
+        if args.check:
+            stale = differing(text, metrics)
+            if stale:
+                raise SystemExit(f"{document}: the tables {', '.join(stale)} are not {metrics}'s: run make readme")
+            continue
+        with atomic_path(document) as tmp:
+            tmp.write_text(rewrite(text, metrics), encoding="utf-8")
 
 
 if __name__ == "__main__":

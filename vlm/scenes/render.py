@@ -58,11 +58,7 @@ CLOTHES: tuple[RGB, ...] = ((200, 40, 40), (40, 70, 160), (30, 30, 30), (230, 23
 SKIN: tuple[RGB, ...] = ((240, 200, 170), (200, 150, 110), (140, 95, 60), (90, 60, 40))
 BUILDING_COLORS: tuple[RGB, ...] = ((160, 80, 60), (200, 185, 160), (120, 120, 125), (90, 110, 130),
                                     (180, 160, 120), (140, 100, 80), (210, 210, 200))
-# Lit lamps as BDD100K's dashcams record them (benchmarks/lamp_colors.py, metrics/lamp_colors.json): green is
-# blue-green, the core of a lit lamp over-exposes towards white (LAMP_CORE of the way), and at night its glare fills
-# the housing
-LAMP_COLORS: dict[str, RGB] = {"red": (255, 50, 55), "yellow": (255, 180, 30), "green": (60, 255, 225)}
-LAMP_CORE = 0.5
+LAMP_COLORS: dict[str, RGB] = {"red": (255, 40, 30), "yellow": (255, 200, 0), "green": (40, 255, 110)}
 AMBIENT = {  # per-channel gain and bias of the light on non-emissive surfaces
     "daytime": ((1.0, 1.0, 1.0), (0, 0, 0)),
     "dawn/dusk": ((0.72, 0.6, 0.56), (14, 6, 8)),
@@ -418,12 +414,11 @@ def _sample_traffic_signs(rng: np.random.Generator, layout: Layout, cam: Camera,
 
 # Drawing objects: in colour on the image, or as silhouettes for occlusion
 class Pen:
-    """Draws an object's primitives in colour (``shade`` applies the ambient light to non-emissive ones; ``night``:
-    lamps glare), or, with no ``shade``, the solid ones as its silhouette (255) into a mask whose top-left pixel is
-    image pixel ``offset``."""
+    """Draws an object's primitives in colour (``shade`` applies the ambient light to non-emissive ones), or, with
+    no ``shade``, the solid ones as its silhouette (255) into a mask whose top-left pixel is image pixel ``offset``."""
 
-    def __init__(self, draw: ImageDraw.ImageDraw, shade=None, offset: tuple[int, int] = (0, 0), night: bool = False):
-        self.draw, self.shade, self.offset, self.night = draw, shade, offset, night
+    def __init__(self, draw: ImageDraw.ImageDraw, shade=None, offset: tuple[int, int] = (0, 0)):
+        self.draw, self.shade, self.offset = draw, shade, offset
 
     def _paint(self, method: str, geometry, color: RGB, solid: bool, emissive: bool, **kw) -> None:
         boxed = method in ("rectangle", "ellipse")  # geometry (x1, y1, x2, y2), else a list of points
@@ -641,15 +636,9 @@ def draw_traffic_light(pen: Pen, t: Thing) -> None:
         box = lamp_box(t, color)
         cy = (box[1] + box[3]) / 2
         if t.light_color == color:
-            lit, r = LAMP_COLORS[color], (box[2] - box[0]) / 2
-            if pen.night:  # the glare over the housing
-                pen.glow(cx, cy, r * 1.5, lit, 1.0)
-            else:
-                pen.glow(cx, cy, r, lit, 0.9)
-                pen.rect((x1, cy - h * 0.14, x2, cy + h * 0.14), (35, 35, 30))
-            pen.ellipse(box, lit, emissive=True)
-            core = tuple(round(c + LAMP_CORE * (255 - c)) for c in lit)
-            pen.ellipse((cx - r / 2, cy - r / 2, cx + r / 2, cy + r / 2), core, emissive=True)
+            pen.glow(cx, cy, (box[2] - box[0]) / 2, LAMP_COLORS[color], 0.9)
+            pen.rect((x1, cy - h * 0.14, x2, cy + h * 0.14), (35, 35, 30))
+            pen.ellipse(box, LAMP_COLORS[color], emissive=True)
         else:
             pen.ellipse(box, (60, 60, 55))
 
@@ -996,7 +985,7 @@ def render_layout(layout: Layout, settled: list[tuple[Thing, float]], name: str,
     img = _texture(img, layout.decor["clutter_seed"])
     canvas = ImageDraw.Draw(img)
     for thing, _ in settled:
-        DRAW[thing.kind](Pen(canvas, shade, night=layout.timeofday == "night"), thing)
+        DRAW[thing.kind](Pen(canvas, shade), thing)
     img = apply_camera(_apply_weather(img, layout, cam), layout.decor["camera"])
 
     drawn = [t for t, _ in settled]

@@ -548,3 +548,45 @@ def test_real_perception_sets_each_heads_presence_beside_the_decoders_answer(tmp
             assert 0 <= row["perception_right"] <= 1 and 0 <= row["decoder_right"] <= 1
     assert [(r["category"], r["decoder_right"]) for r in report["counts"]] == \
         [(r["category"], r["decoder_right"]) for r in report["grounding"]]  # one decoder, two heads
+
+
+@pytest.mark.xdist_group("tiny_project")
+def test_light_probe_reports_each_colours_lights_found_and_read(tmp_path, tiny_project, tiny_model):
+    """benchmarks/light_probe.py: per true colour of the governing light, the grounding head's median highest
+    probability of each colour, and the shares of lights it finds and reads, on the test split and real frames."""
+    from test_real import bdd_layout
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import light_probe
+
+    report = run_benchmark("light_probe.py", tmp_path / "lights.json", "--root", str(bdd_layout(tmp_path / "bdd")),
+                           "--model", str(tiny_model), "--vocab", str(tiny_project.processed / "vocab.json"),
+                           "--raw", str(tiny_project.root / "data" / "raw"),
+                           "--commands", str(tiny_project.processed / "commands"))
+    assert set(report) == {"command", "model_sha256", "synthetic_test", "real"}
+    for row in report["synthetic_test"].values():
+        assert row["lights"] > 0 and 0 <= row["found"] <= 1 and set(row["median_highest"]) == {"red", "yellow",
+                                                                                               "green"}
+    probabilities = np.array([[0.9, 0.2, 0.1], [0.4, 0.6, 0.1], [0.1, 0.2, 0.3]])
+    assert light_probe.summary(["red", "red", "green"], probabilities) == {
+        "red": {"lights": 2, "median_highest": {"red": 0.65, "yellow": 0.4, "green": 0.1}, "found": 0.5, "read": 0.5},
+        "green": {"lights": 1, "median_highest": {"red": 0.1, "yellow": 0.2, "green": 0.3}, "found": 0.0,
+                  "read": 1.0}}
+
+
+def test_lamp_colors_takes_the_brightest_tenth_of_each_coloured_lights_box():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import lamp_colors
+
+    from vlm.scenes.schema import Scene, SceneObject
+
+    image = np.full((40, 40, 3), 30, np.uint8)
+    image[10:30, 10:20] = (40, 40, 40)  # a light's housing, 10 x 20 px
+    image[12:16, 12:18] = (250, 60, 50)  # its lit lamp: 24 of its 200 pixels
+    light = SceneObject(id="0", category="traffic light", box=(10, 10, 19, 29), light_color="red")
+    dark = SceneObject(id="1", category="traffic light", box=(25, 10, 30, 20), light_color=None)
+    scene = Scene(name="a.jpg", weather="clear", scene="city street", timeofday="night", objects=(light, dark))
+    [(color, lamp, box)] = lamp_colors.lamp_pixels(image, scene)
+    assert color == "red" and lamp.tolist() == [250, 60, 50]
+    np.testing.assert_allclose(box, [(24 * v + 176 * 40) / 200 for v in (250, 60, 50)], rtol=1e-5)
+    assert lamp_colors.measure([(image, scene)])["red/night"]["lights"] == 1

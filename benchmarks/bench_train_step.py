@@ -183,6 +183,8 @@ TWEAKS = {
     "per_matrix_muon": lambda run: per_matrix_muon(run.optimizer.optimizers[0]),
     # bf16 autocast on the CPU too (the CPU's matmuls in bf16: AMX where the CPU has it)
     "cpu_bf16": lambda run: setattr(run, "ddp_model", CpuBf16(run.model)),
+    # the lights from the patches alone, without the grounding head's convolution of the fine map (before 24d5491)
+    "patch_lights": lambda run: setattr(run.model.extension.heads["grounding"], "fine_lights", None),
     # both adopted changes undone: the training step as it was before them
     "before_answer_only_and_fused": lambda run: (TWEAKS["all_text_positions"](run), TWEAKS["default_adamw"](run)),
 }

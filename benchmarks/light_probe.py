@@ -1,11 +1,11 @@
 """How the grounding head sees traffic lights, the decoder left out: on every frame whose governing light has a colour
-(the test split's rendered frames, and a folder of real frames in BDD100K's layout), the head's highest light
-probability over the patches per colour (what its light tokens give the decoder). Per true colour: the median of
-each colour's, the share of lights found (the true colour's at 0.5 or more) and read (the most probable colour is the
-true one). Writes aggregates only.
+(a split's rendered frames, the test split's by default, and a folder of real frames in BDD100K's layout), the head's
+highest light probability over the patches per colour (what its light tokens give the decoder). Per true colour: the
+median of each colour's, the share of lights found (the true colour's at 0.5 or more) and read (the most probable
+colour is the true one). Writes aggregates only.
 
     PYTHONPATH=. .venv/bin/python benchmarks/light_probe.py --root /path/to/bdd100k_val \
-        --out metrics/light_probe.json   # after make repro
+        --out metrics/light_probe.json   # after make repro; --split train: the frames it trained on
 """
 
 from __future__ import annotations
@@ -64,15 +64,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab", type=Path, default=Path("data/processed/vocab.json"))
     parser.add_argument("--raw", type=Path, default=Path("data/raw"), help="the rendered frames (generate_scenes)")
     parser.add_argument("--commands", type=Path, default=Path("data/processed/commands"))
+    parser.add_argument("--split", default="test", choices=("train", "val", "test"), help="the rendered frames' split")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     loaded = load_model(args.model, args.vocab)
-    test_images = {q["image_id"] for q in read_json(args.commands / "test.json")}
-    rendered = [scene_from_frame(f) for f in read_json(args.raw / "labels.json")
-                if Path(f["name"]).stem in test_images]
+    split = {q["image_id"] for q in read_json(args.commands / f"{args.split}.json")}
+    rendered = [scene_from_frame(f) for f in read_json(args.raw / "labels.json") if Path(f["name"]).stem in split]
     report = {"command": "PYTHONPATH=. .venv/bin/python benchmarks/light_probe.py --root /path/to/bdd100k_val "
-                         f"--out {args.out}", "model_sha256": file_sha256(args.model),
-              "synthetic_test": probe(loaded, rendered, lambda s: args.raw / "images" / s.name)}
+                         f"--split {args.split} --out {args.out}", "model_sha256": file_sha256(args.model),
+              f"synthetic_{args.split}": probe(loaded, rendered, lambda s: args.raw / "images" / s.name)}
     if args.root:
         scenes, image_dir, _ = read_frames(build_config(RealConfig, {"root": args.root}, "real"))
         report["real"] = probe(loaded, scenes, lambda s: image_dir / s.name)

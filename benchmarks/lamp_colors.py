@@ -1,7 +1,7 @@
 """What colour a lit traffic-light lamp is in a dashcam's frame: for every traffic light whose labels give its colour,
 the median RGB of the brightest tenth of its box's pixels (the lamp) and of the whole box (the lamp, its glare and the
-housing), per colour and by night or not, in a folder of real frames in BDD100K's layout beside as many rendered
-scenes. Writes aggregates only (no pixel or box of a frame).
+housing), per colour and by night or not, in a folder of real frames in BDD100K's layout beside the default run's
+rendered frames (``generate_scenes``' output, as stored). Writes aggregates only (no pixel or box of a frame).
 
     PYTHONPATH=. .venv/bin/python benchmarks/lamp_colors.py --root /path/to/bdd100k_val --out metrics/lamp_colors.json
 """
@@ -17,8 +17,9 @@ import numpy as np
 from PIL import Image
 
 from vlm.config import build_config
+from vlm.io import read_json
 from vlm.real import RealConfig, read_frames
-from vlm.scenes.render import RenderConfig, render_scene
+from vlm.scenes.schema import scene_from_frame
 
 BRIGHTEST = 0.9  # the lamp: the box's pixels at or above this quantile of brightness
 
@@ -55,28 +56,26 @@ def measure(frames) -> dict[str, dict]:
     return summarise(samples)
 
 
+def frames(scenes, image_dir: Path):
+    """(RGB array, scene) of each of ``scenes``, its image read from ``image_dir``."""
+    for scene in scenes:
+        with Image.open(image_dir / scene.name) as image:
+            yield np.asarray(image.convert("RGB")), scene
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", required=True, help="a folder of labelled frames in BDD100K's layout")
-    parser.add_argument("--renders", type=int, default=300, help="rendered scenes to measure beside them")
+    parser.add_argument("--raw", type=Path, default=Path("data/raw"), help="the rendered frames (generate_scenes)")
+    parser.add_argument("--renders", type=int, default=300, help="rendered frames to measure beside them")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     scenes, image_dir, _ = read_frames(build_config(RealConfig, {"root": args.root}, "real"))
 
-    def real():
-        for scene in scenes:
-            with Image.open(image_dir / scene.name) as image:
-                yield np.asarray(image.convert("RGB")), scene
-
-    def rendered():
-        config = RenderConfig(1280, 720, max_count=40)
-        for seed in range(args.renders):
-            image, scene = render_scene(seed, f"{seed:06d}.jpg", config)
-            yield np.asarray(image), scene
-
+    rendered = [scene_from_frame(f) for f in read_json(args.raw / "labels.json")[:args.renders]]
     report = {"command": "PYTHONPATH=. .venv/bin/python benchmarks/lamp_colors.py --root /path/to/bdd100k_val "
                          f"--renders {args.renders} --out {args.out}",
-              "real": measure(real()), "rendered": measure(rendered())}
+              "real": measure(frames(scenes, image_dir)), "rendered": measure(frames(rendered, args.raw / "images"))}
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))
 
